@@ -1,0 +1,311 @@
+//! The admin commands: apply, validate, get, delete, status.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::{Args, ValueEnum};
+use portcullis_config::{Kind, Object};
+use portcullis_proto::v1;
+
+use crate::admin_client::Admin;
+
+#[derive(Args)]
+pub struct Connection {
+    /// Admin API address of any control-plane node.
+    #[arg(long, env = "PORTCULLIS_CONTROLPLANE", default_value = "127.0.0.1:7070")]
+    pub controlplane: String,
+}
+
+#[derive(Args)]
+pub struct ApplyArgs {
+    /// YAML (documents separated by `---`) or JSON file; `-` reads standard input.
+    #[arg(short = 'f', long = "file")]
+    pub file: PathBuf,
+    /// Apply only if the config is still at this version (optimistic concurrency).
+    #[arg(long)]
+    pub expected_version: Option<u64>,
+    #[command(flatten)]
+    pub connection: Connection,
+}
+
+#[derive(Args)]
+pub struct ValidateArgs {
+    #[arg(short = 'f', long = "file")]
+    pub file: PathBuf,
+    #[command(flatten)]
+    pub connection: Connection,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+pub enum Format {
+    Yaml,
+    Json,
+}
+
+#[derive(Args)]
+pub struct GetArgs {
+    /// Listener, Route or Backend (any case, singular or plural).
+    pub kind: String,
+    /// Omit to list every object of the kind.
+    pub name: Option<String>,
+    #[arg(short = 'o', long, value_enum, default_value = "yaml")]
+    pub output: Format,
+    #[command(flatten)]
+    pub connection: Connection,
+}
+
+#[derive(Args)]
+pub struct DeleteArgs {
+    pub kind: String,
+    pub name: String,
+    #[arg(long)]
+    pub expected_version: Option<u64>,
+    #[command(flatten)]
+    pub connection: Connection,
+}
+
+#[derive(Args)]
+pub struct StatusArgs {
+    #[arg(short = 'o', long, value_enum)]
+    pub output: Option<Format>,
+    #[command(flatten)]
+    pub connection: Connection,
+}
+
+/// Reads and validates a file locally first, so a typo is reported with its document
+/// number before anything is sent.
+pub fn read_objects(path: &PathBuf) -> anyhow::Result<Vec<v1::Object>> {
+    let text = if path.as_os_str() == "-" {
+        std::io::read_to_string(std::io::stdin()).context("reading standard input")?
+    } else {
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?
+    };
+    let objects = portcullis_config::parse_documents(&text)
+        .map_err(|error| anyhow::anyhow!("{}: {error}", path.display()))?;
+    Ok(objects.iter().map(to_wire).collect())
+}
+
+fn to_wire(object: &Object) -> v1::Object {
+    v1::Object {
+        kind: object.kind().to_string(),
+        name: object.name().to_string(),
+        json: object.to_json_bytes(),
+    }
+}
+
+pub async fn apply(args: ApplyArgs) -> anyhow::Result<()> {
+    let objects = read_objects(&args.file)?;
+    let response = apply_objects(
+        &Admin::new(&args.connection.controlplane),
+        objects,
+        args.expected_version,
+    )
+    .await?;
+    print_changes(&response);
+    Ok(())
+}
+
+pub async fn apply_objects(
+    admin: &Admin,
+    objects: Vec<v1::Object>,
+    expected_version: Option<u64>,
+) -> anyhow::Result<v1::ApplyResponse> {
+    let request = v1::ApplyRequest {
+        objects,
+        expected_version,
+    };
+    admin
+        .call(|mut client| {
+            let request = request.clone();
+            async move { client.apply(request).await }
+        })
+        .await
+}
+
+pub fn print_changes(response: &v1::ApplyResponse) {
+    for change in &response.changes {
+        if let Some(object) = &change.object {
+            println!("{}/{} {}", object.kind, object.name, change.action);
+        }
+    }
+    println!("config version {}", response.version);
+}
+
+pub async fn validate(args: ValidateArgs) -> anyhow::Result<()> {
+    let request = v1::ApplyRequest {
+        objects: read_objects(&args.file)?,
+        expected_version: None,
+    };
+    let response = Admin::new(&args.connection.controlplane)
+        .call(|mut client| {
+            let request = request.clone();
+            async move { client.validate(request).await }
+        })
+        .await?;
+    for change in &response.changes {
+        if let Some(object) = &change.object {
+            println!("{}/{} would be {}", object.kind, object.name, change.action);
+        }
+    }
+    println!("valid against config version {}", response.version);
+    Ok(())
+}
+
+fn parse_kind(text: &str) -> anyhow::Result<Kind> {
+    Kind::parse(text).with_context(|| {
+        let known: Vec<&str> = Kind::ALL.iter().map(|kind| kind.as_str()).collect();
+        format!("unknown kind {text:?}, expected one of {}", known.join(", "))
+    })
+}
+
+pub async fn get(args: GetArgs) -> anyhow::Result<()> {
+    let kind = parse_kind(&args.kind)?;
+    let admin = Admin::new(&args.connection.controlplane);
+    let wire = match &args.name {
+        Some(name) => {
+            let request = v1::GetRequest {
+                object: Some(v1::ObjectRef {
+                    kind: kind.to_string(),
+                    name: name.clone(),
+                }),
+            };
+            let response = admin
+                .call(|mut client| {
+                    let request = request.clone();
+                    async move { client.get(request).await }
+                })
+                .await?;
+            response.object.into_iter().collect::<Vec<_>>()
+        }
+        None => {
+            let request = v1::ListRequest {
+                kind: kind.to_string(),
+            };
+            admin
+                .call(|mut client| {
+                    let request = request.clone();
+                    async move { client.list(request).await }
+                })
+                .await?
+                .objects
+        }
+    };
+    let objects = wire
+        .iter()
+        .map(|object| Object::from_json_bytes(&object.json, &format!("{}/{}", object.kind, object.name)))
+        .collect::<Result<Vec<_>, _>>()
+        .context("the control plane sent an object this CLI cannot read (version skew?)")?;
+    match args.output {
+        Format::Yaml => print!("{}", portcullis_config::to_yaml(&objects)),
+        Format::Json => {
+            let values: Vec<serde_json::Value> = objects.iter().map(Object::to_json).collect();
+            println!("{}", serde_json::to_string_pretty(&values)?);
+        }
+    }
+    Ok(())
+}
+
+pub async fn delete(args: DeleteArgs) -> anyhow::Result<()> {
+    let kind = parse_kind(&args.kind)?;
+    let request = v1::DeleteRequest {
+        objects: vec![v1::ObjectRef {
+            kind: kind.to_string(),
+            name: args.name.clone(),
+        }],
+        expected_version: args.expected_version,
+    };
+    let response = Admin::new(&args.connection.controlplane)
+        .call(|mut client| {
+            let request = request.clone();
+            async move { client.delete(request).await }
+        })
+        .await?;
+    print_changes(&response);
+    Ok(())
+}
+
+pub async fn status(args: StatusArgs) -> anyhow::Result<()> {
+    let response = Admin::new(&args.connection.controlplane)
+        .call(|mut client| async move { client.status(v1::StatusRequest {}).await })
+        .await?;
+    match args.output {
+        Some(Format::Json) => println!("{}", serde_json::to_string_pretty(&status_json(&response))?),
+        Some(Format::Yaml) => print!("{}", serde_saphyr::to_string(&status_json(&response))?),
+        None => print!("{}", status_table(&response)),
+    }
+    Ok(())
+}
+
+fn shard_text(shard: &std::collections::HashMap<String, String>) -> String {
+    if shard.is_empty() {
+        return "*".to_string();
+    }
+    let mut pairs: Vec<String> = shard
+        .iter()
+        .map(|(key, value)| format!("{key}={value}"))
+        .collect();
+    pairs.sort();
+    pairs.join(",")
+}
+
+fn status_table(status: &v1::StatusResponse) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    let _ = writeln!(out, "config version {}", status.version);
+    if let Some(cluster) = &status.cluster {
+        let leader = cluster.leader_id.map_or("none".to_string(), |id| id.to_string());
+        let _ = writeln!(
+            out,
+            "control plane: node {} (leader {leader}, term {})",
+            cluster.node_id, cluster.term
+        );
+        for member in &cluster.members {
+            let role = if member.voter { "voter" } else { "learner" };
+            let _ = writeln!(out, "  node {} {} {role}", member.node_id, member.address);
+        }
+    }
+    let _ = writeln!(
+        out,
+        "{:<24} {:<16} {:>8} {:>6} {:<12} LAST ERROR",
+        "PROXY", "SHARD", "APPLIED", "SENT", "STATE"
+    );
+    for proxy in &status.proxies {
+        let state = match (proxy.connected, proxy.healthy) {
+            (false, _) => "disconnected",
+            (true, true) => "healthy",
+            (true, false) => "rejecting",
+        };
+        let _ = writeln!(
+            out,
+            "{:<24} {:<16} {:>8} {:>6} {:<12} {}",
+            proxy.proxy_id,
+            shard_text(&proxy.shard),
+            proxy.applied_version,
+            proxy.sent_version,
+            state,
+            proxy.last_error
+        );
+    }
+    out
+}
+
+fn status_json(status: &v1::StatusResponse) -> serde_json::Value {
+    let cluster = status.cluster.as_ref().map(|cluster| {
+        serde_json::json!({
+            "nodeId": cluster.node_id, "leaderId": cluster.leader_id, "term": cluster.term,
+            "members": cluster.members.iter().map(|m| serde_json::json!({"nodeId": m.node_id, "address": m.address, "voter": m.voter})).collect::<Vec<_>>(),
+        })
+    });
+    let proxies: Vec<serde_json::Value> = status
+        .proxies
+        .iter()
+        .map(|proxy| {
+            serde_json::json!({
+                "proxyId": proxy.proxy_id, "shard": proxy.shard, "appliedVersion": proxy.applied_version,
+                "sentVersion": proxy.sent_version, "healthy": proxy.healthy, "connected": proxy.connected,
+                "lastError": proxy.last_error, "lastSeenUnixMs": proxy.last_seen_unix_ms,
+            })
+        })
+        .collect();
+    serde_json::json!({ "version": status.version, "cluster": cluster, "proxies": proxies })
+}

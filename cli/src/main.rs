@@ -1,0 +1,88 @@
+//! `portcullis`: one binary for the control plane, the proxy, the embedded single-node mode
+//! (`up`), the admin commands, and the test servers and benchmarks.
+
+mod admin;
+mod admin_client;
+mod run;
+mod signal;
+mod tools;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "portcullis",
+    version,
+    about = "A gateway for AI traffic: MCP, A2A and LLM APIs"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run a single-node control plane and a proxy in one process (the embedded default).
+    Up(run::UpArgs),
+    /// Run a control-plane node.
+    Controlplane(run::ControlPlaneArgs),
+    /// Run a proxy subscribed to a control plane.
+    Proxy(run::ProxyArgs),
+    /// Create or update the objects in a file, all or nothing.
+    Apply(admin::ApplyArgs),
+    /// Check the objects in a file against the current config without changing it.
+    Validate(admin::ValidateArgs),
+    /// Show objects as YAML or JSON.
+    Get(admin::GetArgs),
+    /// Delete an object.
+    Delete(admin::DeleteArgs),
+    /// Show the config version, the cluster and what each proxy has applied.
+    Status(admin::StatusArgs),
+    /// Run the built-in upstream test server (echo, SSE, delays).
+    Echo(tools::EchoArgs),
+    /// Benchmarks.
+    #[command(subcommand)]
+    Bench(tools::BenchCommand),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("PORTCULLIS_LOG").unwrap_or_else(|_| {
+                tracing_subscriber::EnvFilter::new("info,openraft=warn,sled=warn,h2=warn")
+            }),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("error: cannot start the async runtime: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let outcome = runtime.block_on(async {
+        match cli.command {
+            Command::Up(args) => run::up(args).await,
+            Command::Controlplane(args) => run::controlplane(args).await,
+            Command::Proxy(args) => run::proxy(args).await,
+            Command::Apply(args) => admin::apply(args).await,
+            Command::Validate(args) => admin::validate(args).await,
+            Command::Get(args) => admin::get(args).await,
+            Command::Delete(args) => admin::delete(args).await,
+            Command::Status(args) => admin::status(args).await,
+            Command::Echo(args) => tools::echo(args).await,
+            Command::Bench(command) => tools::bench(command).await,
+        }
+    });
+    match outcome {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("error: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

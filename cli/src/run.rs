@@ -1,0 +1,168 @@
+//! The long-running commands: `up`, `controlplane`, `proxy`.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Args;
+use portcullis_controlplane::{ControlPlane, ControlPlaneConfig};
+use portcullis_dataplane::{Proxy, ProxyConfig};
+
+use crate::admin::{apply_objects, print_changes, read_objects};
+use crate::admin_client::Admin;
+
+#[derive(Args)]
+pub struct UpArgs {
+    /// Objects to apply once the control plane is up.
+    #[arg(short = 'f', long = "file")]
+    pub file: Option<PathBuf>,
+    /// Where the control plane keeps its data and the proxy its config cache.
+    #[arg(long, default_value = ".portcullis")]
+    pub data_dir: PathBuf,
+    /// Admin API (gRPC) of the embedded control plane.
+    #[arg(long, default_value = "127.0.0.1:7070")]
+    pub admin_listen: SocketAddr,
+    /// Health and status endpoints of the embedded proxy.
+    #[arg(long, default_value = "127.0.0.1:7071")]
+    pub proxy_admin_listen: SocketAddr,
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    pub drain_grace: Duration,
+}
+
+#[derive(Args)]
+pub struct ControlPlaneArgs {
+    /// Raft node id, unique in the cluster.
+    #[arg(long, default_value_t = 1)]
+    pub node_id: u64,
+    /// Serves the admin API, the config stream, Raft and gRPC health.
+    #[arg(long, default_value = "127.0.0.1:7070")]
+    pub listen: SocketAddr,
+    /// Address other nodes and clients use to reach this one (defaults to --listen).
+    #[arg(long)]
+    pub advertise: Option<String>,
+    #[arg(long, default_value = ".portcullis/controlplane")]
+    pub data_dir: PathBuf,
+    /// Start without forming a cluster, waiting to be added to one with AddNode.
+    #[arg(long)]
+    pub join: bool,
+}
+
+#[derive(Args)]
+pub struct ProxyArgs {
+    /// Admin address of any control-plane node.
+    #[arg(long, env = "PORTCULLIS_CONTROLPLANE", default_value = "127.0.0.1:7070")]
+    pub controlplane: String,
+    /// Name shown in `portcullis status` (e.g. the pod name); defaults to proxy-<pid>.
+    #[arg(long, env = "PORTCULLIS_PROXY_ID")]
+    pub id: Option<String>,
+    /// Serve only Listeners with this label (KEY=VALUE, repeatable).
+    #[arg(long = "shard", value_parser = parse_label)]
+    pub shard: Vec<(String, String)>,
+    /// Health (/livez, /readyz) and status endpoints.
+    #[arg(long, default_value = "127.0.0.1:7071")]
+    pub admin_listen: SocketAddr,
+    /// Keep the last good config here, to serve it after a restart while the control plane is down.
+    #[arg(long)]
+    pub cache_dir: Option<PathBuf>,
+    /// How long in-flight requests may take to finish after SIGTERM.
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    pub drain_grace: Duration,
+}
+
+fn parse_label(text: &str) -> Result<(String, String), String> {
+    text.split_once('=')
+        .map(|(key, value)| (key.to_string(), value.to_string()))
+        .ok_or_else(|| format!("expected KEY=VALUE, got {text:?}"))
+}
+
+pub async fn up(args: UpArgs) -> anyhow::Result<()> {
+    // Read the file before starting anything, so a typo fails fast and changes nothing.
+    let objects = args.file.as_ref().map(read_objects).transpose()?;
+    let controlplane = ControlPlane::start(ControlPlaneConfig {
+        node_id: 1,
+        listen: args.admin_listen,
+        advertise: None,
+        data_dir: args.data_dir.join("controlplane"),
+        join: false,
+    })
+    .await
+    .context("starting the control plane")?;
+    let endpoint = format!("http://{}", controlplane.local_addr());
+    eprintln!(
+        "control plane: admin API on {endpoint}, data in {}",
+        args.data_dir.join("controlplane").display()
+    );
+    if let Some(objects) = objects {
+        match apply_objects(&Admin::new(&endpoint), objects, None).await {
+            Ok(response) => print_changes(&response),
+            Err(error) => {
+                let _ = controlplane.shutdown().await;
+                return Err(error.context("applying the file"));
+            }
+        }
+    }
+    let proxy = Proxy::start(ProxyConfig {
+        proxy_id: "embedded".to_string(),
+        controlplane: endpoint,
+        shard: BTreeMap::new(),
+        admin_listen: args.proxy_admin_listen,
+        cache_dir: Some(args.data_dir.join("proxy")),
+        drain_grace: args.drain_grace,
+    })
+    .await
+    .context("starting the proxy")?;
+    eprintln!(
+        "proxy: health on http://{}/readyz; Ctrl-C to stop",
+        proxy.admin_addr()
+    );
+    crate::signal::terminated().await;
+    eprintln!("draining…");
+    proxy.shutdown().await.context("draining the proxy")?;
+    controlplane
+        .shutdown()
+        .await
+        .context("stopping the control plane")
+}
+
+pub async fn controlplane(args: ControlPlaneArgs) -> anyhow::Result<()> {
+    let controlplane = ControlPlane::start(ControlPlaneConfig {
+        node_id: args.node_id,
+        listen: args.listen,
+        advertise: args.advertise,
+        data_dir: args.data_dir,
+        join: args.join,
+    })
+    .await
+    .context("starting the control plane")?;
+    eprintln!(
+        "control plane node {} serving on {}",
+        args.node_id,
+        controlplane.local_addr()
+    );
+    crate::signal::terminated().await;
+    controlplane.shutdown().await
+}
+
+pub async fn proxy(args: ProxyArgs) -> anyhow::Result<()> {
+    let controlplane = if args.controlplane.contains("://") {
+        args.controlplane
+    } else {
+        format!("http://{}", args.controlplane)
+    };
+    let proxy = Proxy::start(ProxyConfig {
+        proxy_id: args.id.unwrap_or_else(|| format!("proxy-{}", std::process::id())),
+        controlplane,
+        shard: args.shard.into_iter().collect(),
+        admin_listen: args.admin_listen,
+        cache_dir: args.cache_dir,
+        drain_grace: args.drain_grace,
+    })
+    .await
+    .context("starting the proxy")?;
+    eprintln!("proxy: health on http://{}/readyz", proxy.admin_addr());
+    crate::signal::terminated().await;
+    eprintln!("draining…");
+    proxy.shutdown().await
+}

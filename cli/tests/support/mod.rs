@@ -1,0 +1,206 @@
+//! Harness for end-to-end tests: the real `portcullis` binary as separate processes on
+//! loopback, plain HTTP/1.1 over real TCP, and the CLI's own commands.
+
+#![allow(dead_code)] // each test file uses a different part of the harness
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_portcullis");
+
+/// A port nothing listens on right now. Another process could take it before we bind it,
+/// which on a test machine is rare enough; a clash shows up as a clear bind error.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A child process killed when dropped; its output goes to a log file kept for failures.
+pub struct Process {
+    pub name: String,
+    child: Child,
+    log: PathBuf,
+}
+
+impl Process {
+    pub fn start(name: &str, dir: &Path, args: &[&str]) -> Process {
+        let log = dir.join(format!("{name}.log"));
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log)
+            .unwrap();
+        let child = Command::new(BIN)
+            .args(args)
+            .env("PORTCULLIS_LOG", "info,openraft=warn")
+            .stdin(Stdio::null())
+            .stdout(file.try_clone().unwrap())
+            .stderr(file)
+            .spawn()
+            .unwrap();
+        Process {
+            name: name.to_string(),
+            child,
+            log,
+        }
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    pub fn terminate(&mut self) {
+        let pid = self.child.id().to_string();
+        let status = Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+        assert!(status.success(), "kill -TERM {pid} failed");
+    }
+
+    /// Waits for the process to exit by itself, returning whether it did within `timeout`.
+    pub fn wait_exit(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        None
+    }
+
+    pub fn is_running(&mut self) -> bool {
+        self.child.try_wait().unwrap().is_none()
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        self.kill();
+        if std::thread::panicking() {
+            eprintln!("----- log of {} -----\n{}", self.name, self.log());
+        }
+    }
+}
+
+/// Runs a CLI command to completion.
+pub fn cli(args: &[&str]) -> Output {
+    Command::new(BIN)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap()
+}
+
+pub fn stdout(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+pub fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+pub struct HttpResponse {
+    pub status: u16,
+    pub body: String,
+}
+
+/// One HTTP/1.1 GET on a fresh connection. `None` when nothing answers.
+pub fn http_get(port: u16, path: &str) -> Option<HttpResponse> {
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut raw = Vec::new();
+    stream.read_to_end(&mut raw).ok()?;
+    let text = String::from_utf8_lossy(&raw);
+    let (head, body) = text.split_once("\r\n\r\n")?;
+    let status = head.split_whitespace().nth(1)?.parse().ok()?;
+    let body = if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
+        dechunk(body)
+    } else {
+        body.to_string()
+    };
+    Some(HttpResponse { status, body })
+}
+
+fn dechunk(mut body: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, rest)) = body.split_once("\r\n") {
+        let Ok(size) = usize::from_str_radix(size.trim(), 16) else {
+            break;
+        };
+        if size == 0 || rest.len() < size {
+            break;
+        }
+        out.push_str(&rest[..size]);
+        body = rest[size..].trim_start_matches("\r\n");
+    }
+    out
+}
+
+/// Polls `check` until it holds or `timeout` passes; panics with `what` on timeout.
+pub fn wait_for(what: &str, timeout: Duration, mut check: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if check() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    panic!("timed out after {timeout:?} waiting for {what}");
+}
+
+/// The `server` field the echo upstream puts in its answers.
+pub fn served_by(port: u16, path: &str) -> Option<String> {
+    let response = http_get(port, path)?;
+    if response.status != 200 {
+        return None;
+    }
+    let json: serde_json::Value = serde_json::from_str(response.body.trim()).ok()?;
+    json.get("server")?.as_str().map(str::to_string)
+}
+
+pub fn status_json(controlplane: &str) -> serde_json::Value {
+    let output = cli(&["status", "-o", "json", "--controlplane", controlplane]);
+    assert!(output.status.success(), "status failed: {}", stderr(&output));
+    serde_json::from_str(&stdout(&output)).unwrap()
+}
+
+pub fn config_version(controlplane: &str) -> u64 {
+    status_json(controlplane)["version"].as_u64().unwrap()
+}
+
+/// Applied version of one proxy as the control plane reports it, if connected.
+pub fn proxy_applied(controlplane: &str, proxy_id: &str) -> Option<(u64, bool)> {
+    let status = status_json(controlplane);
+    let proxy = status["proxies"]
+        .as_array()?
+        .iter()
+        .find(|p| p["proxyId"] == proxy_id)?
+        .clone();
+    if proxy["connected"] != true {
+        return None;
+    }
+    Some((proxy["appliedVersion"].as_u64()?, proxy["healthy"] == true))
+}
+
+pub fn write_file(dir: &Path, name: &str, text: &str) -> PathBuf {
+    let path = dir.join(name);
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+pub const TIMEOUT: Duration = Duration::from_secs(30);

@@ -1,0 +1,65 @@
+use serde::{Deserialize, Serialize};
+
+use crate::error::Checker;
+
+/// An upstream service: a set of equivalent endpoints.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct BackendSpec {
+    /// `host:port` of each endpoint; requests are spread across them round-robin.
+    pub endpoints: Vec<String>,
+    /// Speak HTTP/2 (prior knowledge) to the endpoints instead of HTTP/1.1.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub http2: bool,
+}
+
+impl BackendSpec {
+    pub(crate) fn check(&self, checker: &mut Checker<'_>) {
+        if self.endpoints.is_empty() {
+            checker.fail("spec.endpoints", "at least one endpoint is required");
+        }
+        for (index, endpoint) in self.endpoints.iter().enumerate() {
+            if let Err(problem) = check_endpoint(endpoint) {
+                checker.fail(
+                    format!("spec.endpoints[{index}]"),
+                    format!("{endpoint:?}: {problem}"),
+                );
+            }
+        }
+    }
+}
+
+fn check_endpoint(endpoint: &str) -> Result<(), &'static str> {
+    let (host, port) = endpoint.rsplit_once(':').ok_or("expected host:port")?;
+    let host = host
+        .strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(host);
+    if host.is_empty()
+        || !host
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b':'))
+    {
+        return Err("invalid host");
+    }
+    match port.parse::<u16>() {
+        Ok(0) | Err(_) => Err("port must be between 1 and 65535"),
+        Ok(_) => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::check_endpoint;
+
+    #[test]
+    fn endpoints() {
+        assert!(check_endpoint("127.0.0.1:8080").is_ok());
+        assert!(check_endpoint("upstream.svc:80").is_ok());
+        assert!(check_endpoint("[::1]:80").is_ok());
+        assert!(check_endpoint("127.0.0.1").is_err());
+        assert!(check_endpoint("127.0.0.1:0").is_err());
+        assert!(check_endpoint("127.0.0.1:70000").is_err());
+        assert!(check_endpoint("http://x:80").is_err());
+    }
+}

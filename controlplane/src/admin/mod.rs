@@ -1,0 +1,206 @@
+//! The Admin gRPC service. Writes go through Raft on the leader; reads are served from
+//! this node's state machine.
+
+mod wire;
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use openraft::{BasicNode, ChangeMembers};
+use portcullis_proto::v1::admin_server::Admin;
+use portcullis_proto::v1::{
+    AddNodeRequest, ApplyRequest, ApplyResponse, ClusterMember, ClusterStatus, DeleteRequest, GetRequest,
+    GetResponse, ListRequest, ListResponse, StatusRequest, StatusResponse,
+};
+use tokio::sync::watch;
+use tonic::{Request, Response, Status};
+
+use crate::command::{self, Command};
+use crate::registry::ProxyRegistry;
+use crate::types::{NodeId, Raft};
+use crate::view::ConfigView;
+
+/// How long AddNode waits for a new node to catch up before giving up on it.
+const LEARNER_CATCH_UP: Duration = Duration::from_secs(10);
+
+pub struct AdminService {
+    raft: Raft,
+    view: watch::Receiver<ConfigView>,
+    registry: ProxyRegistry,
+}
+
+impl AdminService {
+    pub fn new(raft: Raft, view: watch::Receiver<ConfigView>, registry: ProxyRegistry) -> Self {
+        Self { raft, view, registry }
+    }
+
+    fn leader_address(&self, leader: NodeId) -> Option<String> {
+        let metrics = self.raft.metrics();
+        let metrics = metrics.borrow();
+        metrics
+            .membership_config
+            .membership()
+            .get_node(&leader)
+            .map(|node| node.addr.clone())
+    }
+
+    async fn write(&self, command: Command) -> Result<Response<ApplyResponse>, Status> {
+        let response = self
+            .raft
+            .client_write(command)
+            .await
+            .map_err(|error| wire::write_error(error, |leader| self.leader_address(leader)))?;
+        response
+            .data
+            .map(|applied| Response::new(wire::apply_response(applied)))
+            .map_err(wire::rejection)
+    }
+
+    fn status(&self) -> StatusResponse {
+        let metrics = self.raft.metrics().borrow().clone();
+        let membership = metrics.membership_config.membership();
+        let voters: BTreeSet<NodeId> = membership.voter_ids().collect();
+        StatusResponse {
+            version: self.view.borrow().version,
+            cluster: Some(ClusterStatus {
+                node_id: metrics.id,
+                leader_id: metrics.current_leader,
+                term: metrics.current_term,
+                members: membership
+                    .nodes()
+                    .map(|(id, node)| ClusterMember {
+                        node_id: *id,
+                        address: node.addr.clone(),
+                        voter: voters.contains(id),
+                    })
+                    .collect(),
+            }),
+            proxies: self.registry.statuses(),
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl Admin for AdminService {
+    async fn apply(&self, request: Request<ApplyRequest>) -> Result<Response<ApplyResponse>, Status> {
+        let request = request.into_inner();
+        let objects = wire::decode_objects(&request.objects)?;
+        self.write(Command::Apply {
+            objects: objects.iter().map(|object| object.to_json()).collect(),
+            expected_version: request.expected_version,
+        })
+        .await
+    }
+
+    async fn validate(&self, request: Request<ApplyRequest>) -> Result<Response<ApplyResponse>, Status> {
+        let request = request.into_inner();
+        let objects = wire::decode_objects(&request.objects)?;
+        let command = Command::Apply {
+            objects: objects.iter().map(|object| object.to_json()).collect(),
+            expected_version: request.expected_version,
+        };
+        let view = self.view.borrow().clone();
+        let effect = command::execute(&view.config, view.version, &command).map_err(wire::rejection)?;
+        Ok(Response::new(wire::apply_response(effect.applied(view.version))))
+    }
+
+    async fn delete(&self, request: Request<DeleteRequest>) -> Result<Response<ApplyResponse>, Status> {
+        let request = request.into_inner();
+        let keys = request
+            .objects
+            .iter()
+            .enumerate()
+            .map(|(index, object)| wire::object_key(Some(object), &format!("objects[{index}]")))
+            .collect::<Result<Vec<_>, _>>()?;
+        self.write(Command::Delete {
+            keys,
+            expected_version: request.expected_version,
+        })
+        .await
+    }
+
+    async fn get(&self, request: Request<GetRequest>) -> Result<Response<GetResponse>, Status> {
+        let key = wire::object_key(request.get_ref().object.as_ref(), "object")?;
+        let view = self.view.borrow().clone();
+        let object = view
+            .config
+            .get(&key)
+            .ok_or_else(|| Status::not_found(format!("{key}: not found")))?;
+        Ok(Response::new(GetResponse {
+            object: Some(wire::to_wire(object)),
+            version: view.version,
+        }))
+    }
+
+    async fn list(&self, request: Request<ListRequest>) -> Result<Response<ListResponse>, Status> {
+        let kind = match request.get_ref().kind.as_str() {
+            "" => None,
+            kind => Some(wire::parse_kind(kind)?),
+        };
+        let view = self.view.borrow().clone();
+        let objects = view
+            .config
+            .objects()
+            .filter(|object| kind.is_none_or(|kind| object.kind() == kind))
+            .map(wire::to_wire)
+            .collect();
+        Ok(Response::new(ListResponse {
+            objects,
+            version: view.version,
+        }))
+    }
+
+    async fn status(&self, _request: Request<StatusRequest>) -> Result<Response<StatusResponse>, Status> {
+        Ok(Response::new(self.status()))
+    }
+
+    async fn add_node(&self, request: Request<AddNodeRequest>) -> Result<Response<StatusResponse>, Status> {
+        let AddNodeRequest { node_id, address } = request.into_inner();
+        if address.is_empty() {
+            return Err(Status::invalid_argument("address is required"));
+        }
+        if self
+            .raft
+            .metrics()
+            .borrow()
+            .membership_config
+            .membership()
+            .voter_ids()
+            .any(|id| id == node_id)
+        {
+            return Ok(Response::new(self.status()));
+        }
+        let leader_address = |leader| self.leader_address(leader);
+        let added = self
+            .raft
+            .add_learner(node_id, BasicNode::new(address.clone()), false)
+            .await
+            .map_err(|error| wire::write_error(error, leader_address))?;
+        // Promoting a node that cannot be reached would make it part of every quorum and
+        // stall all writes, so it becomes a voter only once it has caught up.
+        let target = added.log_id.index;
+        let mut metrics = self.raft.metrics();
+        let caught_up = metrics.wait_for(|m| {
+            let matched = m
+                .replication
+                .as_ref()
+                .and_then(|replication| replication.get(&node_id));
+            matched.is_some_and(|log_id| log_id.is_some_and(|id| id.index >= target))
+        });
+        if !matches!(tokio::time::timeout(LEARNER_CATCH_UP, caught_up).await, Ok(Ok(_))) {
+            let removal = ChangeMembers::RemoveNodes(BTreeSet::from([node_id]));
+            if let Err(error) = self.raft.change_membership(removal, false).await {
+                tracing::warn!(node_id, %error, "could not remove the learner that failed to catch up");
+            }
+            return Err(Status::unavailable(format!(
+                "node {node_id} at {address} did not catch up within {}s; it was not added",
+                LEARNER_CATCH_UP.as_secs()
+            )));
+        }
+        self.raft
+            .change_membership(ChangeMembers::AddVoterIds(BTreeSet::from([node_id])), false)
+            .await
+            .map_err(|error| wire::write_error(error, leader_address))?;
+        Ok(Response::new(self.status()))
+    }
+}

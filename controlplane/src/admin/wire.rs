@@ -1,0 +1,137 @@
+//! Conversions between the Admin wire types and the config model, and from internal
+//! errors to gRPC statuses.
+
+use openraft::error::{ClientWriteError, ForwardToLeader, RaftError};
+use openraft::BasicNode;
+use portcullis_config::{ConfigError, FieldError, Kind, Object, ObjectKey};
+use portcullis_proto::v1;
+use tonic::metadata::{MetadataMap, MetadataValue};
+use tonic::{Code, Status};
+
+use crate::command::{Applied, ErrorCode, Rejection};
+use crate::types::NodeId;
+
+pub fn to_wire(object: &Object) -> v1::Object {
+    v1::Object {
+        kind: object.kind().to_string(),
+        name: object.name().to_string(),
+        json: object.to_json_bytes(),
+    }
+}
+
+/// Decodes `objects[i]` from the JSON each carries; `kind`/`name`, when set, must agree
+/// with it. Reports every problem at once.
+pub fn decode_objects(objects: &[v1::Object]) -> Result<Vec<Object>, Status> {
+    let mut decoded = Vec::with_capacity(objects.len());
+    let mut errors = Vec::new();
+    for (index, wire) in objects.iter().enumerate() {
+        let location = format!("objects[{index}]");
+        match Object::from_json_bytes(&wire.json, &location) {
+            Ok(object) => {
+                let kind_differs = !wire.kind.is_empty() && wire.kind != object.kind().as_str();
+                let name_differs = !wire.name.is_empty() && wire.name != object.name();
+                if kind_differs || name_differs {
+                    errors.push(FieldError::new(
+                        location,
+                        "",
+                        format!(
+                            "kind/name {}/{} do not match its JSON ({})",
+                            wire.kind,
+                            wire.name,
+                            object.key()
+                        ),
+                    ));
+                } else {
+                    decoded.push(object);
+                }
+            }
+            Err(error) => errors.extend(error.errors),
+        }
+    }
+    if errors.is_empty() {
+        Ok(decoded)
+    } else {
+        Err(Status::invalid_argument(ConfigError { errors }.to_string()))
+    }
+}
+
+pub fn parse_kind(kind: &str) -> Result<Kind, Status> {
+    Kind::parse(kind).ok_or_else(|| {
+        let known: Vec<&str> = Kind::ALL.iter().map(|kind| kind.as_str()).collect();
+        Status::invalid_argument(format!(
+            "unknown kind {kind:?}, expected one of {}",
+            known.join(", ")
+        ))
+    })
+}
+
+pub fn object_key(object: Option<&v1::ObjectRef>, field: &str) -> Result<ObjectKey, Status> {
+    let object = object.ok_or_else(|| Status::invalid_argument(format!("{field} is required")))?;
+    if object.name.is_empty() {
+        return Err(Status::invalid_argument(format!("{field}.name is required")));
+    }
+    Ok(ObjectKey::new(parse_kind(&object.kind)?, object.name.clone()))
+}
+
+pub fn apply_response(applied: Applied) -> v1::ApplyResponse {
+    v1::ApplyResponse {
+        version: applied.version,
+        changes: applied
+            .changes
+            .into_iter()
+            .map(|change| v1::ObjectChange {
+                object: Some(v1::ObjectRef {
+                    kind: change.key.kind.to_string(),
+                    name: change.key.name,
+                }),
+                action: change.action,
+            })
+            .collect(),
+    }
+}
+
+pub fn rejection(rejection: Rejection) -> Status {
+    let code = match rejection.code {
+        ErrorCode::FailedPrecondition => Code::FailedPrecondition,
+        ErrorCode::InvalidArgument => Code::InvalidArgument,
+        ErrorCode::NotFound => Code::NotFound,
+    };
+    Status::new(code, rejection.message)
+}
+
+/// UNAVAILABLE, naming the leader's address in metadata when known so clients can retry there.
+pub fn forward_to_leader(leader: Option<String>) -> Status {
+    let Some(address) = leader else {
+        return Status::unavailable("no Raft leader is known; retry shortly");
+    };
+    let mut metadata = MetadataMap::new();
+    if let Ok(value) = MetadataValue::try_from(address.as_str()) {
+        metadata.insert(portcullis_proto::LEADER_METADATA_KEY, value);
+    }
+    Status::with_metadata(
+        Code::Unavailable,
+        format!("this node is not the leader; the leader is at {address}"),
+        metadata,
+    )
+}
+
+pub type WriteError = RaftError<NodeId, ClientWriteError<NodeId, BasicNode>>;
+
+/// Maps a failed Raft write. `leader_address` resolves a leader id when openraft knows
+/// the id but not the node.
+pub fn write_error(error: WriteError, leader_address: impl FnOnce(NodeId) -> Option<String>) -> Status {
+    match error {
+        RaftError::APIError(ClientWriteError::ForwardToLeader(ForwardToLeader {
+            leader_id,
+            leader_node,
+        })) => forward_to_leader(
+            leader_node
+                .map(|node| node.addr)
+                .or_else(|| leader_id.and_then(leader_address)),
+        ),
+        RaftError::APIError(ClientWriteError::ChangeMembershipError(error)) => {
+            Status::failed_precondition(error.to_string())
+        }
+        RaftError::Fatal(error) => Status::unavailable(format!("Raft is not running: {error}")),
+    }
+}

@@ -1,0 +1,17 @@
+//! The Portcullis control plane: config objects replicated with Raft (openraft on sled),
+//! served to operators through the Admin gRPC API and to proxies through ConfigStream.
+
+mod admin;
+mod command;
+mod network;
+mod node;
+mod registry;
+mod store;
+mod stream;
+mod types;
+mod view;
+
+pub use node::{ControlPlane, ControlPlaneConfig};
+
+#[cfg(test)]
+mod testutil;

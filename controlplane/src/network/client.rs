@@ -1,0 +1,113 @@
+use std::time::Duration;
+
+use openraft::error::{
+    Infallible, InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable,
+};
+use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
+    VoteRequest, VoteResponse,
+};
+use openraft::{AnyError, BasicNode};
+use portcullis_proto::v1::raft_client::RaftClient;
+use portcullis_proto::v1::RaftPayload;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use tonic::transport::{Channel, Endpoint};
+
+use crate::types::{NodeId, TypeConfig};
+
+/// Creates one lazily connected client per target node.
+#[derive(Clone, Default)]
+pub struct NetworkFactory;
+
+impl RaftNetworkFactory<TypeConfig> for NetworkFactory {
+    type Network = PeerClient;
+
+    async fn new_client(&mut self, target: NodeId, node: &BasicNode) -> PeerClient {
+        let channel = Endpoint::from_shared(format!("http://{}", node.addr))
+            .map(|endpoint| endpoint.connect_timeout(Duration::from_secs(1)).connect_lazy())
+            .map_err(|error| format!("invalid address {:?} of node {target}: {error}", node.addr));
+        PeerClient {
+            target,
+            client: channel.map(RaftClient::new),
+        }
+    }
+}
+
+pub struct PeerClient {
+    target: NodeId,
+    /// An unusable address is kept as an error so every RPC reports it as unreachable.
+    client: Result<RaftClient<Channel>, String>,
+}
+
+type RpcResult<T, E> = Result<T, RPCError<NodeId, BasicNode, RaftError<NodeId, E>>>;
+
+#[derive(Debug, Clone, Copy)]
+enum Rpc {
+    AppendEntries,
+    InstallSnapshot,
+    Vote,
+}
+
+impl PeerClient {
+    async fn call<Req, Resp, E>(&mut self, rpc: Rpc, request: &Req) -> RpcResult<Resp, E>
+    where
+        Req: Serialize,
+        Resp: DeserializeOwned,
+        E: std::error::Error + DeserializeOwned,
+    {
+        let client = match &mut self.client {
+            Ok(client) => client,
+            Err(message) => return Err(Unreachable::new(&AnyError::error(message)).into()),
+        };
+        let json = serde_json::to_vec(request).map_err(|e| NetworkError::new(&e))?;
+        let payload = RaftPayload { json };
+        let response = match rpc {
+            Rpc::AppendEntries => client.append_entries(payload).await,
+            Rpc::InstallSnapshot => client.install_snapshot(payload).await,
+            Rpc::Vote => client.vote(payload).await,
+        };
+        let response = response.map_err(|status| match status.code() {
+            // Connection refused, reset or not yet established: back off before retrying.
+            tonic::Code::Unavailable | tonic::Code::DeadlineExceeded => {
+                RPCError::Unreachable(Unreachable::new(&status))
+            }
+            _ => RPCError::Network(NetworkError::new(&status)),
+        })?;
+        let result: Result<Resp, RaftError<NodeId, E>> = serde_json::from_slice(&response.into_inner().json)
+            .map_err(|e| {
+                NetworkError::new(&AnyError::error(format!(
+                    "undecodable {rpc:?} response from node {}: {e}",
+                    self.target
+                )))
+            })?;
+        result.map_err(|error| RPCError::RemoteError(RemoteError::new(self.target, error)))
+    }
+}
+
+impl RaftNetwork<TypeConfig> for PeerClient {
+    async fn append_entries(
+        &mut self,
+        rpc: AppendEntriesRequest<TypeConfig>,
+        _option: RPCOption,
+    ) -> RpcResult<AppendEntriesResponse<NodeId>, Infallible> {
+        self.call(Rpc::AppendEntries, &rpc).await
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        rpc: InstallSnapshotRequest<TypeConfig>,
+        _option: RPCOption,
+    ) -> RpcResult<InstallSnapshotResponse<NodeId>, InstallSnapshotError> {
+        self.call(Rpc::InstallSnapshot, &rpc).await
+    }
+
+    async fn vote(
+        &mut self,
+        rpc: VoteRequest<NodeId>,
+        _option: RPCOption,
+    ) -> RpcResult<VoteResponse<NodeId>, Infallible> {
+        self.call(Rpc::Vote, &rpc).await
+    }
+}

@@ -1,0 +1,168 @@
+//! One control-plane node: sled + Raft + the gRPC server (Admin, ConfigStream, Raft and
+//! health on one port).
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use openraft::{BasicNode, SnapshotPolicy};
+use portcullis_proto::v1::admin_server::AdminServer;
+use portcullis_proto::v1::config_stream_server::ConfigStreamServer;
+use portcullis_proto::v1::raft_server::RaftServer;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio_stream::wrappers::TcpListenerStream;
+use tonic_health::ServingStatus;
+
+use crate::admin::AdminService;
+use crate::network::{NetworkFactory, RaftService};
+use crate::registry::ProxyRegistry;
+use crate::store::{self, LogStore, StateMachineStore};
+use crate::stream::ConfigStreamService;
+use crate::types::Raft;
+
+/// How long shutdown waits for in-flight requests before dropping connections.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
+#[derive(Debug, Clone)]
+pub struct ControlPlaneConfig {
+    pub node_id: u64,
+    pub listen: SocketAddr,
+    /// Address other nodes and clients use to reach this node; defaults to the bound address.
+    pub advertise: Option<String>,
+    pub data_dir: PathBuf,
+    /// Start without initializing a cluster, waiting to be added to one with AddNode.
+    pub join: bool,
+}
+
+pub struct ControlPlane {
+    local_addr: SocketAddr,
+    raft: Raft,
+    db: sled::Db,
+    shutdown: watch::Sender<bool>,
+    server: JoinHandle<Result<(), tonic::transport::Error>>,
+    health: JoinHandle<()>,
+}
+
+fn raft_config() -> anyhow::Result<Arc<openraft::Config>> {
+    let config = openraft::Config {
+        cluster_name: "portcullis".to_string(),
+        heartbeat_interval: 250,
+        election_timeout_min: 1000,
+        election_timeout_max: 2000,
+        install_snapshot_timeout: 2000,
+        snapshot_policy: SnapshotPolicy::LogsSinceLast(1000),
+        // Keeping few logs beyond the snapshot keeps compaction honest (and exercised).
+        max_in_snapshot_log_to_keep: 100,
+        ..Default::default()
+    };
+    Ok(Arc::new(config.validate().context("invalid Raft config")?))
+}
+
+impl ControlPlane {
+    /// Opens the sled DB under `data_dir`, starts Raft and serves Admin, ConfigStream, Raft
+    /// and grpc.health.v1 on `listen`. A pristine node (unless `join`) initializes a
+    /// single-node cluster with itself as the only voter.
+    pub async fn start(config: ControlPlaneConfig) -> anyhow::Result<ControlPlane> {
+        std::fs::create_dir_all(&config.data_dir)
+            .with_context(|| format!("creating data dir {}", config.data_dir.display()))?;
+        let db = store::open_db(&config.data_dir.join("raft"))?;
+        let log = LogStore::open(&db).context("opening Raft log")?;
+        let state_machine = StateMachineStore::open(&db)?;
+        let view = state_machine.subscribe();
+        let raft = Raft::new(config.node_id, raft_config()?, NetworkFactory, log, state_machine)
+            .await
+            .context("starting Raft")?;
+
+        let listener = TcpListener::bind(config.listen)
+            .await
+            .with_context(|| format!("binding {}", config.listen))?;
+        let local_addr = listener.local_addr().context("reading bound address")?;
+        let advertise = config.advertise.clone().unwrap_or_else(|| local_addr.to_string());
+
+        if !config.join && !raft.is_initialized().await.context("reading Raft state")? {
+            let members = BTreeMap::from([(config.node_id, BasicNode::new(&advertise))]);
+            raft.initialize(members)
+                .await
+                .context("initializing single-node cluster")?;
+            tracing::info!(node_id = config.node_id, %advertise, "initialized new cluster");
+        }
+
+        let (shutdown, shutdown_rx) = watch::channel(false);
+        let registry = ProxyRegistry::default();
+        let (reporter, health_service) = tonic_health::server::health_reporter();
+        reporter.set_service_status("", ServingStatus::NotServing).await;
+        let health = tokio::spawn(report_health_once_led(raft.clone(), reporter));
+
+        let server = tonic::transport::Server::builder()
+            .add_service(health_service)
+            .add_service(AdminServer::new(AdminService::new(
+                raft.clone(),
+                view.clone(),
+                registry.clone(),
+            )))
+            .add_service(ConfigStreamServer::new(ConfigStreamService::new(
+                view,
+                registry,
+                shutdown_rx.clone(),
+            )))
+            .add_service(RaftServer::new(RaftService::new(raft.clone())))
+            .serve_with_incoming_shutdown(TcpListenerStream::new(listener), wait_for_shutdown(shutdown_rx));
+        let server = tokio::spawn(server);
+        tracing::info!(node_id = config.node_id, %local_addr, "control plane serving");
+
+        Ok(ControlPlane {
+            local_addr,
+            raft,
+            db,
+            shutdown,
+            server,
+            health,
+        })
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// Stops the server (ending proxy streams), then Raft, then flushes sled.
+    pub async fn shutdown(self) -> anyhow::Result<()> {
+        self.health.abort();
+        self.shutdown.send_replace(true);
+        let mut server = self.server;
+        match tokio::time::timeout(SHUTDOWN_GRACE, &mut server).await {
+            Ok(joined) => joined
+                .context("server task failed")?
+                .context("gRPC server failed")?,
+            Err(_) => {
+                tracing::warn!("gRPC server did not stop in time; dropping its connections");
+                server.abort();
+            }
+        }
+        self.raft.shutdown().await.context("stopping Raft")?;
+        self.db.flush_async().await.context("flushing sled")?;
+        Ok(())
+    }
+}
+
+async fn wait_for_shutdown(mut shutdown: watch::Receiver<bool>) {
+    // An error means the sender is gone, which is also a reason to stop.
+    let _ = shutdown.wait_for(|stop| *stop).await;
+}
+
+/// Health turns SERVING once a leader exists, i.e. once writes can succeed.
+async fn report_health_once_led(raft: Raft, reporter: tonic_health::server::HealthReporter) {
+    let mut metrics = raft.metrics();
+    if metrics.wait_for(|m| m.current_leader.is_some()).await.is_err() {
+        return;
+    }
+    reporter.set_service_status("", ServingStatus::Serving).await;
+    reporter.set_serving::<AdminServer<AdminService>>().await;
+}
+
+#[cfg(test)]
+mod tests;

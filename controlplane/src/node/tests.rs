@@ -1,0 +1,281 @@
+use portcullis_proto::v1::{DeleteRequest, GetRequest, ListRequest, Object, ObjectRef};
+use serde_json::json;
+use tonic::Code;
+use tonic_health::pb::health_check_response::ServingStatus as HealthStatus;
+use tonic_health::pb::health_client::HealthClient;
+use tonic_health::pb::HealthCheckRequest;
+
+use crate::command::tests::{backend, route};
+use crate::testutil::*;
+
+#[tokio::test]
+async fn serves_admin_and_keeps_config_across_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = start(dir.path(), 1, false).await;
+    let mut client = admin(node.local_addr()).await;
+    wait_for_leader(&mut client).await;
+
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", node.local_addr()))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut health = HealthClient::new(channel);
+    let mut serving = false;
+    for _ in 0..50 {
+        let request = HealthCheckRequest {
+            service: "portcullis.v1.Admin".to_string(),
+        };
+        if let Ok(response) = health.check(request).await {
+            if response.into_inner().status == HealthStatus::Serving as i32 {
+                serving = true;
+                break;
+            }
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert!(serving, "Admin never reported SERVING");
+
+    let objects = vec![
+        listener("public", 8080, json!({})),
+        backend("api", "127.0.0.1:9000"),
+        route("web", "public", "api"),
+    ];
+    let applied = client
+        .apply(apply_request(objects.clone(), Some(0)))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(applied.version, 1);
+    let actions: Vec<&str> = applied.changes.iter().map(|c| c.action.as_str()).collect();
+    assert_eq!(actions, ["created", "created", "created"]);
+
+    // Re-applying the same objects is a no-op that does not move the version.
+    let again = client
+        .apply(apply_request(objects, None))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(again.version, 1);
+
+    let garbage = portcullis_proto::v1::ApplyRequest {
+        objects: vec![Object {
+            kind: "Backend".into(),
+            name: "x".into(),
+            json: b"{not json".to_vec(),
+        }],
+        expected_version: None,
+    };
+    let status = client.apply(garbage.clone()).await.unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument);
+    assert!(
+        status.message().starts_with("objects[0]: not valid JSON"),
+        "{}",
+        status.message()
+    );
+    assert_eq!(
+        client.validate(garbage).await.unwrap_err().code(),
+        Code::InvalidArgument
+    );
+
+    let invalid = apply_request(vec![route("ops", "public", "missing")], None);
+    let status = client.validate(invalid.clone()).await.unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument);
+    assert_eq!(
+        status.message(),
+        "Route/ops: spec.backends[0].name: Backend \"missing\" does not exist"
+    );
+    assert_eq!(
+        client.apply(invalid).await.unwrap_err().code(),
+        Code::InvalidArgument
+    );
+
+    let stale = apply_request(vec![backend("api", "127.0.0.1:9001")], Some(5));
+    let status = client.apply(stale).await.unwrap_err();
+    assert_eq!(status.code(), Code::FailedPrecondition);
+    assert_eq!(status.message(), "config is at version 1, expected 5");
+
+    let validated = client
+        .validate(apply_request(vec![backend("api", "127.0.0.1:9001")], None))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        (validated.version, validated.changes[0].action.as_str()),
+        (1, "configured")
+    );
+
+    let ghost = DeleteRequest {
+        objects: vec![ObjectRef {
+            kind: "backend".into(),
+            name: "ghost".into(),
+        }],
+        expected_version: None,
+    };
+    assert_eq!(client.delete(ghost).await.unwrap_err().code(), Code::NotFound);
+    let missing = GetRequest {
+        object: Some(ObjectRef {
+            kind: "Route".into(),
+            name: "nope".into(),
+        }),
+    };
+    assert_eq!(client.get(missing).await.unwrap_err().code(), Code::NotFound);
+    let bad_kind = ListRequest {
+        kind: "gateway".into(),
+    };
+    assert_eq!(
+        client.list(bad_kind).await.unwrap_err().code(),
+        Code::InvalidArgument
+    );
+
+    let get = GetRequest {
+        object: Some(ObjectRef {
+            kind: "Backend".into(),
+            name: "api".into(),
+        }),
+    };
+    let got = client.get(get.clone()).await.unwrap().into_inner();
+    assert_eq!(got.version, 1);
+    let before = got.object.unwrap();
+
+    node.shutdown().await.unwrap();
+
+    let node = start(dir.path(), 1, false).await;
+    let mut client = admin(node.local_addr()).await;
+    wait_for_leader(&mut client).await;
+    let got = client.get(get).await.unwrap().into_inner();
+    assert_eq!((got.version, got.object.unwrap()), (1, before));
+    let listed = client.list(ListRequest::default()).await.unwrap().into_inner();
+    assert_eq!((listed.version, listed.objects.len()), (1, 3));
+    // Still writable: the restarted node elected itself again.
+    let applied = client
+        .apply(apply_request(vec![backend("api", "127.0.0.1:9001")], Some(1)))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(applied.version, 2);
+    node.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn added_node_replicates_and_forwards_writes() {
+    let (dir1, dir2) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let leader = start(dir1.path(), 1, false).await;
+    let mut client1 = admin(leader.local_addr()).await;
+    wait_for_leader(&mut client1).await;
+    client1
+        .apply(apply_request(vec![backend("api", "127.0.0.1:9000")], None))
+        .await
+        .unwrap();
+
+    let follower = start(dir2.path(), 2, true).await;
+    let add = portcullis_proto::v1::AddNodeRequest {
+        node_id: 2,
+        address: follower.local_addr().to_string(),
+    };
+    let status = client1.add_node(add).await.unwrap().into_inner();
+    let voters: Vec<u64> = status
+        .cluster
+        .unwrap()
+        .members
+        .iter()
+        .filter(|m| m.voter)
+        .map(|m| m.node_id)
+        .collect();
+    assert_eq!(voters, [1, 2]);
+
+    client1
+        .apply(apply_request(vec![backend("db", "127.0.0.1:9001")], None))
+        .await
+        .unwrap();
+    let mut client2 = admin(follower.local_addr()).await;
+    let status = wait_status(&mut client2, |s| s.version == 2).await;
+    assert_eq!(status.cluster.unwrap().leader_id, Some(1));
+    let listed = client2.list(ListRequest::default()).await.unwrap().into_inner();
+    assert_eq!(listed.objects.len(), 2);
+
+    let status = client2
+        .apply(apply_request(vec![backend("cache", "127.0.0.1:9002")], None))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::Unavailable);
+    let leader_address = status
+        .metadata()
+        .get(portcullis_proto::LEADER_METADATA_KEY)
+        .unwrap();
+    assert_eq!(leader_address.to_str().unwrap(), leader.local_addr().to_string());
+
+    follower.shutdown().await.unwrap();
+    leader.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn restarts_from_snapshot_after_log_purge() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = start(dir.path(), 1, false).await;
+    let mut client = admin(node.local_addr()).await;
+    wait_for_leader(&mut client).await;
+    for port in 9000..9003 {
+        let endpoint = format!("127.0.0.1:{port}");
+        client
+            .apply(apply_request(vec![backend("api", &endpoint)], None))
+            .await
+            .unwrap();
+    }
+    let last = node.raft.metrics().borrow().last_applied.unwrap().index;
+    node.raft.trigger().snapshot().await.unwrap();
+    let mut metrics = node.raft.metrics();
+    metrics
+        .wait_for(|m| m.snapshot.is_some_and(|id| id.index >= last))
+        .await
+        .unwrap();
+    node.raft.trigger().purge_log(last).await.unwrap();
+    metrics
+        .wait_for(|m| m.purged.is_some_and(|id| id.index >= last))
+        .await
+        .unwrap();
+    node.shutdown().await.unwrap();
+
+    let node = start(dir.path(), 1, false).await;
+    let mut client = admin(node.local_addr()).await;
+    wait_for_leader(&mut client).await;
+    let listed = client.list(ListRequest::default()).await.unwrap().into_inner();
+    assert_eq!(listed.version, 3);
+    assert!(String::from_utf8_lossy(&listed.objects[0].json).contains("9002"));
+    let applied = client
+        .apply(apply_request(vec![backend("db", "127.0.0.1:9100")], Some(3)))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(applied.version, 4);
+    node.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn unreachable_node_is_not_added() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = start(dir.path(), 1, false).await;
+    let mut client = admin(node.local_addr()).await;
+    wait_for_leader(&mut client).await;
+    // Bind and drop to get a port nobody listens on.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let add = portcullis_proto::v1::AddNodeRequest {
+        node_id: 7,
+        address: closed.to_string(),
+    };
+    assert_eq!(client.add_node(add).await.unwrap_err().code(), Code::Unavailable);
+    let status = wait_status(&mut client, |s| {
+        s.cluster.as_ref().is_some_and(|c| c.members.len() == 1)
+    })
+    .await;
+    assert_eq!(status.cluster.unwrap().members[0].node_id, 1);
+    let applied = client
+        .apply(apply_request(vec![backend("api", "127.0.0.1:9000")], None))
+        .await
+        .unwrap();
+    assert_eq!(applied.into_inner().version, 1);
+    node.shutdown().await.unwrap();
+}

@@ -1,0 +1,146 @@
+//! What each subscribed proxy holds, as seen by this control-plane node. In memory only:
+//! proxies re-announce themselves when they reconnect.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use portcullis_config::ShardSelector;
+use portcullis_proto::v1::ProxyStatus;
+
+#[derive(Debug, Clone)]
+struct Entry {
+    status: ProxyStatus,
+    /// Identifies the live stream, so an old stream ending does not mark a reconnected proxy gone.
+    session: u64,
+    /// Last version the proxy rejected; only an ACK of a later version makes it healthy again.
+    nacked_version: u64,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct ProxyRegistry {
+    inner: Arc<Mutex<Inner>>,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    proxies: BTreeMap<String, Entry>,
+    sessions: u64,
+}
+
+fn now_unix_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|elapsed| i64::try_from(elapsed.as_millis()).unwrap_or(i64::MAX))
+        .unwrap_or_default()
+}
+
+impl ProxyRegistry {
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        // The map stays consistent even if a holder panicked: every update is a plain field write.
+        self.inner.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn update(&self, proxy_id: &str, session: u64, change: impl FnOnce(&mut Entry)) {
+        if let Some(entry) = self.lock().proxies.get_mut(proxy_id) {
+            if entry.session == session {
+                change(entry);
+                entry.status.last_seen_unix_ms = now_unix_ms();
+            }
+        }
+    }
+
+    /// Records a new stream from `proxy_id` and returns its session.
+    pub fn connect(&self, proxy_id: &str, shard: &ShardSelector) -> u64 {
+        let mut inner = self.lock();
+        inner.sessions += 1;
+        let session = inner.sessions;
+        let entry = inner
+            .proxies
+            .entry(proxy_id.to_string())
+            .or_insert_with(|| Entry {
+                status: ProxyStatus {
+                    proxy_id: proxy_id.to_string(),
+                    healthy: true,
+                    ..ProxyStatus::default()
+                },
+                session,
+                nacked_version: 0,
+            });
+        entry.session = session;
+        entry.status.shard = shard
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect::<HashMap<_, _>>();
+        entry.status.connected = true;
+        entry.status.last_seen_unix_ms = now_unix_ms();
+        session
+    }
+
+    pub fn sent(&self, proxy_id: &str, session: u64, version: u64) {
+        self.update(proxy_id, session, |entry| entry.status.sent_version = version);
+    }
+
+    pub fn ack(&self, proxy_id: &str, session: u64, version: u64) {
+        self.update(proxy_id, session, |entry| {
+            entry.status.applied_version = version;
+            if version > entry.nacked_version {
+                entry.status.healthy = true;
+                entry.status.last_error.clear();
+            }
+        });
+    }
+
+    pub fn nack(&self, proxy_id: &str, session: u64, version: u64, reason: &str) {
+        self.update(proxy_id, session, |entry| {
+            entry.nacked_version = entry.nacked_version.max(version);
+            entry.status.healthy = false;
+            entry.status.last_error = format!("version {version}: {reason}");
+        });
+    }
+
+    pub fn disconnect(&self, proxy_id: &str, session: u64) {
+        self.update(proxy_id, session, |entry| entry.status.connected = false);
+    }
+
+    /// Every proxy ever seen, ordered by id.
+    pub fn statuses(&self) -> Vec<ProxyStatus> {
+        self.lock()
+            .proxies
+            .values()
+            .map(|entry| entry.status.clone())
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nack_stays_unhealthy_until_a_later_ack() {
+        let registry = ProxyRegistry::default();
+        let session = registry.connect("p1", &ShardSelector::new());
+        registry.sent("p1", session, 3);
+        registry.nack("p1", session, 3, "bad route");
+        registry.ack("p1", session, 2);
+        let status = &registry.statuses()[0];
+        assert!(!status.healthy);
+        assert_eq!(status.last_error, "version 3: bad route");
+        registry.ack("p1", session, 4);
+        let status = &registry.statuses()[0];
+        assert!(status.healthy);
+        assert_eq!((status.applied_version, status.sent_version), (4, 3));
+    }
+
+    #[test]
+    fn stale_session_does_not_disconnect_a_reconnected_proxy() {
+        let registry = ProxyRegistry::default();
+        let old = registry.connect("p1", &ShardSelector::new());
+        let new = registry.connect("p1", &ShardSelector::new());
+        registry.disconnect("p1", old);
+        assert!(registry.statuses()[0].connected);
+        registry.disconnect("p1", new);
+        assert!(!registry.statuses()[0].connected);
+    }
+}

@@ -1,0 +1,171 @@
+//! ConfigStream: every proxy gets its slice of the config, one complete version per
+//! message, and answers each with an ACK or NACK that lands in the [`ProxyRegistry`].
+
+use portcullis_config::ShardSelector;
+use portcullis_proto::v1::config_stream_server::ConfigStream;
+use portcullis_proto::v1::proxy_message::Message;
+use portcullis_proto::v1::{ConfigSnapshot, Hello, Object, ProxyMessage};
+use tokio::sync::{mpsc, watch};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::registry::ProxyRegistry;
+use crate::view::ConfigView;
+
+pub struct ConfigStreamService {
+    view: watch::Receiver<ConfigView>,
+    registry: ProxyRegistry,
+    /// Flips to `true` on shutdown, ending every stream so the server can stop gracefully.
+    shutdown: watch::Receiver<bool>,
+}
+
+impl ConfigStreamService {
+    pub fn new(
+        view: watch::Receiver<ConfigView>,
+        registry: ProxyRegistry,
+        shutdown: watch::Receiver<bool>,
+    ) -> Self {
+        Self {
+            view,
+            registry,
+            shutdown,
+        }
+    }
+}
+
+fn snapshot(view: &ConfigView, shard: &ShardSelector) -> ConfigSnapshot {
+    ConfigSnapshot {
+        version: view.version,
+        objects: view
+            .config
+            .slice(shard)
+            .objects()
+            .map(|object| Object {
+                kind: object.kind().to_string(),
+                name: object.name().to_string(),
+                json: object.to_json_bytes(),
+            })
+            .collect(),
+    }
+}
+
+#[tonic::async_trait]
+impl ConfigStream for ConfigStreamService {
+    type SubscribeStream = ReceiverStream<Result<ConfigSnapshot, Status>>;
+
+    async fn subscribe(
+        &self,
+        request: Request<Streaming<ProxyMessage>>,
+    ) -> Result<Response<Self::SubscribeStream>, Status> {
+        // Answer right away and wait for Hello in the session task: a client may only send
+        // Hello once the call is established.
+        let (tx, rx) = mpsc::channel(2);
+        let session = Session {
+            inbound: request.into_inner(),
+            outbound: tx,
+            view: self.view.clone(),
+            registry: self.registry.clone(),
+            shutdown: self.shutdown.clone(),
+        };
+        tokio::spawn(session.run());
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+}
+
+struct Session {
+    inbound: Streaming<ProxyMessage>,
+    outbound: mpsc::Sender<Result<ConfigSnapshot, Status>>,
+    view: watch::Receiver<ConfigView>,
+    registry: ProxyRegistry,
+    shutdown: watch::Receiver<bool>,
+}
+
+impl Session {
+    async fn run(mut self) {
+        let hello = match self.inbound.message().await {
+            Ok(Some(ProxyMessage {
+                message: Some(Message::Hello(hello)),
+            })) => hello,
+            Ok(Some(_)) => {
+                let status = Status::invalid_argument("the first message must be a Hello");
+                // The proxy may already be gone; there is nobody else to tell.
+                let _ = self.outbound.send(Err(status)).await;
+                return;
+            }
+            Ok(None) => {
+                let status = Status::invalid_argument("the stream ended before a Hello");
+                let _ = self.outbound.send(Err(status)).await;
+                return;
+            }
+            // Undecodable or truncated input: tell the client why instead of ending with OK.
+            Err(status) => {
+                let _ = self.outbound.send(Err(status)).await;
+                return;
+            }
+        };
+        if hello.proxy_id.is_empty() {
+            let _ = self
+                .outbound
+                .send(Err(Status::invalid_argument("Hello.proxy_id is empty")))
+                .await;
+            return;
+        }
+        let Hello { proxy_id, shard, .. } = hello;
+        let shard: ShardSelector = shard.into_iter().collect();
+        let session = self.registry.connect(&proxy_id, &shard);
+        tracing::info!(%proxy_id, ?shard, "proxy subscribed");
+        self.serve(&proxy_id, &shard, session).await;
+        self.registry.disconnect(&proxy_id, session);
+        tracing::info!(%proxy_id, "proxy stream ended");
+    }
+
+    async fn serve(&mut self, proxy_id: &str, shard: &ShardSelector, session: u64) {
+        // The current version is always sent first, even if the proxy says it has it.
+        self.view.mark_changed();
+        let mut pending = false;
+        loop {
+            tokio::select! {
+                changed = self.view.changed() => {
+                    if changed.is_err() {
+                        return;
+                    }
+                    pending = true;
+                }
+                // Waiting for room before building means a slow proxy skips versions it
+                // has not been sent yet instead of queueing them.
+                permit = self.outbound.reserve(), if pending => {
+                    let Ok(permit) = permit else { return };
+                    pending = false;
+                    let view = self.view.borrow_and_update().clone();
+                    // Version 0 means nothing was ever applied; there is nothing to serve yet.
+                    if view.version >= 1 {
+                        permit.send(Ok(snapshot(&view, shard)));
+                        self.registry.sent(proxy_id, session, view.version);
+                    }
+                }
+                message = self.inbound.message() => match message {
+                    Ok(Some(ProxyMessage { message: Some(Message::Ack(ack)) })) => {
+                        self.registry.ack(proxy_id, session, ack.version);
+                    }
+                    Ok(Some(ProxyMessage { message: Some(Message::Nack(nack)) })) => {
+                        tracing::warn!(%proxy_id, version = nack.version, reason = %nack.reason, "proxy rejected config");
+                        self.registry.nack(proxy_id, session, nack.version, &nack.reason);
+                    }
+                    Ok(Some(_)) => {
+                        let _ = self.outbound.send(Err(Status::invalid_argument("expected Ack or Nack after Hello"))).await;
+                        return;
+                    }
+                    Ok(None) => return,
+                    Err(status) => {
+                        let _ = self.outbound.send(Err(status)).await;
+                        return;
+                    }
+                },
+                _ = self.shutdown.changed() => return,
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

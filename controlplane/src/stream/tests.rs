@@ -1,0 +1,152 @@
+use std::time::Duration;
+
+use portcullis_proto::v1::config_stream_client::ConfigStreamClient;
+use portcullis_proto::v1::proxy_message::Message;
+use portcullis_proto::v1::{Ack, ConfigSnapshot, Hello, Nack, ProxyMessage, ProxyStatus};
+use serde_json::json;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Code, Streaming};
+
+use crate::command::tests::{backend, route};
+use crate::testutil::*;
+
+fn message(message: Message) -> ProxyMessage {
+    ProxyMessage {
+        message: Some(message),
+    }
+}
+
+async fn next(stream: &mut Streaming<ConfigSnapshot>) -> ConfigSnapshot {
+    tokio::time::timeout(Duration::from_secs(10), stream.message())
+        .await
+        .expect("no snapshot within 10 s")
+        .unwrap()
+        .expect("stream ended")
+}
+
+fn names(snapshot: &ConfigSnapshot) -> Vec<String> {
+    snapshot
+        .objects
+        .iter()
+        .map(|o| format!("{}/{}", o.kind, o.name))
+        .collect()
+}
+
+fn proxy(status: &portcullis_proto::v1::StatusResponse) -> Option<&ProxyStatus> {
+    status.proxies.iter().find(|p| p.proxy_id == "edge-1")
+}
+
+#[tokio::test]
+async fn streams_versions_and_records_acks() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = start(dir.path(), 1, false).await;
+    let mut admin = admin(node.local_addr()).await;
+    wait_for_leader(&mut admin).await;
+    let config = vec![
+        listener("public", 8080, json!({"edge": "true"})),
+        listener("internal", 8081, json!({})),
+        backend("api", "127.0.0.1:9000"),
+        backend("admin", "127.0.0.1:9001"),
+        route("web", "public", "api"),
+        route("ops", "internal", "admin"),
+    ];
+    admin.apply(apply_request(config, None)).await.unwrap();
+
+    let mut client = ConfigStreamClient::connect(format!("http://{}", node.local_addr()))
+        .await
+        .unwrap();
+    let (tx, rx) = mpsc::channel(8);
+    let mut stream = client
+        .subscribe(ReceiverStream::new(rx))
+        .await
+        .unwrap()
+        .into_inner();
+    // Hello after the call is established: the server must not need it up front.
+    let hello = Hello {
+        proxy_id: "edge-1".into(),
+        shard: [("edge".to_string(), "true".to_string())].into(),
+        last_version: 1,
+    };
+    tx.send(message(Message::Hello(hello))).await.unwrap();
+
+    let first = next(&mut stream).await;
+    assert_eq!(first.version, 1);
+    assert_eq!(names(&first), ["Listener/public", "Route/web", "Backend/api"]);
+    tx.send(message(Message::Ack(Ack { version: 1 }))).await.unwrap();
+    let status = wait_status(&mut admin, |s| proxy(s).is_some_and(|p| p.applied_version == 1)).await;
+    let edge = proxy(&status).unwrap();
+    assert!(edge.healthy && edge.connected);
+    assert_eq!(edge.shard.get("edge").map(String::as_str), Some("true"));
+
+    admin
+        .apply(apply_request(vec![backend("api", "127.0.0.1:9100")], None))
+        .await
+        .unwrap();
+    let second = next(&mut stream).await;
+    assert_eq!(second.version, 2);
+    assert!(String::from_utf8_lossy(&second.objects[2].json).contains("9100"));
+
+    let nack = Nack {
+        version: 2,
+        reason: "cannot resolve api".into(),
+    };
+    tx.send(message(Message::Nack(nack))).await.unwrap();
+    let status = wait_status(&mut admin, |s| proxy(s).is_some_and(|p| !p.healthy)).await;
+    let edge = proxy(&status).unwrap();
+    assert_eq!((edge.applied_version, edge.sent_version), (1, 2));
+    assert!(
+        edge.last_error.contains("cannot resolve api"),
+        "{}",
+        edge.last_error
+    );
+
+    drop(tx);
+    wait_status(&mut admin, |s| proxy(s).is_some_and(|p| !p.connected)).await;
+    node.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn first_message_must_be_hello() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = start(dir.path(), 1, false).await;
+    let mut client = ConfigStreamClient::connect(format!("http://{}", node.local_addr()))
+        .await
+        .unwrap();
+    let ack = tokio_stream::iter([message(Message::Ack(Ack { version: 3 }))]);
+    let mut stream = client.subscribe(ack).await.unwrap().into_inner();
+    let status = stream.message().await.unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument);
+    node.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn nothing_is_sent_before_the_first_version() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = start(dir.path(), 1, false).await;
+    let mut admin = admin(node.local_addr()).await;
+    wait_for_leader(&mut admin).await;
+    let mut client = ConfigStreamClient::connect(format!("http://{}", node.local_addr()))
+        .await
+        .unwrap();
+    let (tx, rx) = mpsc::channel(8);
+    let hello = Hello {
+        proxy_id: "edge-1".into(),
+        ..Hello::default()
+    };
+    tx.send(message(Message::Hello(hello))).await.unwrap();
+    let mut stream = client
+        .subscribe(ReceiverStream::new(rx))
+        .await
+        .unwrap()
+        .into_inner();
+    let early = tokio::time::timeout(Duration::from_millis(300), stream.message()).await;
+    assert!(early.is_err(), "got something at version 0: {early:?}");
+    admin
+        .apply(apply_request(vec![backend("api", "127.0.0.1:9000")], None))
+        .await
+        .unwrap();
+    assert_eq!(next(&mut stream).await.version, 1);
+    // Shutdown ends open streams instead of waiting for proxies to hang up.
+    node.shutdown().await.unwrap();
+}

@@ -1,0 +1,58 @@
+//! The admin port: liveness, readiness and what the proxy is serving.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use http::{Method, Request, Response, StatusCode};
+use hyper::body::Incoming;
+
+use crate::config_state::ConfigState;
+use crate::listener::Handler;
+use crate::response::{self, ProxyBody};
+
+#[derive(Clone)]
+pub(crate) struct AdminHandler {
+    pub(crate) state: Arc<ConfigState>,
+    pub(crate) proxy_id: Arc<str>,
+}
+
+impl Handler for AdminHandler {
+    async fn handle(&self, _peer: SocketAddr, request: Request<Incoming>) -> Response<ProxyBody> {
+        if request.method() != Method::GET {
+            return response::error(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", "use GET");
+        }
+        match request.uri().path() {
+            "/livez" => response::with_body(StatusCode::OK, "text/plain", "ok\n"),
+            "/readyz" => match self.state.not_ready_reason() {
+                None => response::with_body(StatusCode::OK, "text/plain", "ready\n"),
+                Some(reason) => response::with_body(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "text/plain",
+                    format!("not ready: {reason}\n"),
+                ),
+            },
+            "/status" => {
+                let snapshot = self.state.current();
+                let listeners: Vec<serde_json::Value> = snapshot
+                    .listeners
+                    .iter()
+                    .map(
+                        |(name, address)| serde_json::json!({ "name": name, "address": address.to_string() }),
+                    )
+                    .collect();
+                let status = serde_json::json!({
+                    "proxy_id": &*self.proxy_id,
+                    "version": snapshot.version,
+                    "listeners": listeners,
+                    "ready": self.state.not_ready_reason().is_none(),
+                });
+                response::json(StatusCode::OK, &status)
+            }
+            other => response::error(
+                StatusCode::NOT_FOUND,
+                "not_found",
+                format!("no admin endpoint {other}"),
+            ),
+        }
+    }
+}

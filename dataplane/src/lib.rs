@@ -1,0 +1,112 @@
+//! The Portcullis proxy. A request's path through the crate:
+//! [`listener`] accepts it, [`forward`] matches it against the [`route`] table of the live
+//! config ([`config_state`]), picks a [`backend`] endpoint and streams it there and back.
+//! The config arrives from the control plane ([`subscription`]), survives restarts in
+//! [`cache`], and [`health`] reports on it all.
+
+mod backend;
+mod cache;
+mod config_state;
+mod forward;
+mod health;
+mod listener;
+mod response;
+mod route;
+mod subscription;
+
+#[cfg(test)]
+mod tests;
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+
+use crate::cache::ConfigCache;
+use crate::config_state::ConfigState;
+use crate::health::AdminHandler;
+use crate::listener::RunningListener;
+use crate::subscription::Subscriber;
+
+/// Admin requests are instant; anything still open after this is a stuck client.
+const ADMIN_DRAIN_GRACE: Duration = Duration::from_secs(1);
+
+#[derive(Debug, Clone)]
+pub struct ProxyConfig {
+    /// Stable identity shown by the control plane.
+    pub proxy_id: String,
+    /// Control-plane address, e.g. `http://127.0.0.1:7070`.
+    pub controlplane: String,
+    /// Listener label selector; empty serves the whole config.
+    pub shard: BTreeMap<String, String>,
+    /// Address of `/livez`, `/readyz` and `/status`; port 0 picks a free port.
+    pub admin_listen: SocketAddr,
+    /// Where the last good config is kept across restarts; `None` keeps nothing.
+    pub cache_dir: Option<PathBuf>,
+    /// How long a drain waits for in-flight requests and streams before closing them.
+    pub drain_grace: Duration,
+}
+
+pub struct Proxy {
+    state: Arc<ConfigState>,
+    admin: RunningListener,
+    admin_addr: SocketAddr,
+    subscription: JoinHandle<()>,
+}
+
+impl Proxy {
+    /// Returns once the admin server is bound and any cached config is serving; the
+    /// control-plane config arrives asynchronously.
+    pub async fn start(config: ProxyConfig) -> anyhow::Result<Proxy> {
+        let controlplane = tonic::transport::Endpoint::from_shared(config.controlplane.clone())
+            .with_context(|| format!("invalid control-plane address {:?}", config.controlplane))?;
+        let state = Arc::new(ConfigState::new(
+            config.cache_dir.map(ConfigCache::new),
+            config.drain_grace,
+        ));
+        let admin_socket = TcpListener::bind(config.admin_listen)
+            .await
+            .with_context(|| format!("cannot listen on admin address {}", config.admin_listen))?;
+        let admin_addr = admin_socket.local_addr()?;
+        let admin_handler = AdminHandler {
+            state: state.clone(),
+            proxy_id: Arc::from(config.proxy_id.as_str()),
+        };
+        let admin = RunningListener::spawn(admin_socket, admin_handler, ADMIN_DRAIN_GRACE);
+        state.restore_from_cache().await;
+        let subscriber = Subscriber {
+            state: state.clone(),
+            controlplane,
+            proxy_id: config.proxy_id,
+            shard: config.shard,
+        };
+        let subscription = tokio::spawn(subscriber.run());
+        tracing::info!(%admin_addr, "proxy started");
+        Ok(Proxy {
+            state,
+            admin,
+            admin_addr,
+            subscription,
+        })
+    }
+
+    pub fn admin_addr(&self) -> SocketAddr {
+        self.admin_addr
+    }
+
+    /// Drain: stop accepting on every listener, readiness → 503, let in-flight requests
+    /// and streams finish within drain_grace, then close the rest and return.
+    pub async fn shutdown(self) -> anyhow::Result<()> {
+        // No new version may start listeners while the old ones drain.
+        self.subscription.abort();
+        self.state.shutdown().await;
+        self.admin.drain().await.context("admin server task failed")?;
+        tracing::info!("proxy stopped");
+        Ok(())
+    }
+}

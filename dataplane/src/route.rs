@@ -1,0 +1,387 @@
+//! The per-listener route table: which route a request belongs to.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::header::HOST;
+use http::{HeaderName, HeaderValue, Method, Request};
+use portcullis_config::{HeaderMatch, PathMatch, RouteMatch, RouteSpec};
+
+use crate::backend::{Backend, WeightedBackends};
+
+/// A compiled Route: shared by the tables of every listener it is attached to.
+#[derive(Debug)]
+pub(crate) struct Route {
+    pub(crate) name: String,
+    hostnames: Vec<HostPattern>,
+    conditions: Vec<Condition>,
+    pub(crate) backends: WeightedBackends,
+    pub(crate) timeout: Duration,
+}
+
+#[derive(Debug, PartialEq, Eq)]
+enum HostPattern {
+    Exact(String),
+    /// `*.example.com` stored as `.example.com`, so a suffix test matches any depth of
+    /// subdomain but never the apex itself.
+    Wildcard(String),
+}
+
+#[derive(Debug)]
+struct Condition {
+    path: PathCondition,
+    method: Option<Method>,
+    headers: Vec<(HeaderName, HeaderValue)>,
+}
+
+#[derive(Debug)]
+enum PathCondition {
+    Exact(String),
+    /// Stored without a trailing `/`, so `/`, `/api` and `/api/` compare by whole segments
+    /// and an absent path condition is the empty prefix.
+    Prefix(String),
+}
+
+/// Ordering key of a rule; greater is more specific, following the rule documented on
+/// [`RouteSpec`].
+#[derive(Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct Specificity {
+    exact_path: bool,
+    prefix_len: usize,
+    header_count: usize,
+    has_method: bool,
+}
+
+impl Route {
+    pub(crate) fn compile(
+        name: &str,
+        spec: &RouteSpec,
+        backends: &HashMap<String, Arc<Backend>>,
+    ) -> Result<Route, String> {
+        let hostnames = spec
+            .hostnames
+            .iter()
+            .map(|host| {
+                let host = host.to_ascii_lowercase();
+                match host.strip_prefix('*') {
+                    Some(suffix) => HostPattern::Wildcard(suffix.to_string()),
+                    None => HostPattern::Exact(host),
+                }
+            })
+            .collect();
+        let conditions = if spec.matches.is_empty() {
+            vec![Condition::everything()]
+        } else {
+            spec.matches
+                .iter()
+                .map(Condition::compile)
+                .collect::<Result<_, _>>()
+                .map_err(|problem| format!("Route/{name}: {problem}"))?
+        };
+        let backends = WeightedBackends::resolve(&spec.backends, backends)
+            .map_err(|problem| format!("Route/{name}: {problem}"))?;
+        Ok(Route {
+            name: name.to_string(),
+            hostnames,
+            conditions,
+            backends,
+            timeout: spec.timeout(),
+        })
+    }
+
+    /// How specifically this route's hostnames match `host`, or `None` if they do not:
+    /// an exact name beats a wildcard, a longer wildcard beats a shorter one, and either
+    /// beats a route without hostnames.
+    fn host_rank(&self, host: Option<&str>) -> Option<(u8, usize)> {
+        if self.hostnames.is_empty() {
+            return Some((0, 0));
+        }
+        let host = host?;
+        self.hostnames
+            .iter()
+            .filter_map(|pattern| match pattern {
+                HostPattern::Exact(exact) => (exact == host).then_some((2, exact.len())),
+                HostPattern::Wildcard(suffix) => (host.len() > suffix.len()
+                    && host.ends_with(suffix.as_str()))
+                .then_some((1, suffix.len())),
+            })
+            .max()
+    }
+}
+
+impl Condition {
+    fn everything() -> Condition {
+        Condition {
+            path: PathCondition::Prefix(String::new()),
+            method: None,
+            headers: Vec::new(),
+        }
+    }
+
+    fn compile(route_match: &RouteMatch) -> Result<Condition, String> {
+        let path = match &route_match.path {
+            Some(PathMatch::Exact(path)) => PathCondition::Exact(path.clone()),
+            Some(PathMatch::Prefix(prefix)) => {
+                PathCondition::Prefix(prefix.trim_end_matches('/').to_string())
+            }
+            None => PathCondition::Prefix(String::new()),
+        };
+        let method = route_match
+            .method
+            .as_deref()
+            .map(|method| Method::from_bytes(method.as_bytes()).map_err(|_| format!("method {method:?}")))
+            .transpose()?;
+        let headers = route_match
+            .headers
+            .iter()
+            .map(|HeaderMatch { name, value }| {
+                let name =
+                    HeaderName::from_bytes(name.as_bytes()).map_err(|_| format!("header name {name:?}"))?;
+                let value =
+                    HeaderValue::from_str(value).map_err(|_| format!("value {value:?} of header {name}"))?;
+                Ok((name, value))
+            })
+            .collect::<Result<_, String>>()?;
+        Ok(Condition {
+            path,
+            method,
+            headers,
+        })
+    }
+
+    fn specificity(&self) -> Specificity {
+        let (exact_path, prefix_len) = match &self.path {
+            PathCondition::Exact(_) => (true, 0),
+            PathCondition::Prefix(prefix) => (false, prefix.len()),
+        };
+        Specificity {
+            exact_path,
+            prefix_len,
+            header_count: self.headers.len(),
+            has_method: self.method.is_some(),
+        }
+    }
+
+    fn matches<B>(&self, request: &Request<B>) -> bool {
+        let path = request.uri().path();
+        let path_matches = match &self.path {
+            PathCondition::Exact(exact) => path == exact,
+            PathCondition::Prefix(prefix) => path
+                .strip_prefix(prefix.as_str())
+                .is_some_and(|rest| rest.is_empty() || rest.starts_with('/')),
+        };
+        path_matches
+            && self
+                .method
+                .as_ref()
+                .is_none_or(|method| method == request.method())
+            && self.headers.iter().all(|(name, value)| {
+                request
+                    .headers()
+                    .get_all(name)
+                    .iter()
+                    .any(|candidate| candidate == value)
+            })
+    }
+}
+
+/// One listener's routes, flattened to (route, condition) rules, most specific first.
+#[derive(Debug, Default)]
+pub(crate) struct RouteTable {
+    rules: Vec<(Arc<Route>, usize)>,
+}
+
+impl RouteTable {
+    pub(crate) fn new(routes: Vec<Arc<Route>>) -> RouteTable {
+        let mut rules: Vec<(Arc<Route>, usize)> = routes
+            .into_iter()
+            .flat_map(|route| (0..route.conditions.len()).map(move |index| (route.clone(), index)))
+            .collect();
+        rules.sort_by(|(a, a_index), (b, b_index)| {
+            let a_key = a.conditions[*a_index].specificity();
+            let b_key = b.conditions[*b_index].specificity();
+            b_key.cmp(&a_key).then_with(|| a.name.cmp(&b.name))
+        });
+        RouteTable { rules }
+    }
+
+    /// The most specific matching rule: best hostname match first, then the rule order
+    /// (condition specificity, then route name).
+    pub(crate) fn find<B>(&self, request: &Request<B>) -> Option<&Arc<Route>> {
+        let host = request_host(request);
+        let mut best: Option<((u8, usize), &Arc<Route>)> = None;
+        for (route, index) in &self.rules {
+            let Some(rank) = route.host_rank(host.as_deref()) else {
+                continue;
+            };
+            // Rules are sorted, so an earlier match of an equal host rank already wins.
+            if best.as_ref().is_some_and(|(best_rank, _)| *best_rank >= rank) {
+                continue;
+            }
+            if route.conditions[*index].matches(request) {
+                best = Some((rank, route));
+            }
+        }
+        best.map(|(_, route)| route)
+    }
+}
+
+/// The host a request is for, lowercased and without port: from the URI authority
+/// (HTTP/2 `:authority`, absolute-form HTTP/1) or else the Host header.
+pub(crate) fn request_host<B>(request: &Request<B>) -> Option<String> {
+    let authority = match request.uri().authority() {
+        Some(authority) => authority.as_str(),
+        None => request.headers().get(HOST)?.to_str().ok()?,
+    };
+    let host = match authority.rsplit_once(':') {
+        // A colon inside brackets belongs to an IPv6 literal, not a port.
+        Some((host, port)) if !port.contains(']') => host,
+        _ => authority,
+    };
+    let host = host.trim_end_matches('.');
+    (!host.is_empty()).then(|| host.to_ascii_lowercase())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use portcullis_config::{parse_documents, Object};
+
+    fn table(yaml: &str) -> RouteTable {
+        let backend = Arc::new(
+            Backend::compile(
+                "b",
+                &portcullis_config::BackendSpec {
+                    endpoints: vec!["127.0.0.1:1".into()],
+                    http2: false,
+                },
+            )
+            .unwrap(),
+        );
+        let backends = HashMap::from([("b".to_string(), backend)]);
+        let routes = parse_documents(yaml)
+            .unwrap()
+            .into_iter()
+            .map(|object| match object {
+                Object::Route { metadata, spec } => {
+                    Arc::new(Route::compile(&metadata.name, &spec, &backends).unwrap())
+                }
+                other => panic!("not a route: {other:?}"),
+            })
+            .collect();
+        RouteTable::new(routes)
+    }
+
+    fn route(name: &str, spec: &str) -> String {
+        format!(
+            "apiVersion: portcullis.dev/v1alpha1\nkind: Route\nmetadata: {{name: {name}}}\nspec: {{listeners: [l], backends: [{{name: b}}], {spec}}}\n---\n"
+        )
+    }
+
+    fn find(table: &RouteTable, request: Request<()>) -> Option<&str> {
+        table.find(&request).map(|route| route.name.as_str())
+    }
+
+    fn get(host: &str, path: &str) -> Request<()> {
+        Request::get(path).header(HOST, host).body(()).unwrap()
+    }
+
+    #[test]
+    fn hosts_match_exactly_or_by_wildcard_ignoring_port_and_case() {
+        let table = table(
+            &(route("exact", "hostnames: [api.example.com]")
+                + &route("wild", "hostnames: ['*.example.com']")),
+        );
+        assert_eq!(find(&table, get("API.example.com:8080", "/")), Some("exact"));
+        assert_eq!(find(&table, get("a.b.example.com", "/")), Some("wild"));
+        assert_eq!(find(&table, get("example.com", "/")), None);
+        assert_eq!(find(&table, get("other.org", "/")), None);
+        let http2 = Request::get("http://x.example.com:443/").body(()).unwrap();
+        assert_eq!(find(&table, http2), Some("wild"));
+        assert_eq!(find(&table, Request::get("/").body(()).unwrap()), None);
+    }
+
+    #[test]
+    fn request_host_handles_ipv6_and_trailing_dot() {
+        assert_eq!(request_host(&get("[::1]:80", "/")).as_deref(), Some("[::1]"));
+        assert_eq!(request_host(&get("[::1]", "/")).as_deref(), Some("[::1]"));
+        assert_eq!(
+            request_host(&get("Example.com.", "/")).as_deref(),
+            Some("example.com")
+        );
+    }
+
+    #[test]
+    fn prefix_matches_whole_segments() {
+        let api = table(&route("api", "matches: [{path: {prefix: /api/}}]"));
+        assert_eq!(find(&api, get("h", "/api")), Some("api"));
+        assert_eq!(find(&api, get("h", "/api/v1?x=1")), Some("api"));
+        assert_eq!(find(&api, get("h", "/apix")), None);
+        let root = table(&route("root", "matches: [{path: {prefix: /}}]"));
+        assert_eq!(find(&root, get("h", "/anything")), Some("root"));
+    }
+
+    #[test]
+    fn precedence_exact_then_longest_prefix_then_headers_then_method_then_name() {
+        let table = table(
+            &(route("a-catchall", "matches: [{path: {prefix: /}}]")
+                + &route("b-prefix", "matches: [{path: {prefix: /v1}}]")
+                + &route("c-longer", "matches: [{path: {prefix: /v1/chat}}]")
+                + &route("d-exact", "matches: [{path: {exact: /v1/chat/completions}}]")
+                + &route(
+                    "e-header",
+                    "matches: [{path: {prefix: /v1}, headers: [{name: X-Tier, value: gold}]}]",
+                )
+                + &route("f-method", "matches: [{path: {prefix: /v1}, method: POST}]")
+                + &route("g-tie", "matches: [{path: {prefix: /v1}}]")),
+        );
+        assert_eq!(find(&table, get("h", "/v1/chat/completions")), Some("d-exact"));
+        assert_eq!(find(&table, get("h", "/v1/chat/other")), Some("c-longer"));
+        let gold = Request::post("/v1/models")
+            .header("x-tier", "gold")
+            .body(())
+            .unwrap();
+        assert_eq!(find(&table, gold), Some("e-header"));
+        let post = Request::post("/v1/models").body(()).unwrap();
+        assert_eq!(find(&table, post), Some("f-method"));
+        // b-prefix and g-tie are equally specific: the name sorting first wins.
+        assert_eq!(find(&table, get("h", "/v1/models")), Some("b-prefix"));
+        assert_eq!(find(&table, get("h", "/other")), Some("a-catchall"));
+    }
+
+    #[test]
+    fn hostname_specificity_comes_before_path_specificity() {
+        let table = table(
+            &(route("a-any-host", "matches: [{path: {exact: /v1/models}}]")
+                + &route("b-wildcard", "hostnames: ['*.example.com']")
+                + &route("c-longer-wildcard", "hostnames: ['*.api.example.com']")
+                + &route("d-exact-host", "hostnames: [api.example.com]")),
+        );
+        assert_eq!(
+            find(&table, get("api.example.com", "/v1/models")),
+            Some("d-exact-host")
+        );
+        assert_eq!(
+            find(&table, get("x.api.example.com", "/v1/models")),
+            Some("c-longer-wildcard")
+        );
+        assert_eq!(
+            find(&table, get("www.example.com", "/v1/models")),
+            Some("b-wildcard")
+        );
+        assert_eq!(find(&table, get("other.org", "/v1/models")), Some("a-any-host"));
+        assert_eq!(find(&table, get("other.org", "/v2")), None);
+    }
+
+    #[test]
+    fn any_match_entry_of_a_route_suffices() {
+        let table = table(&route(
+            "multi",
+            "matches: [{path: {exact: /a}}, {path: {prefix: /b}, method: GET}]",
+        ));
+        assert_eq!(find(&table, get("h", "/a")), Some("multi"));
+        assert_eq!(find(&table, get("h", "/b/c")), Some("multi"));
+        assert_eq!(find(&table, Request::delete("/b").body(()).unwrap()), None);
+    }
+}

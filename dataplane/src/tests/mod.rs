@@ -1,0 +1,7 @@
+//! End-to-end tests across modules: real sockets, real hyper upstreams and clients.
+
+mod admin;
+mod apply;
+mod proxying;
+mod subscription;
+mod support;

@@ -1,0 +1,118 @@
+use std::convert::Infallible;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
+use portcullis_config::{parse_documents, Object};
+use tokio::net::TcpListener;
+
+use crate::{Proxy, ProxyConfig};
+
+pub type UpstreamBody = BoxBody<Bytes, Infallible>;
+
+pub fn text(body: impl Into<Bytes>) -> Response<UpstreamBody> {
+    Response::new(Full::new(body.into()).boxed())
+}
+
+/// A real hyper server speaking HTTP/1.1 and HTTP/2 on 127.0.0.1.
+pub async fn spawn_upstream<F, Fut>(handler: F) -> SocketAddr
+where
+    F: Fn(Request<Incoming>) -> Fut + Clone + Send + Sync + 'static,
+    Fut: Future<Output = Response<UpstreamBody>> + Send + 'static,
+{
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let handler = handler.clone();
+            tokio::spawn(async move {
+                let service = service_fn(move |request| {
+                    let response = handler(request);
+                    async move { Ok::<_, Infallible>(response.await) }
+                });
+                let _ = auto::Builder::new(TokioExecutor::new())
+                    .serve_connection(TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    });
+    address
+}
+
+/// A port nothing listens on (just released by the OS).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+pub fn http1_client() -> Client<HttpConnector, Full<Bytes>> {
+    Client::builder(TokioExecutor::new()).build_http()
+}
+
+pub fn http2_client() -> Client<HttpConnector, Full<Bytes>> {
+    Client::builder(TokioExecutor::new())
+        .http2_only(true)
+        .build_http()
+}
+
+pub async fn get(port: u16, path: &str) -> (u16, String) {
+    let request = Request::get(format!("http://127.0.0.1:{port}{path}"))
+        .body(Full::default())
+        .unwrap();
+    let response = http1_client().request(request).await.unwrap();
+    let status = response.status().as_u16();
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    (status, String::from_utf8(body.to_vec()).unwrap())
+}
+
+pub async fn start_proxy(cache_dir: Option<PathBuf>, drain_grace: Duration) -> Proxy {
+    Proxy::start(ProxyConfig {
+        proxy_id: "test-proxy".into(),
+        // Nothing listens there: these proxies get their config applied directly.
+        controlplane: format!("http://127.0.0.1:{}", free_port()),
+        shard: Default::default(),
+        admin_listen: "127.0.0.1:0".parse().unwrap(),
+        cache_dir,
+        drain_grace,
+    })
+    .await
+    .unwrap()
+}
+
+pub fn listener(name: &str, port: u16) -> String {
+    format!("apiVersion: portcullis.dev/v1alpha1\nkind: Listener\nmetadata: {{name: {name}}}\nspec: {{address: 127.0.0.1, port: {port}}}\n---\n")
+}
+
+pub fn backend(name: &str, endpoint: SocketAddr, http2: bool) -> String {
+    format!("apiVersion: portcullis.dev/v1alpha1\nkind: Backend\nmetadata: {{name: {name}}}\nspec: {{endpoints: ['{endpoint}'], http2: {http2}}}\n---\n")
+}
+
+/// `extra` is more of the spec, e.g. `timeout: 200ms, matches: [...]`.
+pub fn route(name: &str, listener: &str, backend: &str, extra: &str) -> String {
+    format!("apiVersion: portcullis.dev/v1alpha1\nkind: Route\nmetadata: {{name: {name}}}\nspec: {{listeners: [{listener}], backends: [{{name: {backend}}}], {extra}}}\n---\n")
+}
+
+/// One listener on `port` sending everything to `upstream`.
+pub fn simple_config(port: u16, upstream: SocketAddr, route_extra: &str) -> Vec<Object> {
+    objects(
+        &(listener("web", port) + &backend("up", upstream, false) + &route("all", "web", "up", route_extra)),
+    )
+}
+
+pub fn objects(yaml: &str) -> Vec<Object> {
+    parse_documents(yaml).unwrap()
+}

@@ -1,0 +1,16 @@
+//! Compiles `portcullis/v1/*.proto` with protox (pure Rust), so building needs no system `protoc`.
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let files = [
+        "portcullis/v1/objects.proto",
+        "portcullis/v1/admin.proto",
+        "portcullis/v1/config_stream.proto",
+        "portcullis/v1/raft.proto",
+    ];
+    for file in files {
+        println!("cargo:rerun-if-changed={file}");
+    }
+    let descriptors = protox::compile(files, ["."])?;
+    tonic_prost_build::configure().compile_fds(descriptors)?;
+    Ok(())
+}
