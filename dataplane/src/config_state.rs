@@ -118,10 +118,13 @@ impl ConfigState {
         if listeners.closed {
             return Err(ApplyError::ShuttingDown);
         }
-        if self.current().version == Some(version) {
+        let config = ConfigSet::from_objects(objects)?;
+        // Compare content too: a control plane rebuilt from empty storage counts versions
+        // from 1 again, and the same number must not hide a different config.
+        let current = self.current();
+        if current.version == Some(version) && current.config == config {
             return Ok(());
         }
-        let config = ConfigSet::from_objects(objects)?;
         let snapshot = compile(version, config).map_err(ApplyError::Compile)?;
 
         // Make before break: every new socket is bound before anything changes, and the

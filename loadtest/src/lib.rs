@@ -1,7 +1,8 @@
 //! Test servers, load generators and benchmarks for Portcullis.
 //!
-//! Everything here runs against real sockets on loopback; nothing here is imported by the
-//! control plane or the proxy.
+//! `echo` and `http` run against real sockets on loopback; `sim` simulates a vLLM fleet
+//! in virtual time. Nothing here is imported by the control plane or the proxy.
 
 pub mod echo;
 pub mod http;
+pub mod sim;

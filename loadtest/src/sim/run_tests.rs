@@ -1,0 +1,150 @@
+use std::time::Instant;
+
+use super::*;
+use crate::sim::report::RouterReport;
+use crate::sim::router::RouterKind;
+use crate::sim::workload::{LoadSpec, WorkloadSpec};
+use crate::sim::{report, workload};
+
+/// Mean of `metric` over stages `from..`, i.e. over the saturated part of a ramp. Single
+/// stages are noisy: with fixed 1,000-token outputs, completions arrive in waves.
+fn mean_from(r: &RouterReport, from: usize, metric: impl Fn(&report::StageReport) -> f64) -> f64 {
+    let stages = &r.stages[from..];
+    stages.iter().map(metric).sum::<f64>() / stages.len() as f64
+}
+
+fn router<'a>(report: &'a report::Report, name: &str) -> &'a RouterReport {
+    report.routers.iter().find(|r| r.router == name).unwrap()
+}
+
+fn describe(r: &RouterReport, from: usize) -> String {
+    let top = r.stages.last().unwrap();
+    format!(
+        "{:11} top stage: TTFT p50 {:.2}s p99 {:.2}s, E2E p50 {:.1}s, cached {:.2} | stages {from}..: \
+         {:.2} req/s, {:.0} out tok/s, ITL {:.3}s | preemptions {}",
+        r.router,
+        top.ttft.p50,
+        top.ttft.p99,
+        top.e2e.p50,
+        top.cached_token_fraction,
+        mean_from(r, from, |s| s.requests_per_s),
+        mean_from(r, from, |s| s.output_tokens_per_s),
+        mean_from(r, from, |s| s.itl.mean),
+        r.pods.iter().map(|p| p.num_preemptions).sum::<u64>(),
+    )
+}
+
+/// The published llm-d outcome (reference §0): round-robin collapses (TTFT of tens of
+/// seconds) while a prefix-aware router keeps TTFT sub-second and serves ≥ 2× the requests.
+fn assert_llm_d_shape(report: &report::Report, from: usize) {
+    let (rr, oracle) = (router(report, "round_robin"), router(report, "oracle"));
+    eprintln!("{}\n{}", describe(rr, from), describe(oracle, from));
+    let (rr_top, oracle_top) = (rr.stages.last().unwrap(), oracle.stages.last().unwrap());
+    assert!(
+        rr_top.ttft.p50 > 10.0,
+        "round-robin should collapse: {:?}",
+        rr_top.ttft
+    );
+    assert!(
+        oracle_top.ttft.p50 < 1.0,
+        "oracle should stay sub-second: {:?}",
+        oracle_top.ttft
+    );
+    let rps = |r| mean_from(r, from, |s| s.requests_per_s);
+    assert!(
+        rps(oracle) >= 2.0 * rps(rr),
+        "oracle {} vs round-robin {} req/s",
+        rps(oracle),
+        rps(rr)
+    );
+    let tps = |r| mean_from(r, from, |s| s.output_tokens_per_s);
+    assert!(tps(oracle) >= 2.0 * tps(rr));
+    assert!(rr_top.cached_token_fraction < 0.5 && oracle_top.cached_token_fraction > 0.9);
+    assert!(report
+        .routers
+        .iter()
+        .all(|r| r.stages.iter().all(|s| s.failures == 0)));
+}
+
+/// Shortened calibration that runs by default: the published fleet and prompts, but a 10 s
+/// ramp straight to 20 QPS (both routers saturate below that, and every request sent must be
+/// served, so a higher rate only lengthens the run) held for 120 s, of which the last 60 s are
+/// measured (outputs take ~65 s, so earlier windows are not yet in steady state).
+/// Shrinking the fleet instead would not be faithful: with fewer replicas each round-robin
+/// replica sees fewer system prompts and caches more of them.
+#[test]
+fn calibration_shortened() {
+    let mut config = VirtualConfig::llm_d_benchmark(Profile::qwen3_32b_tp2_h100().unwrap(), 10.0);
+    config.routers = vec![RouterKind::RoundRobin, RouterKind::Oracle];
+    config.load.stages = [(4.0, 10.0), (20.0, 60.0), (20.0, 60.0)]
+        .iter()
+        .map(|&(rate, duration_s)| workload::Stage { rate, duration_s })
+        .collect();
+    let started = Instant::now();
+    let report = run_virtual(&config).unwrap();
+    eprintln!("shortened calibration took {:?}", started.elapsed());
+    assert_llm_d_shape(&report, 2);
+}
+
+/// The full published workload: 8 replicas, 150 × 5 prompts, all 17 stage rates up to 60 QPS,
+/// each stage shortened to 10 s. About a minute in a debug build on a shared 2-core machine.
+#[test]
+#[ignore = "slow in debug builds; run with --ignored"]
+fn calibration_llm_d_benchmark() {
+    let mut config = VirtualConfig::llm_d_benchmark(Profile::qwen3_32b_tp2_h100().unwrap(), 10.0);
+    config.routers = vec![RouterKind::RoundRobin, RouterKind::Oracle];
+    let started = Instant::now();
+    let report = run_virtual(&config).unwrap();
+    eprintln!("full calibration took {:?}", started.elapsed());
+    assert_llm_d_shape(&report, 10);
+}
+
+#[test]
+fn same_seed_same_report() {
+    let config = |seed| VirtualConfig {
+        profile: Profile::qwen3_32b_tp2_h100().unwrap(),
+        pods: 2,
+        routers: vec![RouterKind::RoundRobin, RouterKind::LeastQueue, RouterKind::Oracle],
+        workload: WorkloadSpec::SharedPrefix {
+            num_groups: 6,
+            num_prompts_per_group: 3,
+            system_prompt_len: 2000,
+            question_len: 300,
+            output_len: 50,
+        },
+        load: LoadSpec {
+            stages: vec![workload::Stage {
+                rate: 8.0,
+                duration_s: 5.0,
+            }],
+            seed,
+            max_in_flight: None,
+        },
+    };
+    let a = run_virtual(&config(5)).unwrap();
+    let b = run_virtual(&config(5)).unwrap();
+    assert_eq!(a, b);
+    assert_eq!(
+        serde_json::to_string(&a).unwrap(),
+        serde_json::to_string(&b).unwrap()
+    );
+    assert_ne!(a, run_virtual(&config(6)).unwrap());
+    assert_eq!(a.routers.len(), 3);
+    assert!(a
+        .routers
+        .iter()
+        .all(|r| r.stages[0].requests > 20 && r.stages[0].failures == 0));
+}
+
+#[test]
+fn configs_round_trip_and_are_validated() {
+    let config = VirtualConfig::llm_d_benchmark(Profile::qwen3_32b_tp2_h100().unwrap(), 30.0);
+    let json = serde_json::to_string(&config).unwrap();
+    assert_eq!(serde_json::from_str::<VirtualConfig>(&json).unwrap(), config);
+    let mut bad = config.clone();
+    bad.pods = 0;
+    assert!(run_virtual(&bad).is_err());
+    let mut bad = config;
+    bad.load.stages.clear();
+    assert!(run_virtual(&bad).is_err());
+}
