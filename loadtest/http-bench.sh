@@ -53,7 +53,10 @@ error_log $work/nginx-error.log;
 events { worker_connections 1024; }
 http {
     access_log off;
-    upstream echo { server 127.0.0.1:$upstream; keepalive 64; }
+    # Without these, nginx closes each keep-alive connection after 1,000 requests and the
+    # load generator counts the reconnects as errors.
+    keepalive_requests 1000000;
+    upstream echo { server 127.0.0.1:$upstream; keepalive 64; keepalive_requests 1000000; }
     server {
         listen 127.0.0.1:$nginx_port;
         location / { proxy_pass http://echo; proxy_http_version 1.1; proxy_set_header Connection ""; }

@@ -41,7 +41,7 @@ impl Handler for AdminHandler {
                     )
                     .collect();
                 let status = serde_json::json!({
-                    "proxy_id": &*self.proxy_id,
+                    "proxyId": &*self.proxy_id,
                     "version": snapshot.version,
                     "listeners": listeners,
                     "ready": self.state.not_ready_reason().is_none(),

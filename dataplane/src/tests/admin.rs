@@ -29,7 +29,7 @@ async fn readiness_follows_the_applied_config_and_status_reports_it() {
     assert_eq!(
         status,
         serde_json::json!({
-            "proxy_id": "test-proxy",
+            "proxyId": "test-proxy",
             "version": 9,
             "listeners": [{"name": "web", "address": format!("127.0.0.1:{port}")}],
             "ready": true,
