@@ -45,6 +45,9 @@ enum Command {
     /// Benchmarks.
     #[command(subcommand)]
     Bench(tools::BenchCommand),
+    /// Simulated vLLM fleets.
+    #[command(subcommand)]
+    Sim(tools::SimCommand),
 }
 
 fn main() -> ExitCode {
@@ -76,6 +79,7 @@ fn main() -> ExitCode {
             Command::Status(args) => admin::status(args).await,
             Command::Echo(args) => tools::echo(args).await,
             Command::Bench(command) => tools::bench(command).await,
+            Command::Sim(command) => tools::sim(command).await,
         }
     });
     match outcome {

@@ -7,6 +7,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Args, Subcommand};
 use portcullis_loadtest::http::{compare, CompareOptions};
+use portcullis_loadtest::sim;
 
 #[derive(Args)]
 pub struct EchoArgs {
@@ -81,6 +82,25 @@ pub async fn bench(command: BenchCommand) -> anyhow::Result<()> {
                 std::fs::write(&path, serde_json::to_string_pretty(&report)?)
                     .with_context(|| format!("writing {}", path.display()))?;
             }
+            Ok(())
+        }
+    }
+}
+
+#[derive(Subcommand)]
+pub enum SimCommand {
+    /// A fleet and its routers in virtual time, no network: compares routing policies.
+    Virtual(sim::VirtualArgs),
+}
+
+pub async fn sim(command: SimCommand) -> anyhow::Result<()> {
+    match command {
+        SimCommand::Virtual(args) => {
+            // CPU-bound for seconds to minutes: keep it off the async workers.
+            let report = tokio::task::spawn_blocking(move || sim::run_command(&args))
+                .await
+                .context("the simulation thread panicked")??;
+            print!("{}", sim::table(&report));
             Ok(())
         }
     }

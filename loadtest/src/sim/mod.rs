@@ -16,6 +16,7 @@
 //! * [`report`]: per-stage latency and throughput summaries;
 //! * [`run_virtual`]: the entry point tying them together.
 
+mod command;
 pub mod engine;
 pub mod fleet;
 pub mod kv_cache;
@@ -27,4 +28,5 @@ mod run;
 pub mod tokenizer;
 pub mod workload;
 
+pub use command::{run as run_command, table, VirtualArgs};
 pub use run::{run_virtual, VirtualConfig};

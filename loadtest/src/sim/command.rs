@@ -1,0 +1,74 @@
+//! `portcullis sim virtual`: runs a virtual-time experiment and prints per-stage figures
+//! for every router, with the JSON report for plots and later comparison.
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+
+use anyhow::Context;
+
+use super::profile::Profile;
+use super::report::Report;
+use super::{run_virtual, VirtualConfig};
+
+#[derive(Debug, clap::Args)]
+pub struct VirtualArgs {
+    /// Experiment file (YAML or JSON `VirtualConfig`); without it, the published llm-d
+    /// shared-prefix benchmark on 8 simulated Qwen3-32B TP=2 H100 replicas.
+    #[arg(short = 'f', long = "file")]
+    pub file: Option<PathBuf>,
+    /// Length of each stage of the built-in llm-d benchmark, in simulated seconds.
+    #[arg(long, default_value_t = 30.0)]
+    pub stage_seconds: f64,
+    /// Write the full report (every stage, router and replica counter) here as JSON.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+}
+
+pub fn run(args: &VirtualArgs) -> anyhow::Result<Report> {
+    let config = match &args.file {
+        Some(path) => {
+            let text =
+                std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+            let value = serde_saphyr::from_str::<serde_json::Value>(&text)
+                .with_context(|| format!("{}: malformed YAML/JSON", path.display()))?;
+            serde_path_to_error::deserialize::<_, VirtualConfig>(value)
+                .map_err(|error| anyhow::anyhow!("{}: {}: {}", path.display(), error.path(), error.inner()))?
+        }
+        None => VirtualConfig::llm_d_benchmark(Profile::qwen3_32b_tp2_h100()?, args.stage_seconds),
+    };
+    let report = run_virtual(&config)?;
+    if let Some(path) = &args.json {
+        std::fs::write(path, serde_json::to_string_pretty(&report)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(report)
+}
+
+/// One block per router: offered rate against what it served and how fast.
+pub fn table(report: &Report) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "profile {} · {} replicas", report.profile, report.pods);
+    for router in &report.routers {
+        let _ = writeln!(out, "\n{}", router.router);
+        let _ = writeln!(
+            out,
+            "{:>6} {:>8} {:>9} {:>10} {:>10} {:>10} {:>9} {:>7}",
+            "rate", "req/s", "out tok/s", "TTFT p50", "TTFT p99", "E2E p50", "ITL mean", "cached"
+        );
+        for stage in &router.stages {
+            let _ = writeln!(
+                out,
+                "{:>6.1} {:>8.2} {:>9.0} {:>9.2}s {:>9.2}s {:>9.1}s {:>7.0}ms {:>6.0}%",
+                stage.rate,
+                stage.requests_per_s,
+                stage.output_tokens_per_s,
+                stage.ttft.p50,
+                stage.ttft.p99,
+                stage.e2e.p50,
+                stage.itl.mean * 1000.0,
+                stage.cached_token_fraction * 100.0
+            );
+        }
+    }
+    out
+}
