@@ -48,6 +48,10 @@ enum Command {
     /// Simulated vLLM fleets.
     #[command(subcommand)]
     Sim(tools::SimCommand),
+    /// Run the MCP test server (both protocol eras, N tools, a processing delay).
+    McpServer(portcullis_loadtest::mcp::McpServerArgs),
+    /// Run an LLM load scenario (inference-perf style) against one or more targets.
+    Loadtest(portcullis_loadtest::llm::LoadtestArgs),
 }
 
 fn main() -> ExitCode {
@@ -80,6 +84,8 @@ fn main() -> ExitCode {
             Command::Echo(args) => tools::echo(args).await,
             Command::Bench(command) => tools::bench(command).await,
             Command::Sim(command) => tools::sim(command).await,
+            Command::McpServer(args) => tools::mcp_server(args).await,
+            Command::Loadtest(args) => portcullis_loadtest::llm::run(args).await,
         }
     });
     match outcome {

@@ -7,7 +7,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Args, Subcommand};
 use portcullis_loadtest::http::{compare, CompareOptions};
-use portcullis_loadtest::sim;
+use portcullis_loadtest::{mcp, sim, vllm};
 
 #[derive(Args)]
 pub struct EchoArgs {
@@ -35,6 +35,8 @@ pub async fn echo(args: EchoArgs) -> anyhow::Result<()> {
 pub enum BenchCommand {
     /// Closed-loop HTTP load against several targets in one run, compared with the first.
     Http(HttpBenchArgs),
+    /// MCP tools/call or tools/list load against several targets, compared with the first.
+    Mcp(mcp::McpLoadArgs),
 }
 
 #[derive(Args)]
@@ -58,6 +60,7 @@ pub struct HttpBenchArgs {
 
 pub async fn bench(command: BenchCommand) -> anyhow::Result<()> {
     match command {
+        BenchCommand::Mcp(args) => mcp::run_and_print(&args).await.map(drop),
         BenchCommand::Http(args) => {
             let mut targets = Vec::new();
             for target in &args.targets {
@@ -91,6 +94,8 @@ pub async fn bench(command: BenchCommand) -> anyhow::Result<()> {
 pub enum SimCommand {
     /// A fleet and its routers in virtual time, no network: compares routing policies.
     Virtual(sim::VirtualArgs),
+    /// Simulated vLLM pods serving the OpenAI API, /metrics and LoRA endpoints over HTTP.
+    Vllm(vllm::VllmSimArgs),
 }
 
 pub async fn sim(command: SimCommand) -> anyhow::Result<()> {
@@ -103,5 +108,23 @@ pub async fn sim(command: SimCommand) -> anyhow::Result<()> {
             print!("{}", sim::table(&report));
             Ok(())
         }
+        SimCommand::Vllm(args) => {
+            let config = vllm::VllmSimConfig::from_args(&args)?;
+            let time_scale = config.time_scale;
+            let fleet = vllm::start(config).await?;
+            for addr in fleet.addrs() {
+                eprintln!("simulated vLLM pod on http://{addr} (time scale {time_scale})");
+            }
+            crate::signal::terminated().await;
+            fleet.shutdown().await;
+            Ok(())
+        }
+    }
+}
+
+pub async fn mcp_server(args: mcp::McpServerArgs) -> anyhow::Result<()> {
+    tokio::select! {
+        served = mcp::serve(args) => served,
+        () = crate::signal::terminated() => Ok(()),
     }
 }

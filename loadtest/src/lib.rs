@@ -5,4 +5,8 @@
 
 pub mod echo;
 pub mod http;
+pub mod llm;
+pub mod mcp;
+pub mod plot;
 pub mod sim;
+pub mod vllm;

@@ -1,14 +1,16 @@
 //! `portcullis sim virtual`: runs a virtual-time experiment and prints per-stage figures
 //! for every router, with the JSON report for plots and later comparison.
 
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 
 use super::profile::Profile;
-use super::report::Report;
+use super::report::{Report, StageReport};
 use super::{run_virtual, VirtualConfig};
+use crate::plot::{rate_chart, Line};
 
 #[derive(Debug, clap::Args)]
 pub struct VirtualArgs {
@@ -22,6 +24,10 @@ pub struct VirtualArgs {
     /// Write the full report (every stage, router and replica counter) here as JSON.
     #[arg(long)]
     pub json: Option<PathBuf>,
+    /// Write SVG charts here: TTFT p50, TTFT p99 and output throughput against the offered
+    /// rate, one line per router.
+    #[arg(long)]
+    pub plot_dir: Option<PathBuf>,
 }
 
 pub fn run(args: &VirtualArgs) -> anyhow::Result<Report> {
@@ -41,7 +47,59 @@ pub fn run(args: &VirtualArgs) -> anyhow::Result<Report> {
         std::fs::write(path, serde_json::to_string_pretty(&report)?)
             .with_context(|| format!("writing {}", path.display()))?;
     }
+    if let Some(dir) = &args.plot_dir {
+        write_charts(&report, dir)?;
+    }
     Ok(report)
+}
+
+type Metric = fn(&StageReport) -> f64;
+
+fn write_charts(report: &Report, dir: &Path) -> anyhow::Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let charts: [(&str, &str, &str, Metric); 3] = [
+        (
+            "ttft_p50_vs_rate.svg",
+            "TTFT p50 vs offered rate",
+            "TTFT p50 (s)",
+            |s| s.ttft.p50,
+        ),
+        (
+            "ttft_p99_vs_rate.svg",
+            "TTFT p99 vs offered rate",
+            "TTFT p99 (s)",
+            |s| s.ttft.p99,
+        ),
+        (
+            "output_throughput_vs_rate.svg",
+            "Output throughput vs offered rate",
+            "output tokens/s",
+            |s| s.output_tokens_per_s,
+        ),
+    ];
+    for (file, title, y_label, metric) in charts {
+        let svg = rate_chart(title, y_label, lines(report, metric))?;
+        let path = dir.join(file);
+        std::fs::write(&path, svg).with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(())
+}
+
+/// One line per router. A rate offered twice (the published run warms up at 15 before
+/// ramping through 15 again) keeps its later stage, measured on a warm fleet.
+fn lines(report: &Report, metric: Metric) -> Vec<Line<'_>> {
+    report
+        .routers
+        .iter()
+        .map(|router| {
+            let by_rate: BTreeMap<u64, (f64, f64)> = router
+                .stages
+                .iter()
+                .map(|s| (s.rate.to_bits(), (s.rate, metric(s))))
+                .collect();
+            (router.router.as_str(), by_rate.into_values().collect())
+        })
+        .collect()
 }
 
 /// One block per router: offered rate against what it served and how fast.

@@ -189,7 +189,7 @@ pub fn generate(workload: &WorkloadSpec, load: &LoadSpec, block_size: usize) -> 
     Ok(arrivals)
 }
 
-enum PromptSource {
+pub enum PromptSource {
     Cycle {
         prompts: Vec<(Arc<Prompt>, usize)>,
         next: usize,
@@ -203,7 +203,7 @@ enum PromptSource {
 }
 
 impl PromptSource {
-    fn new(spec: &WorkloadSpec, block_size: usize, rng: &mut StdRng) -> Self {
+    pub fn new(spec: &WorkloadSpec, block_size: usize, rng: &mut StdRng) -> Self {
         let (num_groups, num_prompts_per_group, system_prompt_len, question_len, output_len) = match *spec {
             WorkloadSpec::SharedPrefix {
                 num_groups,
@@ -254,7 +254,7 @@ impl PromptSource {
         Self::Cycle { prompts, next: 0 }
     }
 
-    fn next(&mut self, rng: &mut StdRng) -> (Arc<Prompt>, usize) {
+    pub fn next(&mut self, rng: &mut StdRng) -> (Arc<Prompt>, usize) {
         match self {
             Self::Cycle { prompts, next } => {
                 let (prompt, output_len) = &prompts[*next % prompts.len()];
