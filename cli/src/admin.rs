@@ -152,10 +152,7 @@ pub async fn validate(args: ValidateArgs) -> anyhow::Result<()> {
 }
 
 fn parse_kind(text: &str) -> anyhow::Result<Kind> {
-    Kind::parse(text).with_context(|| {
-        let known: Vec<&str> = Kind::ALL.iter().map(|kind| kind.as_str()).collect();
-        format!("unknown kind {text:?}, expected one of {}", known.join(", "))
-    })
+    text.parse().map_err(anyhow::Error::msg)
 }
 
 pub async fn get(args: GetArgs) -> anyhow::Result<()> {

@@ -103,51 +103,13 @@ async fn grpc_garbage(port: u16, path: &str, body: Vec<u8>) -> (u16, Option<Stri
 fn start(dir: &Path) -> (Process, Process, Process, String, u16) {
     let (cp_port, listener, upstream, admin) = (free_port(), free_port(), free_port(), free_port());
     let cp_addr = format!("127.0.0.1:{cp_port}");
-    let data = dir.join("cp");
-    let upstream_proc = Process::start(
-        "upstream",
-        dir,
-        &[
-            "echo",
-            "--listen",
-            &format!("127.0.0.1:{upstream}"),
-            "--name",
-            "good",
-        ],
-    );
-    let cp = Process::start(
-        "controlplane",
-        dir,
-        &[
-            "controlplane",
-            "--listen",
-            &cp_addr,
-            "--data-dir",
-            data.to_str().unwrap(),
-        ],
-    );
-    wait_for("control plane", TIMEOUT, || {
-        cli(&["status", "--controlplane", &cp_addr]).status.success()
-    });
-    let proxy = Process::start(
-        "proxy",
-        dir,
-        &[
-            "proxy",
-            "--id",
-            "p",
-            "--controlplane",
-            &cp_addr,
-            "--admin-listen",
-            &format!("127.0.0.1:{admin}"),
-        ],
-    );
+    let upstream_proc = start_echo(dir, "good", upstream);
+    let cp = start_controlplane(dir, cp_port);
+    let proxy = start_proxy(dir, "p", &cp_addr, admin, &[]);
     let good = GOOD
         .replace("LISTENER_PORT", &listener.to_string())
         .replace("UPSTREAM_PORT", &upstream.to_string());
-    let file = write_file(dir, "good.yaml", &good);
-    let applied = cli(&["apply", "-f", file.to_str().unwrap(), "--controlplane", &cp_addr]);
-    assert!(applied.status.success(), "{}", stderr(&applied));
+    apply(dir, "good.yaml", &good, &cp_addr);
     wait_for("proxy serves", TIMEOUT, || {
         served_by(listener, "/").as_deref() == Some("good")
     });

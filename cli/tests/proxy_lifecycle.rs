@@ -49,50 +49,10 @@ struct Setup {
 fn setup(dir: &Path) -> Setup {
     let (cp_port, listener, upstream, admin) = (free_port(), free_port(), free_port(), free_port());
     let cp_addr = format!("127.0.0.1:{cp_port}");
-    let upstream_process = Process::start(
-        "upstream",
-        dir,
-        &[
-            "echo",
-            "--listen",
-            &format!("127.0.0.1:{upstream}"),
-            "--name",
-            "echo",
-        ],
-    );
-    let data = dir.join("cp");
-    let controlplane = Process::start(
-        "controlplane",
-        dir,
-        &[
-            "controlplane",
-            "--listen",
-            &cp_addr,
-            "--data-dir",
-            data.to_str().unwrap(),
-        ],
-    );
-    wait_for("control plane", TIMEOUT, || {
-        cli(&["status", "--controlplane", &cp_addr]).status.success()
-    });
-    let proxy = Process::start(
-        "proxy",
-        dir,
-        &[
-            "proxy",
-            "--id",
-            "p",
-            "--controlplane",
-            &cp_addr,
-            "--admin-listen",
-            &format!("127.0.0.1:{admin}"),
-            "--drain-grace",
-            "10s",
-        ],
-    );
-    let file = write_file(dir, "v1.yaml", &objects(listener, upstream, None));
-    let applied = cli(&["apply", "-f", file.to_str().unwrap(), "--controlplane", &cp_addr]);
-    assert!(applied.status.success(), "{}", stderr(&applied));
+    let upstream_process = start_echo(dir, "echo", upstream);
+    let controlplane = start_controlplane(dir, cp_port);
+    let proxy = start_proxy(dir, "p", &cp_addr, admin, &["--drain-grace", "10s"]);
+    apply(dir, "v1.yaml", &objects(listener, upstream, None), &cp_addr);
     wait_for("proxy serves", TIMEOUT, || {
         served_by(listener, "/").as_deref() == Some("echo")
     });
@@ -116,19 +76,8 @@ fn unbindable_listener_is_nacked_and_previous_version_keeps_serving() {
     });
 
     // The upstream already holds this port: valid config, but this proxy cannot enforce it.
-    let file = write_file(
-        dir.path(),
-        "taken.yaml",
-        &objects(s.listener, s.upstream, Some(s.upstream)),
-    );
-    let applied = cli(&[
-        "apply",
-        "-f",
-        file.to_str().unwrap(),
-        "--controlplane",
-        &s.cp_addr,
-    ]);
-    assert!(applied.status.success(), "{}", stderr(&applied));
+    let taken = objects(s.listener, s.upstream, Some(s.upstream));
+    apply(dir.path(), "taken.yaml", &taken, &s.cp_addr);
     let bad = config_version(&s.cp_addr);
     assert!(bad > good);
     wait_for("NACK reported", TIMEOUT, || {
@@ -149,16 +98,12 @@ fn unbindable_listener_is_nacked_and_previous_version_keeps_serving() {
     );
 
     // Fixing the config heals the proxy.
-    let file = write_file(dir.path(), "fixed.yaml", &objects(s.listener, s.upstream, None));
-    assert!(cli(&[
-        "apply",
-        "-f",
-        file.to_str().unwrap(),
-        "--controlplane",
-        &s.cp_addr
-    ])
-    .status
-    .success());
+    apply(
+        dir.path(),
+        "fixed.yaml",
+        &objects(s.listener, s.upstream, None),
+        &s.cp_addr,
+    );
     let deleted = cli(&["delete", "listener", "taken", "--controlplane", &s.cp_addr]);
     assert!(deleted.status.success(), "{}", stderr(&deleted));
     let fixed = config_version(&s.cp_addr);

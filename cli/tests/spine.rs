@@ -47,42 +47,15 @@ struct Ports {
     admin_b: u16,
 }
 
-fn start_proxy(dir: &Path, name: &str, shard: &str, admin: u16, controlplane: &str) -> Process {
-    let admin = format!("127.0.0.1:{admin}");
+/// A proxy serving one shard, with an on-disk cache so it can restart without the control plane.
+fn start_sharded_proxy(dir: &Path, name: &str, shard: &str, admin: u16, controlplane: &str) -> Process {
     let cache = dir.join(format!("{name}-cache"));
-    let cache = cache.to_str().unwrap();
-    Process::start(
+    start_proxy(
+        dir,
         name,
-        dir,
-        &[
-            "proxy",
-            "--id",
-            name,
-            "--controlplane",
-            controlplane,
-            "--shard",
-            shard,
-            "--admin-listen",
-            &admin,
-            "--cache-dir",
-            cache,
-        ],
-    )
-}
-
-fn start_controlplane(dir: &Path, port: u16) -> Process {
-    let listen = format!("127.0.0.1:{port}");
-    let data = dir.join("controlplane");
-    Process::start(
-        "controlplane",
-        dir,
-        &[
-            "controlplane",
-            "--listen",
-            &listen,
-            "--data-dir",
-            data.to_str().unwrap(),
-        ],
+        controlplane,
+        admin,
+        &["--shard", shard, "--cache-dir", cache.to_str().unwrap()],
     )
 }
 
@@ -102,24 +75,13 @@ fn apply_converge_survive_controlplane_loss_and_restart() {
         admin_b: free_port(),
     };
     let (up1, up2) = (free_port(), free_port());
-    let _upstream1 = Process::start(
-        "up1",
-        dir,
-        &["echo", "--listen", &format!("127.0.0.1:{up1}"), "--name", "up1"],
-    );
-    let _upstream2 = Process::start(
-        "up2",
-        dir,
-        &["echo", "--listen", &format!("127.0.0.1:{up2}"), "--name", "up2"],
-    );
+    let _upstream1 = start_echo(dir, "up1", up1);
+    let _upstream2 = start_echo(dir, "up2", up2);
     let cp_addr = format!("127.0.0.1:{}", ports.controlplane);
     let mut controlplane = start_controlplane(dir, ports.controlplane);
-    wait_for("control plane", TIMEOUT, || {
-        cli(&["status", "--controlplane", &cp_addr]).status.success()
-    });
 
-    let mut proxy_a = start_proxy(dir, "proxy-a", "shard=a", ports.admin_a, &cp_addr);
-    let mut proxy_b = start_proxy(dir, "proxy-b", "shard=b", ports.admin_b, &cp_addr);
+    let mut proxy_a = start_sharded_proxy(dir, "proxy-a", "shard=a", ports.admin_a, &cp_addr);
+    let mut proxy_b = start_sharded_proxy(dir, "proxy-b", "shard=b", ports.admin_b, &cp_addr);
     // Nothing applied yet: alive, not ready.
     wait_for("proxies alive", TIMEOUT, || {
         http_get(ports.admin_a, "/livez").is_some_and(|r| r.status == 200)
@@ -128,14 +90,13 @@ fn apply_converge_survive_controlplane_loss_and_restart() {
     assert!(!ready(ports.admin_a), "a proxy with no config must not be ready");
 
     // Apply → both proxies serve the route, each on its own shard's listener.
-    let file = write_file(dir, "v1.yaml", &config(up1, ports.listener_a, ports.listener_b));
-    let applied = cli(&["apply", "-f", file.to_str().unwrap(), "--controlplane", &cp_addr]);
-    assert!(applied.status.success(), "{}", stderr(&applied));
-    assert!(
-        stdout(&applied).contains("Route/hello created"),
-        "{}",
-        stdout(&applied)
+    let applied = apply(
+        dir,
+        "v1.yaml",
+        &config(up1, ports.listener_a, ports.listener_b),
+        &cp_addr,
     );
+    assert!(applied.contains("Route/hello created"), "{applied}");
     let v1 = config_version(&cp_addr);
     wait_for("both proxies serve v1", TIMEOUT, || {
         served_by(ports.listener_a, "/hello").as_deref() == Some("up1")
@@ -146,14 +107,13 @@ fn apply_converge_survive_controlplane_loss_and_restart() {
     assert_eq!(no_route.status, 404, "unmatched path: {}", no_route.body);
 
     // Change → both converge on the same, newer version.
-    let file = write_file(dir, "v2.yaml", &config(up2, ports.listener_a, ports.listener_b));
-    let applied = cli(&["apply", "-f", file.to_str().unwrap(), "--controlplane", &cp_addr]);
-    assert!(applied.status.success(), "{}", stderr(&applied));
-    assert!(
-        stdout(&applied).contains("Backend/hello configured"),
-        "{}",
-        stdout(&applied)
+    let applied = apply(
+        dir,
+        "v2.yaml",
+        &config(up2, ports.listener_a, ports.listener_b),
+        &cp_addr,
     );
+    assert!(applied.contains("Backend/hello configured"), "{applied}");
     let v2 = config_version(&cp_addr);
     assert!(v2 > v1);
     wait_for("both proxies serve v2", TIMEOUT, || {
@@ -187,7 +147,7 @@ fn apply_converge_survive_controlplane_loss_and_restart() {
         http_get(ports.listener_b, "/hello").is_none(),
         "a stopped proxy must not answer"
     );
-    let mut proxy_b = start_proxy(dir, "proxy-b", "shard=b", ports.admin_b, &cp_addr);
+    let mut proxy_b = start_sharded_proxy(dir, "proxy-b", "shard=b", ports.admin_b, &cp_addr);
     wait_for("restarted proxy-b serves from cache", TIMEOUT, || {
         served_by(ports.listener_b, "/hello").as_deref() == Some("up2")
     });
@@ -195,9 +155,6 @@ fn apply_converge_survive_controlplane_loss_and_restart() {
 
     // Control plane back on the same data dir → the config was read back from disk.
     let _controlplane = start_controlplane(dir, ports.controlplane);
-    wait_for("control plane back", TIMEOUT, || {
-        cli(&["status", "--controlplane", &cp_addr]).status.success()
-    });
     assert_eq!(config_version(&cp_addr), v2, "version after restart");
     let route = cli(&["get", "route", "hello", "--controlplane", &cp_addr]);
     assert!(route.status.success(), "{}", stderr(&route));
@@ -214,9 +171,12 @@ fn apply_converge_survive_controlplane_loss_and_restart() {
         proxy_applied(&cp_addr, "proxy-a") == Some((v2, true))
             && proxy_applied(&cp_addr, "proxy-b") == Some((v2, true))
     });
-    let file = write_file(dir, "v3.yaml", &config(up1, ports.listener_a, ports.listener_b));
-    let applied = cli(&["apply", "-f", file.to_str().unwrap(), "--controlplane", &cp_addr]);
-    assert!(applied.status.success(), "{}", stderr(&applied));
+    apply(
+        dir,
+        "v3.yaml",
+        &config(up1, ports.listener_a, ports.listener_b),
+        &cp_addr,
+    );
     let v3 = config_version(&cp_addr);
     assert!(v3 > v2);
     wait_for("both proxies serve v3", TIMEOUT, || {

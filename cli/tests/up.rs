@@ -20,17 +20,7 @@ fn up_applies_serves_and_keeps_its_data() {
     let dir = tempfile::tempdir().unwrap();
     let dir = dir.path();
     let (admin, proxy_admin, listener, upstream) = (free_port(), free_port(), free_port(), free_port());
-    let _upstream = Process::start(
-        "upstream",
-        dir,
-        &[
-            "echo",
-            "--listen",
-            &format!("127.0.0.1:{upstream}"),
-            "--name",
-            "up",
-        ],
-    );
+    let _upstream = start_echo(dir, "up", upstream);
     let config = include_str!("../../examples/quickstart.yaml")
         .replace("port: 8080", &format!("port: {listener}"))
         .replace("127.0.0.1:9001", &format!("127.0.0.1:{upstream}"));

@@ -1,5 +1,5 @@
 use crate::error::{ConfigError, FieldError};
-use crate::object::Object;
+use crate::object::{collect_objects, Object};
 
 /// Parses a file of config objects: YAML (several documents separated by `---`) or JSON
 /// (one object, or an array of objects). Collects the errors of every document.
@@ -11,19 +11,11 @@ pub fn parse_documents(text: &str) -> Result<Vec<Object>, ConfigError> {
         serde_json::Value::Null => Vec::new(),
         other => vec![other],
     });
-    let mut objects = Vec::new();
-    let mut errors = Vec::new();
-    for (index, value) in documents.enumerate() {
-        match Object::from_json(value, &format!("document {}", index + 1)) {
-            Ok(object) => objects.push(object),
-            Err(error) => errors.extend(error.errors),
-        }
-    }
-    if errors.is_empty() {
-        Ok(objects)
-    } else {
-        Err(ConfigError { errors })
-    }
+    collect_objects(
+        documents
+            .enumerate()
+            .map(|(index, value)| Object::from_json(value, &format!("document {}", index + 1))),
+    )
 }
 
 /// Renders objects as a multi-document YAML stream that [`parse_documents`] reads back.

@@ -21,6 +21,6 @@ pub use backend::BackendSpec;
 pub use document::{parse_documents, to_yaml};
 pub use error::{ConfigError, FieldError};
 pub use listener::ListenerSpec;
-pub use object::{Kind, Metadata, Object, ObjectKey, API_VERSION};
+pub use object::{collect_objects, Kind, Metadata, Object, ObjectKey, API_VERSION};
 pub use route::{BackendRef, HeaderMatch, PathMatch, RouteMatch, RouteSpec};
 pub use set::{Change, ConfigSet, ShardSelector};

@@ -37,6 +37,20 @@ impl Kind {
     }
 }
 
+/// Lenient, like [`Kind::parse`], with an error that lists the kinds there are.
+impl std::str::FromStr for Kind {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Kind, String> {
+        Kind::parse(text).ok_or_else(|| unknown_kind(text))
+    }
+}
+
+fn unknown_kind(text: &str) -> String {
+    let known: Vec<&str> = Kind::ALL.iter().map(|kind| kind.as_str()).collect();
+    format!("unknown kind {text:?}, expected one of {}", known.join(", "))
+}
+
 impl fmt::Display for Kind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
@@ -129,20 +143,10 @@ impl Object {
     /// kind/name cannot be read (e.g. `document 3`).
     pub fn from_json(value: serde_json::Value, location: &str) -> Result<Object, ConfigError> {
         let envelope: Envelope = decode(value, location, "")?;
+        // Objects spell the kind exactly; only the CLI and API lookups are lenient.
         let kind = Kind::parse(&envelope.kind)
             .filter(|kind| kind.as_str() == envelope.kind)
-            .ok_or_else(|| {
-                let known: Vec<&str> = Kind::ALL.iter().map(|k| k.as_str()).collect();
-                FieldError::new(
-                    location,
-                    "kind",
-                    format!(
-                        "unknown kind {:?}, expected one of {}",
-                        envelope.kind,
-                        known.join(", ")
-                    ),
-                )
-            })?;
+            .ok_or_else(|| FieldError::new(location, "kind", unknown_kind(&envelope.kind)))?;
         let label = format!("{kind}/{}", envelope.metadata.name);
         let mut checker = Checker::new(&label);
         if envelope.api_version != API_VERSION {
@@ -211,6 +215,25 @@ impl Object {
 
     pub fn to_json_bytes(&self) -> Vec<u8> {
         self.to_json().to_string().into_bytes()
+    }
+}
+
+/// Gathers decoded objects, reporting the problems of every one rather than the first.
+pub fn collect_objects(
+    results: impl IntoIterator<Item = Result<Object, ConfigError>>,
+) -> Result<Vec<Object>, ConfigError> {
+    let mut objects = Vec::new();
+    let mut errors = Vec::new();
+    for result in results {
+        match result {
+            Ok(object) => objects.push(object),
+            Err(error) => errors.extend(error.errors),
+        }
+    }
+    if errors.is_empty() {
+        Ok(objects)
+    } else {
+        Err(ConfigError { errors })
     }
 }
 

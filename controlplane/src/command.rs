@@ -1,7 +1,7 @@
 //! What a Raft entry asks of the config, and the deterministic rule that answers it. Every
 //! node runs [`execute`] on the same inputs in the same order, so all replicas agree.
 
-use portcullis_config::{Change, ConfigError, ConfigSet, Object, ObjectKey};
+use portcullis_config::{collect_objects, Change, ConfigError, ConfigSet, Object, ObjectKey};
 use serde::{Deserialize, Serialize};
 
 /// The payload of a normal Raft entry. Objects travel as JSON, not as [`Object`], so the
@@ -127,19 +127,12 @@ pub fn execute(config: &ConfigSet, version: u64, command: &Command) -> Result<Ef
 
 /// Decodes every object, reporting the problems of all of them rather than the first.
 pub fn decode_objects(values: &[serde_json::Value]) -> Result<Vec<Object>, ConfigError> {
-    let mut objects = Vec::with_capacity(values.len());
-    let mut errors = Vec::new();
-    for (index, value) in values.iter().enumerate() {
-        match Object::from_json(value.clone(), &format!("objects[{index}]")) {
-            Ok(object) => objects.push(object),
-            Err(error) => errors.extend(error.errors),
-        }
-    }
-    if errors.is_empty() {
-        Ok(objects)
-    } else {
-        Err(ConfigError { errors })
-    }
+    collect_objects(
+        values
+            .iter()
+            .enumerate()
+            .map(|(index, value)| Object::from_json(value.clone(), &format!("objects[{index}]"))),
+    )
 }
 
 #[cfg(test)]

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
-use portcullis_config::{ConfigError, ConfigSet, Kind, Object};
+use portcullis_config::{collect_objects, ConfigError, ConfigSet, Kind, Object};
 use tokio::net::TcpListener;
 use tokio::sync::Mutex;
 use tokio::task::JoinHandle;
@@ -97,18 +97,10 @@ impl ConfigState {
         version: u64,
         objects: &[portcullis_proto::v1::Object],
     ) -> Result<(), ApplyError> {
-        let mut parsed = Vec::with_capacity(objects.len());
-        let mut errors = Vec::new();
-        for (index, object) in objects.iter().enumerate() {
+        let parsed = collect_objects(objects.iter().enumerate().map(|(index, object)| {
             let location = format!("object {} ({}/{})", index + 1, object.kind, object.name);
-            match Object::from_json_bytes(&object.json, &location) {
-                Ok(object) => parsed.push(object),
-                Err(error) => errors.extend(error.errors),
-            }
-        }
-        if !errors.is_empty() {
-            return Err(ConfigError { errors }.into());
-        }
+            Object::from_json_bytes(&object.json, &location)
+        }))?;
         self.apply(version, parsed).await
     }
 

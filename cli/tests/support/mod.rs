@@ -204,3 +204,84 @@ pub fn write_file(dir: &Path, name: &str, text: &str) -> PathBuf {
 }
 
 pub const TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The built-in echo upstream on 127.0.0.1:`port`, answering with `name`.
+pub fn start_echo(dir: &Path, name: &str, port: u16) -> Process {
+    let listen = format!("127.0.0.1:{port}");
+    Process::start(name, dir, &["echo", "--listen", &listen, "--name", name])
+}
+
+/// A control plane on 127.0.0.1:`port`, data in `dir/controlplane`, once it answers.
+pub fn start_controlplane(dir: &Path, port: u16) -> Process {
+    let listen = format!("127.0.0.1:{port}");
+    let data = dir.join("controlplane");
+    let process = Process::start(
+        "controlplane",
+        dir,
+        &[
+            "controlplane",
+            "--listen",
+            &listen,
+            "--data-dir",
+            data.to_str().unwrap(),
+        ],
+    );
+    wait_for("control plane", TIMEOUT, || {
+        cli(&["status", "--controlplane", &listen]).status.success()
+    });
+    process
+}
+
+/// A proxy named `id` with health on 127.0.0.1:`admin`, plus any `extra` flags.
+pub fn start_proxy(dir: &Path, id: &str, controlplane: &str, admin: u16, extra: &[&str]) -> Process {
+    let admin = format!("127.0.0.1:{admin}");
+    let mut args = vec![
+        "proxy",
+        "--id",
+        id,
+        "--controlplane",
+        controlplane,
+        "--admin-listen",
+        &admin,
+    ];
+    args.extend_from_slice(extra);
+    Process::start(id, dir, &args)
+}
+
+/// Writes `yaml` to `dir/file` and applies it; panics with the CLI's error unless accepted.
+/// Returns what `apply` printed.
+pub fn apply(dir: &Path, file: &str, yaml: &str, controlplane: &str) -> String {
+    let path = write_file(dir, file, yaml);
+    let output = cli(&[
+        "apply",
+        "-f",
+        path.to_str().unwrap(),
+        "--controlplane",
+        controlplane,
+    ]);
+    assert!(output.status.success(), "apply {file}: {}", stderr(&output));
+    stdout(&output)
+}
+
+/// Simulated vLLM pods from 127.0.0.1:`port`, once the first is healthy.
+pub fn start_sim(dir: &Path, pods: u16, port: u16, time_scale: &str) -> Process {
+    let (pods, first) = (pods.to_string(), port.to_string());
+    let process = Process::start(
+        "sim",
+        dir,
+        &[
+            "sim",
+            "vllm",
+            "--pods",
+            &pods,
+            "--port",
+            &first,
+            "--time-scale",
+            time_scale,
+        ],
+    );
+    wait_for("simulator", TIMEOUT, || {
+        http_get(port, "/health").is_some_and(|r| r.status == 200)
+    });
+    process
+}

@@ -3,7 +3,7 @@
 
 use openraft::error::{ClientWriteError, ForwardToLeader, RaftError};
 use openraft::BasicNode;
-use portcullis_config::{ConfigError, FieldError, Kind, Object, ObjectKey};
+use portcullis_config::{collect_objects, FieldError, Kind, Object, ObjectKey};
 use portcullis_proto::v1;
 use tonic::metadata::{MetadataMap, MetadataValue};
 use tonic::{Code, Status};
@@ -22,47 +22,27 @@ pub fn to_wire(object: &Object) -> v1::Object {
 /// Decodes `objects[i]` from the JSON each carries; `kind`/`name`, when set, must agree
 /// with it. Reports every problem at once.
 pub fn decode_objects(objects: &[v1::Object]) -> Result<Vec<Object>, Status> {
-    let mut decoded = Vec::with_capacity(objects.len());
-    let mut errors = Vec::new();
-    for (index, wire) in objects.iter().enumerate() {
+    collect_objects(objects.iter().enumerate().map(|(index, wire)| {
         let location = format!("objects[{index}]");
-        match Object::from_json_bytes(&wire.json, &location) {
-            Ok(object) => {
-                let kind_differs = !wire.kind.is_empty() && wire.kind != object.kind().as_str();
-                let name_differs = !wire.name.is_empty() && wire.name != object.name();
-                if kind_differs || name_differs {
-                    errors.push(FieldError::new(
-                        location,
-                        "",
-                        format!(
-                            "kind/name {}/{} do not match its JSON ({})",
-                            wire.kind,
-                            wire.name,
-                            object.key()
-                        ),
-                    ));
-                } else {
-                    decoded.push(object);
-                }
-            }
-            Err(error) => errors.extend(error.errors),
+        let object = Object::from_json_bytes(&wire.json, &location)?;
+        let kind_differs = !wire.kind.is_empty() && wire.kind != object.kind().as_str();
+        let name_differs = !wire.name.is_empty() && wire.name != object.name();
+        if kind_differs || name_differs {
+            let message = format!(
+                "kind/name {}/{} do not match its JSON ({})",
+                wire.kind,
+                wire.name,
+                object.key()
+            );
+            return Err(FieldError::new(location, "", message).into());
         }
-    }
-    if errors.is_empty() {
-        Ok(decoded)
-    } else {
-        Err(Status::invalid_argument(ConfigError { errors }.to_string()))
-    }
+        Ok(object)
+    }))
+    .map_err(|error| Status::invalid_argument(error.to_string()))
 }
 
 pub fn parse_kind(kind: &str) -> Result<Kind, Status> {
-    Kind::parse(kind).ok_or_else(|| {
-        let known: Vec<&str> = Kind::ALL.iter().map(|kind| kind.as_str()).collect();
-        Status::invalid_argument(format!(
-            "unknown kind {kind:?}, expected one of {}",
-            known.join(", ")
-        ))
-    })
+    kind.parse().map_err(Status::invalid_argument)
 }
 
 pub fn object_key(object: Option<&v1::ObjectRef>, field: &str) -> Result<ObjectKey, Status> {
