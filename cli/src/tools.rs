@@ -35,8 +35,6 @@ pub async fn echo(args: EchoArgs) -> anyhow::Result<()> {
 pub enum BenchCommand {
     /// Closed-loop HTTP load against several targets in one run, compared with the first.
     Http(HttpBenchArgs),
-    /// MCP tools/call or tools/list load against several targets, compared with the first.
-    Mcp(mcp::McpLoadArgs),
 }
 
 #[derive(Args)]
@@ -60,7 +58,6 @@ pub struct HttpBenchArgs {
 
 pub async fn bench(command: BenchCommand) -> anyhow::Result<()> {
     match command {
-        BenchCommand::Mcp(args) => mcp::run_and_print(&args).await.map(drop),
         BenchCommand::Http(args) => {
             let mut targets = Vec::new();
             for target in &args.targets {

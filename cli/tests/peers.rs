@@ -120,6 +120,30 @@ fn mcp_python_client_calls_the_test_server_in_both_eras_direct_and_through_the_g
             assert!(output.contains("OK"), "{mode} via {url}: {output}");
         }
     }
+
+    // The same tool that loads LLMs loads MCP: direct vs gateway, both eras, one report format.
+    for era in ["legacy", "modern"] {
+        let scenario = format!(
+            "api: {{type: mcp, era: {era}, operation: tools_call, tool: get-sum}}\n\
+             targets:\n  - {{name: direct, url: 'http://127.0.0.1:{port}/mcp'}}\n  - {{name: gateway, url: 'http://127.0.0.1:{}/mcp'}}\n\
+             load: {{type: closed_loop, stages: [{{clients: 2, duration: 2s}}]}}\n",
+            gateway.port
+        );
+        let file = write_file(dir.path(), &format!("mcp-{era}.yaml"), &scenario);
+        let out = dir.path().join(format!("mcp-{era}"));
+        let run = cli(&[
+            "loadtest",
+            "-f",
+            file.to_str().unwrap(),
+            "--output-dir",
+            out.to_str().unwrap(),
+            "--no-progress",
+        ]);
+        assert!(run.status.success(), "{}{}", stdout(&run), stderr(&run));
+        let csv = std::fs::read_to_string(out.join("report.csv")).unwrap();
+        assert_eq!(csv.lines().count(), 3, "2 targets x 1 stage:\n{csv}");
+        assert_all_succeeded(&csv);
+    }
 }
 
 #[test]
@@ -161,12 +185,7 @@ fn loadtest_compares_the_direct_path_with_the_gateway() {
             "{plot} empty"
         );
     }
-    // Columns: target, stage, requested_rate, achieved_rate, duration_s, requests, successes, failures, …
-    for row in rows {
-        let cells: Vec<&str> = row.split(',').collect();
-        let (successes, failures): (u64, u64) = (cells[6].parse().unwrap(), cells[7].parse().unwrap());
-        assert!(successes > 0 && failures == 0, "{row}");
-    }
+    assert_all_succeeded(&csv);
 }
 
 /// Sum of every series of one metric on a simulated pod's `/metrics`.
@@ -260,5 +279,19 @@ fn inference_perf_agrees_with_the_simulator_counters_and_our_load_generator() {
             "{metric}: ours {ours:.4}s, inference-perf {theirs:.4}s"
         );
         eprintln!("{metric} median: ours {ours:.4}s, inference-perf {theirs:.4}s");
+    }
+}
+
+/// Every target × stage row of a `portcullis loadtest` CSV served requests and failed none.
+fn assert_all_succeeded(csv: &str) {
+    let mut lines = csv.lines();
+    let header: Vec<&str> = lines.next().unwrap().split(',').collect();
+    let column = |name: &str| header.iter().position(|h| *h == name).unwrap();
+    let (successes, failures) = (column("successes"), column("failures"));
+    for row in lines {
+        let cells: Vec<&str> = row.split(',').collect();
+        let ok: u64 = cells[successes].parse().unwrap();
+        let failed: u64 = cells[failures].parse().unwrap();
+        assert!(ok > 0 && failed == 0, "{row}");
     }
 }

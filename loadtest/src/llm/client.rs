@@ -11,7 +11,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use serde_json::{json, Value};
 
-use super::config::{ApiConfig, ApiKind};
+use super::config::{ApiKind, LlmApi};
 use super::sse::{interpret, text_of, usage_of, Event, SseParser, Usage};
 use crate::sim::tokenizer;
 
@@ -70,18 +70,21 @@ impl FailureKind {
     }
 }
 
+/// A failed request: `kind` is a [`FailureKind`] name for LLM requests and an MCP failure
+/// kind (`connect`, `http_404`, `rpc_-32602`, …) for MCP calls.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Failure {
-    pub kind: FailureKind,
+    pub kind: String,
     pub message: String,
 }
 
 impl Failure {
     fn new(kind: FailureKind, message: impl Into<String>) -> Self {
-        Self {
-            kind,
-            message: message.into(),
-        }
+        Self::named(kind.name().to_string(), message.into())
+    }
+
+    pub fn named(kind: String, message: String) -> Self {
+        Self { kind, message }
     }
 }
 
@@ -103,13 +106,13 @@ pub struct Trace {
 pub struct Sender {
     client: Client<HttpConnector, Full<Bytes>>,
     uri: Uri,
-    api: ApiConfig,
+    api: LlmApi,
     model: String,
     timeout: Duration,
 }
 
 impl Sender {
-    pub fn new(base_url: &str, api: ApiConfig, model: &str, timeout: Duration) -> anyhow::Result<Self> {
+    pub fn new(base_url: &str, api: LlmApi, model: &str, timeout: Duration) -> anyhow::Result<Self> {
         let path = match api.kind {
             ApiKind::Completion => "/v1/completions",
             ApiKind::Chat => "/v1/chat/completions",

@@ -7,9 +7,11 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use anyhow::{anyhow, ensure};
+use anyhow::{anyhow, bail, ensure};
 use serde::de::Error as _;
 use serde::{Deserialize, Deserializer, Serialize};
+
+pub use crate::mcp::Era;
 
 /// Upper bound on one request when `request_timeout` is not set: long enough for a saturated
 /// round-robin fleet (the published E2E mean at 60 QPS was ~105 s).
@@ -19,10 +21,14 @@ const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(600);
 #[serde(deny_unknown_fields)]
 pub struct LoadtestConfig {
     pub api: ApiConfig,
-    pub model: String,
+    /// LLM only: the `model` of every request.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
     /// Every target runs the same stages in turn, on identical prompts and arrival times.
     pub targets: Vec<Target>,
-    pub data: DataConfig,
+    /// LLM only: what the prompts look like (MCP calls carry fixed, tiny arguments).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data: Option<DataConfig>,
     pub load: LoadConfig,
     #[serde(
         default = "default_request_timeout",
@@ -32,9 +38,17 @@ pub struct LoadtestConfig {
     pub request_timeout: Duration,
 }
 
+/// What is sent: OpenAI-compatible LLM requests or MCP calls. Deserialized by hand (like
+/// [`DataConfig`]) so that `type` picks the variant and errors still name the inner field.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum ApiConfig {
+    Llm(LlmApi),
+    Mcp(McpApi),
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct ApiConfig {
+pub struct LlmApi {
     #[serde(rename = "type")]
     pub kind: ApiKind,
     #[serde(default = "yes")]
@@ -50,11 +64,67 @@ pub enum ApiKind {
     Chat,
 }
 
+/// `api: {type: mcp, ...}`: MCP over Streamable HTTP against the test server or a gateway.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct McpApi {
+    /// Required: the two eras cost very differently (sessions vs stateless), so no default.
+    pub era: Era,
+    #[serde(default)]
+    pub operation: McpOperation,
+    /// `tools_call` only; `echo` when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool: Option<McpTool>,
+    #[serde(default)]
+    pub connection: ConnectionMode,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum McpOperation {
+    #[default]
+    ToolsCall,
+    ToolsList,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub enum McpTool {
+    /// `echo {message}`, checking the message comes back.
+    #[default]
+    #[serde(rename = "echo")]
+    Echo,
+    /// `get-sum {a, b}`, checking a + b.
+    #[serde(rename = "get-sum")]
+    GetSum,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ConnectionMode {
+    /// Idle connections (and legacy sessions) are pooled and reused, like an HTTP client.
+    #[default]
+    Reuse,
+    /// A new TCP connection (and legacy session, closed by DELETE) per call; latency then
+    /// covers connect, `initialize`, the call and the DELETE.
+    PerCall,
+}
+
+impl McpApi {
+    /// The tool `tools/call` invokes; `None` for `tools/list`.
+    pub fn tool(&self) -> Option<McpTool> {
+        match self.operation {
+            McpOperation::ToolsCall => Some(self.tool.unwrap_or_default()),
+            McpOperation::ToolsList => None,
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Target {
     pub name: String,
-    /// Base URL (`http://host:port`, optionally with a path prefix); `/v1/...` is appended.
+    /// LLM: base URL (`http://host:port`, optionally with a path prefix; `/v1/...` is
+    /// appended). MCP: the endpoint itself (`http://host:port/mcp`).
     pub url: String,
 }
 
@@ -123,13 +193,20 @@ pub enum LoadKind {
     Poisson,
     /// Evenly spaced sends.
     Constant,
+    /// `clients` concurrent clients, each sending its next request when the previous one is
+    /// answered: measures capacity rather than behaviour at a given rate.
+    ClosedLoop,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct StageConfig {
-    /// Offered requests per second.
-    pub rate: f64,
+    /// Open loop (`poisson`, `constant`): offered requests per second.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate: Option<f64>,
+    /// Closed loop: how many clients.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clients: Option<usize>,
     /// Seconds (`30`) or a humantime string (`"30s"`, `"2m"`).
     #[serde(deserialize_with = "duration", serialize_with = "duration_secs")]
     pub duration: Duration,
@@ -150,7 +227,20 @@ impl LoadtestConfig {
 
     /// Checks what the types cannot express; `parse` calls it, programmatic callers should.
     pub fn validate(&self) -> anyhow::Result<()> {
-        ensure!(!self.model.is_empty(), "model: must not be empty");
+        match (&self.api, &self.model, &self.data) {
+            (ApiConfig::Llm(_), None, _) => bail!("model: required for LLM apis"),
+            (ApiConfig::Llm(_), _, None) => bail!("data: required for LLM apis"),
+            (ApiConfig::Llm(_), Some(model), Some(data)) => {
+                ensure!(!model.is_empty(), "model: must not be empty");
+                data.validate()?;
+            }
+            (ApiConfig::Mcp(_), Some(_), _) => bail!("model: not used by api type mcp; remove it"),
+            (ApiConfig::Mcp(_), _, Some(_)) => bail!("data: not used by api type mcp; remove it"),
+            (ApiConfig::Mcp(mcp), None, None) => ensure!(
+                mcp.operation == McpOperation::ToolsCall || mcp.tool.is_none(),
+                "api.tool: only for operation tools_call"
+            ),
+        }
         ensure!(!self.targets.is_empty(), "targets: at least one target is needed");
         let mut names = HashSet::new();
         for (i, t) in self.targets.iter().enumerate() {
@@ -165,34 +255,62 @@ impl LoadtestConfig {
             // gateways and simulators on a private network.
             ensure!(
                 uri.scheme_str() == Some("http") && uri.authority().is_some(),
-                "targets[{i}].url: expected http://host:port[/prefix], got {:?}",
+                "targets[{i}].url: expected http://host:port[/path], got {:?}",
                 t.url
             );
         }
-        self.data.validate()?;
-        let load = &self.load;
+        self.load.validate()?;
         ensure!(
-            !load.stages.is_empty(),
+            !self.request_timeout.is_zero(),
+            "request_timeout: must be positive"
+        );
+        Ok(())
+    }
+}
+
+impl LoadConfig {
+    fn validate(&self) -> anyhow::Result<()> {
+        ensure!(
+            !self.stages.is_empty(),
             "load.stages: at least one stage is needed"
         );
-        for (i, s) in load.stages.iter().enumerate() {
-            ensure!(
-                s.rate.is_finite() && s.rate >= 0.0,
-                "load.stages[{i}].rate: must be finite and >= 0, got {}",
-                s.rate
-            );
+        let closed = self.kind == LoadKind::ClosedLoop;
+        for (i, s) in self.stages.iter().enumerate() {
+            if closed {
+                ensure!(
+                    s.rate.is_none(),
+                    "load.stages[{i}].rate: closed_loop stages take clients, not a rate"
+                );
+                ensure!(
+                    s.clients.is_some_and(|n| n > 0),
+                    "load.stages[{i}].clients: closed_loop stages need clients >= 1"
+                );
+            } else {
+                ensure!(
+                    s.clients.is_none(),
+                    "load.stages[{i}].clients: only for load type closed_loop"
+                );
+                let Some(rate) = s.rate else {
+                    bail!("load.stages[{i}].rate: required for open-loop load types");
+                };
+                ensure!(
+                    rate.is_finite() && rate >= 0.0,
+                    "load.stages[{i}].rate: must be finite and >= 0, got {rate}"
+                );
+            }
             ensure!(
                 !s.duration.is_zero(),
                 "load.stages[{i}].duration: must be positive"
             );
         }
         ensure!(
-            load.max_concurrency != Some(0),
+            self.max_concurrency != Some(0),
             "load.max_concurrency: must be positive"
         );
+        // The clients already bound concurrency; a second cap would only confuse the report.
         ensure!(
-            !self.request_timeout.is_zero(),
-            "request_timeout: must be positive"
+            !(closed && self.max_concurrency.is_some()),
+            "load.max_concurrency: not used by closed_loop (clients bound concurrency)"
         );
         Ok(())
     }
@@ -253,15 +371,6 @@ impl<'de> Deserialize<'de> for DataConfig {
             None => return Err(D::Error::missing_field("type")),
         };
         let rest = serde_json::Value::Object(map);
-        // The outer path ends at `data`; the inner path is put in the message instead.
-        fn inner<T: serde::de::DeserializeOwned, E: serde::de::Error>(
-            value: serde_json::Value,
-        ) -> Result<T, E> {
-            serde_path_to_error::deserialize(value).map_err(|e| {
-                let path = e.path().to_string();
-                E::custom(format!("{path}: {}", e.into_inner()))
-            })
-        }
         match kind.as_str() {
             "shared_prefix" => inner(rest).map(Self::SharedPrefix),
             "synthetic" => inner(rest).map(Self::Synthetic),
@@ -272,6 +381,53 @@ impl<'de> Deserialize<'de> for DataConfig {
             )),
         }
     }
+}
+
+impl<'de> Deserialize<'de> for ApiConfig {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let mut map = serde_json::Map::deserialize(deserializer)?;
+        let kind = match map.get("type") {
+            Some(serde_json::Value::String(kind)) => kind.clone(),
+            Some(other) => return Err(D::Error::custom(format!("type: expected a string, got {other}"))),
+            None => return Err(D::Error::missing_field("type")),
+        };
+        match kind.as_str() {
+            // `LlmApi` keeps `type` as its `kind` field.
+            "completion" | "chat" => inner(serde_json::Value::Object(map)).map(Self::Llm),
+            "mcp" => {
+                map.remove("type");
+                inner(serde_json::Value::Object(map)).map(Self::Mcp)
+            }
+            other => Err(D::Error::custom(format!(
+                "type: unknown variant `{other}`, expected one of `completion`, `chat`, `mcp`"
+            ))),
+        }
+    }
+}
+
+impl Serialize for ApiConfig {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        #[derive(Serialize)]
+        struct Tagged<'a> {
+            #[serde(rename = "type")]
+            kind: &'static str,
+            #[serde(flatten)]
+            api: &'a McpApi,
+        }
+        match self {
+            Self::Llm(api) => api.serialize(serializer),
+            Self::Mcp(api) => Tagged { kind: "mcp", api }.serialize(serializer),
+        }
+    }
+}
+
+/// Deserializes a hand-dispatched variant. The outer path ends at the field (`data`, `api`);
+/// the inner path is put in the message instead.
+fn inner<T: serde::de::DeserializeOwned, E: serde::de::Error>(value: serde_json::Value) -> Result<T, E> {
+    serde_path_to_error::deserialize(value).map_err(|e| {
+        let path = e.path().to_string();
+        E::custom(format!("{path}: {}", e.into_inner()))
+    })
 }
 
 fn yes() -> bool {
@@ -301,108 +457,5 @@ fn duration_secs<S: serde::Serializer>(d: &Duration, serializer: S) -> Result<S:
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    const SMOKE: &str = r#"
-api: {type: chat, streaming: true}
-model: m1
-targets:
-  - {name: direct, url: "http://127.0.0.1:8000"}
-  - {name: gateway, url: "http://127.0.0.1:8080/prefix"}
-data: {type: shared_prefix, num_groups: 2, num_prompts_per_group: 3, system_prompt_len: 10, question_len: 5, output_len: 4}
-load:
-  type: poisson
-  stages: [{rate: 2, duration: 3}, {rate: 4.5, duration: "1m"}]
-  max_concurrency: 8
-  seed: 7
-request_timeout: 30s
-"#;
-
-    fn error(text: &str) -> String {
-        match LoadtestConfig::parse(text) {
-            Ok(c) => panic!("expected an error, parsed {c:?}"),
-            Err(e) => e.to_string(),
-        }
-    }
-
-    #[test]
-    fn parses_a_full_config() -> anyhow::Result<()> {
-        let c = LoadtestConfig::parse(SMOKE)?;
-        assert_eq!(
-            c.api,
-            ApiConfig {
-                kind: ApiKind::Chat,
-                streaming: true
-            }
-        );
-        assert_eq!(c.targets.len(), 2);
-        assert_eq!(c.load.stages[1].duration, Duration::from_secs(60));
-        assert_eq!(c.load.stages[1].rate, 4.5);
-        assert_eq!(c.load.max_concurrency, Some(8));
-        assert_eq!(c.request_timeout, Duration::from_secs(30));
-        assert!(matches!(
-            c.data,
-            DataConfig::SharedPrefix(SharedPrefix { num_groups: 2, .. })
-        ));
-        Ok(())
-    }
-
-    #[test]
-    fn errors_name_the_field() {
-        let e = error(&SMOKE.replace("rate: 2,", "rate: fast,"));
-        assert!(e.starts_with("load.stages[0].rate:"), "{e}");
-        let e = error(&SMOKE.replace("num_groups: 2", "num_groups: -2"));
-        assert!(e.starts_with("data: num_groups:"), "{e}");
-        let e = error(&SMOKE.replace("seed: 7", "seed: 7\n  sede: 1"));
-        assert!(e.contains("load") && e.contains("sede"), "{e}");
-        let e = error(&SMOKE.replace("type: shared_prefix", "type: sharde"));
-        assert!(e.starts_with("data:") && e.contains("sharde"), "{e}");
-        let e = error(&SMOKE.replace("duration: 3", "duration: soon"));
-        assert!(e.starts_with("load.stages[0].duration:"), "{e}");
-        let e = error(&SMOKE.replace("http://127.0.0.1:8080/prefix", "https://x"));
-        assert!(e.starts_with("targets[1].url:"), "{e}");
-        let e = error(&SMOKE.replace("name: gateway", "name: direct"));
-        assert!(e.starts_with("targets[1].name:"), "{e}");
-        let e = error(&SMOKE.replace("rate: 4.5", "rate: -1"));
-        assert!(e.starts_with("load.stages[1].rate:"), "{e}");
-        let e = error(&SMOKE.replace("max_concurrency: 8", "max_concurrency: 0"));
-        assert!(e.starts_with("load.max_concurrency:"), "{e}");
-        let e = error(&SMOKE.replace("type: chat", "type: chatt"));
-        assert!(e.starts_with("api.type:"), "{e}");
-    }
-
-    #[test]
-    fn shipped_scenarios_parse() -> anyhow::Result<()> {
-        LoadtestConfig::parse(include_str!("../../scenarios/llm-smoke.yaml"))?;
-        let llm_d = LoadtestConfig::parse(include_str!("../../scenarios/llm-d-shared-prefix.yaml"))?;
-        assert_eq!(llm_d.load.stages.len(), 17);
-        assert_eq!(llm_d.load.stages.last().map(|s| s.rate), Some(60.0));
-        assert!(matches!(
-            llm_d.data,
-            DataConfig::SharedPrefix(SharedPrefix {
-                num_groups: 150,
-                num_prompts_per_group: 5,
-                system_prompt_len: 6000,
-                question_len: 1200,
-                output_len: 1000
-            })
-        ));
-        Ok(())
-    }
-
-    #[test]
-    fn synthetic_lengths_are_checked() {
-        let data =
-            "data: {type: synthetic, input_len: {min: 10, max: 20, mean: 30}, output_len: {min: 1, max: 2}}";
-        let text = SMOKE
-            .lines()
-            .map(|l| if l.starts_with("data:") { data } else { l })
-            .collect::<Vec<_>>()
-            .join("\n");
-        let e = error(&text);
-        assert!(e.starts_with("data.input_len.mean:"), "{e}");
-        let ok = text.replace("mean: 30", "mean: 12");
-        assert!(LoadtestConfig::parse(&ok).is_ok());
-    }
-}
+#[path = "config_tests.rs"]
+mod tests;

@@ -1,16 +1,21 @@
-//! `portcullis loadtest -f FILE`: an LLM load generator in the spirit of inference-perf
+//! `portcullis loadtest -f FILE`: a load generator in the spirit of inference-perf
 //! (reference inference-routing.md §5.1), for comparing targets — direct vs gateway,
-//! round-robin vs prefix-aware picker — on identical, seeded traffic over real HTTP.
+//! round-robin vs prefix-aware picker — on identical, seeded traffic over real HTTP. The
+//! same config shape and reports serve LLM requests and MCP calls (`api: {type: mcp}`, sent
+//! by [`crate::mcp::McpCaller`]).
 //!
 //! * [`config`]: the YAML config (api, model, targets, data, load, request_timeout);
 //! * [`prompts`]: Poisson/constant arrival plans and prompt text (shared-prefix prompts come
 //!   from the simulator's generator, spelled so the stand-in tokenizer counts them exactly);
 //! * [`sse`]: incremental SSE parsing of OpenAI-compatible streams;
 //! * [`client`]: one timed request over a pooled hyper client, failures classified;
-//! * [`runner`]: targets × stages, open-loop sending with an optional in-flight cap;
+//! * [`workload`]: "the next request" of a target, LLM or MCP;
+//! * [`runner`]: targets × stages, open loop (with an optional in-flight cap) or closed loop;
 //! * [`report`]: per-stage TTFT/ITL/TPOT/normalized TPOT/E2E and throughput;
+//! * [`baseline`]: latency added and requests/s ratio against the first target;
 //! * [`output`] and [`plot`]: `report.json`, `report.csv` and SVG charts.
 
+pub mod baseline;
 pub mod client;
 pub mod config;
 pub mod output;
@@ -19,6 +24,7 @@ pub mod prompts;
 pub mod report;
 mod runner;
 pub mod sse;
+mod workload;
 
 #[cfg(test)]
 mod run_tests;

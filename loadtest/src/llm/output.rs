@@ -1,14 +1,17 @@
 //! Writes a run's results: `report.json` (the full [`Report`]), `report.csv` (one row per
 //! target × stage, for spreadsheets) and the comparison charts (see [`super::plot`]).
 
+use std::collections::BTreeSet;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 
 use super::client::FailureKind;
+use super::config::ApiConfig;
 use super::plot;
 use super::report::{Report, StageReport};
+use crate::mcp::CORE_FAILURE_KINDS;
 use crate::sim::report::Summary;
 
 /// Writes every output into `dir` (created if missing); returns the paths written.
@@ -29,72 +32,116 @@ pub fn write_all(report: &Report, dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
     Ok(written)
 }
 
-const LATENCIES: [&str; 5] = ["ttft", "itl", "tpot", "ntpot", "e2e"];
+/// Token latencies (LLM only), then the end-to-end latency every row has.
+const TOKEN_LATENCIES: [&str; 4] = ["ttft", "itl", "tpot", "ntpot"];
 
-fn latencies(stage: &StageReport) -> [&Summary; 5] {
-    let l = &stage.successes.latency;
-    [
-        &l.time_to_first_token,
-        &l.inter_token_latency,
-        &l.time_per_output_token,
-        &l.normalized_time_per_output_token,
-        &l.request_latency,
-    ]
-}
-
-/// One row per target × stage; latencies in seconds.
+/// One row per target × stage; latencies in seconds, rates per second. Columns:
+/// * every row: `target, stage, achieved_rate, duration_s, requests, successes, failures,
+///   requests_per_sec, e2e_{mean,p50,p90,p99}` and the ratios to the baseline (first target)
+///   `added_p50_s, added_p99_s, requests_per_sec_ratio` (empty when a side had no success);
+/// * `requested_rate` for open-loop stages, `clients` for closed-loop ones (else empty);
+/// * LLM only, empty for MCP: `{input,output,total}_tokens_per_sec` and
+///   `{ttft,itl,tpot,ntpot}_{mean,p50,p90,p99}`;
+/// * `failures_<kind>`: LLM rows have one per `FailureKind`; MCP rows have `connect, io,
+///   timeout, protocol, mismatch` plus any other kind that occurred (`http_404`, `rpc_…`).
 pub fn csv(report: &Report) -> String {
-    let mut header = vec![
-        "target".to_string(),
-        "stage".into(),
-        "requested_rate".into(),
-        "achieved_rate".into(),
-        "duration_s".into(),
-        "requests".into(),
-        "successes".into(),
-        "failures".into(),
-        "requests_per_sec".into(),
-        "input_tokens_per_sec".into(),
-        "output_tokens_per_sec".into(),
-        "total_tokens_per_sec".into(),
-    ];
-    for metric in LATENCIES {
+    let mut header: Vec<String> = [
+        "target",
+        "stage",
+        "requested_rate",
+        "clients",
+        "achieved_rate",
+        "duration_s",
+        "requests",
+        "successes",
+        "failures",
+        "requests_per_sec",
+        "input_tokens_per_sec",
+        "output_tokens_per_sec",
+        "total_tokens_per_sec",
+    ]
+    .map(String::from)
+    .to_vec();
+    for metric in TOKEN_LATENCIES.iter().chain(&["e2e"]) {
         for stat in ["mean", "p50", "p90", "p99"] {
             header.push(format!("{metric}_{stat}"));
         }
     }
-    header.extend(FailureKind::ALL.iter().map(|k| format!("failures_{}", k.name())));
+    header.extend(["added_p50_s", "added_p99_s", "requests_per_sec_ratio"].map(String::from));
+    let kinds = failure_kinds(report);
+    header.extend(kinds.iter().map(|k| format!("failures_{k}")));
     let mut out = header.join(",");
     out.push('\n');
     for target in &report.targets {
         for s in &target.stages {
-            let t = &s.successes.throughput;
-            let mut row = vec![
-                quote(&target.name),
-                s.stage.to_string(),
-                s.load_summary.requested_rate.to_string(),
-                num(s.load_summary.achieved_rate),
-                num(s.duration),
-                s.load_summary.count.to_string(),
-                s.successes.count.to_string(),
-                s.failures.count.to_string(),
-                num(t.requests_per_sec),
-                num(t.input_tokens_per_sec),
-                num(t.output_tokens_per_sec),
-                num(t.total_tokens_per_sec),
-            ];
-            for summary in latencies(s) {
-                row.extend([summary.mean, summary.p50, summary.p90, summary.p99].map(num));
-            }
-            row.extend(
-                FailureKind::ALL
-                    .iter()
-                    .map(|&k| s.failures.of_kind(k).to_string()),
-            );
-            let _ = writeln!(out, "{}", row.join(","));
+            let _ = writeln!(out, "{}", row(&target.name, s, &kinds).join(","));
         }
     }
     out
+}
+
+fn row(target: &str, s: &StageReport, kinds: &[String]) -> Vec<String> {
+    let l = &s.load_summary;
+    let throughput = &s.successes.throughput;
+    let tokens = throughput.tokens.as_ref();
+    let mut row = vec![
+        quote(target),
+        s.stage.to_string(),
+        l.requested_rate.map(|r| r.to_string()).unwrap_or_default(),
+        l.clients.map(|c| c.to_string()).unwrap_or_default(),
+        num(l.achieved_rate),
+        num(s.duration),
+        l.count.to_string(),
+        s.successes.count.to_string(),
+        s.failures.count.to_string(),
+        num(throughput.requests_per_sec),
+        opt(tokens.map(|t| t.input_tokens_per_sec)),
+        opt(tokens.map(|t| t.output_tokens_per_sec)),
+        opt(tokens.map(|t| t.total_tokens_per_sec)),
+    ];
+    let token_latencies: [Option<&Summary>; 4] = match &s.successes.latency.tokens {
+        Some(t) => [
+            Some(&t.time_to_first_token),
+            Some(&t.inter_token_latency),
+            Some(&t.time_per_output_token),
+            Some(&t.normalized_time_per_output_token),
+        ],
+        None => [None; 4],
+    };
+    let e2e = Some(&s.successes.latency.request_latency);
+    let stats: [fn(&Summary) -> f64; 4] = [|x| x.mean, |x| x.p50, |x| x.p90, |x| x.p99];
+    for summary in token_latencies.into_iter().chain([e2e]) {
+        row.extend(stats.map(|stat| opt(summary.map(stat))));
+    }
+    let vs = s.vs_baseline.as_ref();
+    row.extend([
+        opt(vs.and_then(|v| v.added_p50_s)),
+        opt(vs.and_then(|v| v.added_p99_s)),
+        opt(vs.and_then(|v| v.requests_per_sec_ratio)),
+    ]);
+    row.extend(kinds.iter().map(|k| s.failures.of_kind(k).to_string()));
+    row
+}
+
+/// The fixed failure columns of the run's api, then any other kind that occurred, sorted.
+fn failure_kinds(report: &Report) -> Vec<String> {
+    let mut kinds: Vec<String> = match report.config.api {
+        ApiConfig::Llm(_) => FailureKind::ALL.iter().map(|k| k.name().to_string()).collect(),
+        ApiConfig::Mcp(_) => CORE_FAILURE_KINDS.map(String::from).to_vec(),
+    };
+    let seen: BTreeSet<&String> = report
+        .targets
+        .iter()
+        .flat_map(|t| &t.stages)
+        .flat_map(|s| s.failures.by_kind.keys())
+        .collect();
+    let extra: Vec<String> = seen.into_iter().filter(|k| !kinds.contains(k)).cloned().collect();
+    kinds.extend(extra);
+    kinds
+}
+
+fn opt(x: Option<f64>) -> String {
+    x.map(num).unwrap_or_default()
 }
 
 fn num(x: f64) -> String {

@@ -23,12 +23,21 @@ const DATA_SEED_XOR: u64 = 0x5eed_da7a;
 /// The simulator's prompts carry block hashes for its KV model; their size is irrelevant here.
 const SIM_BLOCK_SIZE: usize = 16;
 
-/// Send offsets of every stage, in seconds from that stage's start.
+/// Send offsets of every stage, in seconds from that stage's start; empty for closed-loop
+/// stages, whose clients send whenever their previous request is answered.
 pub fn schedule(load: &LoadConfig) -> Vec<Vec<f64>> {
     let mut rng = StdRng::seed_from_u64(load.seed);
     load.stages
         .iter()
-        .map(|s| stage_offsets(load.kind, s.rate, s.duration.as_secs_f64(), &mut rng))
+        // `validate` guarantees a rate in every open-loop stage.
+        .map(|s| {
+            stage_offsets(
+                load.kind,
+                s.rate.unwrap_or(0.0),
+                s.duration.as_secs_f64(),
+                &mut rng,
+            )
+        })
         .collect()
 }
 
@@ -54,6 +63,7 @@ fn stage_offsets(kind: LoadKind, rate: f64, duration: f64, rng: &mut StdRng) -> 
             let n = (rate * duration + 1e-9).floor() as usize;
             (0..n).map(|i| i as f64 / rate).collect()
         }
+        LoadKind::ClosedLoop => Vec::new(),
     }
 }
 
@@ -186,7 +196,8 @@ mod tests {
             stages: stages
                 .iter()
                 .map(|&(rate, secs)| StageConfig {
-                    rate,
+                    rate: Some(rate),
+                    clients: None,
                     duration: Duration::from_secs(secs),
                 })
                 .collect(),

@@ -3,6 +3,7 @@
 //! definitions and percentile maths (`sim::report::Summary`, seconds):
 //! TTFT = first content chunk − send; ITL = gaps between content chunks;
 //! TPOT = (E2E − TTFT)/(out − 1); normalized TPOT = E2E/out; E2E = end of response − send.
+//! MCP stages have E2E call latency and requests/s only: the token metrics are absent.
 //!
 //! Each stage is drained before the next starts, so a stage's throughput is what its own
 //! requests delivered divided by the stage's wall time (first send slot to last completion),
@@ -12,14 +13,15 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use super::client::{FailureKind, Trace};
-use super::config::LoadtestConfig;
+use super::baseline::VsBaseline;
+use super::client::Trace;
+use super::config::{LoadtestConfig, StageConfig};
 use crate::sim::report::Summary;
 
 /// One request of a stage.
 #[derive(Debug, Clone)]
 pub struct Record {
-    /// Planned send time, seconds since the target's epoch.
+    /// Planned send time, seconds since the target's epoch (the send time in a closed loop).
     pub scheduled: f64,
     pub trace: Trace,
 }
@@ -28,6 +30,8 @@ pub struct Record {
 #[derive(Debug, Clone, Serialize)]
 pub struct Report {
     pub config: LoadtestConfig,
+    /// The first target: every stage's `vs_baseline` compares with its stage of the same index.
+    pub baseline: String,
     pub targets: Vec<TargetReport>,
 }
 
@@ -46,33 +50,63 @@ pub struct StageReport {
     pub load_summary: LoadSummary,
     pub successes: Successes,
     pub failures: Failures,
+    /// Filled in once every target has run (see [`super::baseline`]).
+    pub vs_baseline: Option<VsBaseline>,
 }
 
 #[derive(Debug, Clone, Serialize)]
 pub struct LoadSummary {
     /// Requests sent in the stage.
     pub count: usize,
-    pub requested_rate: f64,
+    /// Open loop only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub requested_rate: Option<f64>,
+    /// Closed loop only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub clients: Option<usize>,
     /// `count / send_duration`.
     pub achieved_rate: f64,
     /// From the stage start to the last send (at least the configured duration).
     pub send_duration: f64,
-    /// How late requests were sent, e.g. waiting for `max_concurrency`.
+    /// How late requests were sent, e.g. waiting for `max_concurrency` (0 in a closed loop).
     pub schedule_delay: Summary,
 }
 
+impl LoadSummary {
+    /// The x of the charts: the requested rate, or in a closed loop the achieved rate, which
+    /// is the rate its clients offered (clients alone say nothing about load).
+    pub fn offered_rate(&self) -> f64 {
+        self.requested_rate.unwrap_or(self.achieved_rate)
+    }
+}
+
+/// The token fields are LLM-only: absent (not zero) for MCP stages.
 #[derive(Debug, Clone, Serialize)]
 pub struct Successes {
     pub count: usize,
     pub latency: Latency,
     pub throughput: Throughput,
+    #[serde(flatten)]
+    pub lengths: Option<Lengths>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Lengths {
     pub prompt_len: Summary,
     pub output_len: Summary,
 }
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Latency {
+    /// End to end: send to the end of the response (MCP: of the call, including opening a
+    /// connection and session when one is opened for it).
     pub request_latency: Summary,
+    #[serde(flatten)]
+    pub tokens: Option<TokenLatency>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct TokenLatency {
     pub normalized_time_per_output_token: Summary,
     pub time_per_output_token: Summary,
     pub time_to_first_token: Summary,
@@ -81,29 +115,43 @@ pub struct Latency {
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Throughput {
+    pub requests_per_sec: f64,
+    #[serde(flatten)]
+    pub tokens: Option<TokenThroughput>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct TokenThroughput {
     pub input_tokens_per_sec: f64,
     pub output_tokens_per_sec: f64,
     pub total_tokens_per_sec: f64,
-    pub requests_per_sec: f64,
 }
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Failures {
     pub count: usize,
     /// Failure kind → count, only kinds that occurred.
-    pub by_kind: BTreeMap<&'static str, usize>,
+    pub by_kind: BTreeMap<String, usize>,
     /// First message seen per kind, to tell *why* without a per-request log.
-    pub examples: BTreeMap<&'static str, String>,
+    pub examples: BTreeMap<String, String>,
 }
 
 impl Failures {
-    pub fn of_kind(&self, kind: FailureKind) -> usize {
-        self.by_kind.get(kind.name()).copied().unwrap_or(0)
+    pub fn of_kind(&self, kind: &str) -> usize {
+        self.by_kind.get(kind).copied().unwrap_or(0)
     }
 }
 
-/// Summarises the requests of one stage that started at `start` (seconds since the epoch).
-pub fn summarize_stage(stage: usize, rate: f64, start: f64, planned: f64, records: &[Record]) -> StageReport {
+/// Summarises the requests of one stage that started at `start` (seconds since the epoch);
+/// `tokens` says whether the token metrics apply (LLM) or are left out (MCP).
+pub fn summarize_stage(
+    stage: usize,
+    config: &StageConfig,
+    start: f64,
+    records: &[Record],
+    tokens: bool,
+) -> StageReport {
+    let planned = config.duration.as_secs_f64();
     let ok: Vec<&Trace> = records
         .iter()
         .map(|r| &r.trace)
@@ -124,45 +172,54 @@ pub fn summarize_stage(stage: usize, rate: f64, start: f64, planned: f64, record
     };
     for failure in records.iter().filter_map(|r| r.trace.failure.as_ref()) {
         failures.count += 1;
-        *failures.by_kind.entry(failure.kind.name()).or_default() += 1;
+        *failures.by_kind.entry(failure.kind.clone()).or_default() += 1;
         failures
             .examples
-            .entry(failure.kind.name())
+            .entry(failure.kind.clone())
             .or_insert_with(|| failure.message.clone());
     }
     let input: u64 = ok.iter().map(|t| t.input_tokens).sum();
     let output: u64 = ok.iter().map(|t| t.output_tokens).sum();
     let per_sec = |x: f64| x / duration;
+    let e2e = Summary::of(ok.iter().map(|t| t.finish - t.sent).collect());
     StageReport {
         stage,
         duration,
         load_summary: LoadSummary {
             count: records.len(),
-            requested_rate: rate,
+            requested_rate: config.rate,
+            clients: config.clients,
             achieved_rate: records.len() as f64 / last_send,
             send_duration: last_send,
             schedule_delay: Summary::of(records.iter().map(|r| r.trace.sent - r.scheduled).collect()),
         },
         successes: Successes {
             count: ok.len(),
-            latency: latency(&ok),
-            throughput: Throughput {
-                input_tokens_per_sec: per_sec(input as f64),
-                output_tokens_per_sec: per_sec(output as f64),
-                total_tokens_per_sec: per_sec((input + output) as f64),
-                requests_per_sec: per_sec(ok.len() as f64),
+            latency: Latency {
+                request_latency: e2e,
+                tokens: tokens.then(|| token_latency(&ok)),
             },
-            prompt_len: Summary::of(ok.iter().map(|t| t.input_tokens as f64).collect()),
-            output_len: Summary::of(ok.iter().map(|t| t.output_tokens as f64).collect()),
+            throughput: Throughput {
+                requests_per_sec: per_sec(ok.len() as f64),
+                tokens: tokens.then(|| TokenThroughput {
+                    input_tokens_per_sec: per_sec(input as f64),
+                    output_tokens_per_sec: per_sec(output as f64),
+                    total_tokens_per_sec: per_sec((input + output) as f64),
+                }),
+            },
+            lengths: tokens.then(|| Lengths {
+                prompt_len: Summary::of(ok.iter().map(|t| t.input_tokens as f64).collect()),
+                output_len: Summary::of(ok.iter().map(|t| t.output_tokens as f64).collect()),
+            }),
         },
         failures,
+        vs_baseline: None,
     }
 }
 
-fn latency(ok: &[&Trace]) -> Latency {
+fn token_latency(ok: &[&Trace]) -> TokenLatency {
     let e2e = |t: &Trace| t.finish - t.sent;
-    Latency {
-        request_latency: Summary::of(ok.iter().map(|t| e2e(t)).collect()),
+    TokenLatency {
         normalized_time_per_output_token: Summary::of(
             ok.iter()
                 .filter(|t| t.output_tokens > 0)
@@ -186,8 +243,10 @@ fn latency(ok: &[&Trace]) -> Latency {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
-    use crate::llm::client::Failure;
+    use crate::llm::client::{Failure, FailureKind};
 
     fn record(sent: f64, tokens: &[f64], finish: f64) -> Record {
         Record {
@@ -207,23 +266,27 @@ mod tests {
     #[test]
     fn stage_metrics_follow_inference_perf_definitions() {
         let mut failed = record(12.0, &[], 12.5);
-        failed.trace.failure = Some(Failure {
-            kind: FailureKind::Http5xx,
-            message: "HTTP 503".into(),
-        });
+        failed.trace.failure = Some(Failure::named("http_5xx".into(), "HTTP 503".into()));
         let records = vec![
             record(10.0, &[11.0, 12.0, 14.0], 14.0),
             record(11.0, &[12.0, 14.0], 30.0),
             failed,
         ];
-        let s = summarize_stage(0, 2.0, 10.0, 10.0, &records);
+        let stage = StageConfig {
+            rate: Some(2.0),
+            clients: None,
+            duration: Duration::from_secs(10),
+        };
+        let s = summarize_stage(0, &stage, 10.0, &records, true);
         assert_eq!(
             (s.load_summary.count, s.successes.count, s.failures.count),
             (3, 2, 1)
         );
-        assert_eq!(s.failures.of_kind(FailureKind::Http5xx), 1);
+        assert_eq!(s.failures.of_kind(FailureKind::Http5xx.name()), 1);
         assert_eq!(s.failures.examples["http_5xx"], "HTTP 503");
-        let l = &s.successes.latency;
+        let Some(l) = &s.successes.latency.tokens else {
+            panic!("LLM stages have token latencies");
+        };
         assert_eq!(l.time_to_first_token.p50, 1.0);
         assert_eq!(l.time_to_first_token.max, 1.0);
         assert_eq!(l.inter_token_latency.count, 3);
@@ -233,14 +296,26 @@ mod tests {
             (l.time_per_output_token.p50, l.time_per_output_token.max),
             (1.5, 18.0)
         );
-        assert_eq!(l.request_latency.max, 19.0);
+        assert_eq!(s.successes.latency.request_latency.max, 19.0);
         assert_eq!(l.normalized_time_per_output_token.max, 9.5);
         // The stage ran from t = 10 until the last completion at t = 30.
         assert_eq!(s.duration, 20.0);
         assert_eq!(s.successes.throughput.requests_per_sec, 0.1);
-        assert_eq!(s.successes.throughput.output_tokens_per_sec, 0.25);
-        assert_eq!(s.successes.throughput.input_tokens_per_sec, 10.0);
+        let tokens = s
+            .successes
+            .throughput
+            .tokens
+            .as_ref()
+            .map(|t| (t.output_tokens_per_sec, t.input_tokens_per_sec));
+        assert_eq!(tokens, Some((0.25, 10.0)));
         assert_eq!(s.load_summary.schedule_delay.mean, 0.25);
         assert_eq!(s.load_summary.achieved_rate, 0.3);
+        // MCP stages: the same latency and rate, and no token metrics at all.
+        let mcp = summarize_stage(0, &stage, 10.0, &records, false);
+        assert_eq!(mcp.successes.latency.request_latency.max, 19.0);
+        assert!(mcp.successes.latency.tokens.is_none() && mcp.successes.lengths.is_none());
+        let json = serde_json::to_value(&mcp.successes).expect("serializable");
+        assert!(json.get("prompt_len").is_none() && json["latency"].get("time_to_first_token").is_none());
+        assert_eq!(json["throughput"]["requests_per_sec"], 0.1);
     }
 }

@@ -156,7 +156,9 @@ async fn ttft_and_itl_come_from_chunk_timings() -> anyhow::Result<()> {
         (s.load_summary.count, s.successes.count, s.failures.count),
         (4, 4, 0)
     );
-    let l = &s.successes.latency;
+    let Some(l) = &s.successes.latency.tokens else {
+        panic!("LLM stages have token latencies");
+    };
     // TTFT ≥ the server's 150 ms (the role chunk at 0 ms must not count).
     assert!(
         (0.14..1.0).contains(&l.time_to_first_token.p50),
@@ -175,13 +177,17 @@ async fn ttft_and_itl_come_from_chunk_timings() -> anyhow::Result<()> {
         "{:?}",
         l.time_per_output_token
     );
-    assert!(l.request_latency.p50 >= 0.3 && l.request_latency.p50 < 2.0);
+    let e2e = &s.successes.latency.request_latency;
+    assert!(e2e.p50 >= 0.3 && e2e.p50 < 2.0);
     // Usage echoes the stand-in token count of our prompt text: exactly input_len.
-    assert_eq!(
-        (s.successes.prompt_len.max, s.successes.output_len.max),
-        (20.0, 5.0)
-    );
-    assert!(s.successes.throughput.output_tokens_per_sec > 0.0);
+    let lengths = s
+        .successes
+        .lengths
+        .as_ref()
+        .map(|l| (l.prompt_len.max, l.output_len.max));
+    assert_eq!(lengths, Some((20.0, 5.0)));
+    let tokens = s.successes.throughput.tokens.as_ref();
+    assert!(tokens.is_some_and(|t| t.output_tokens_per_sec > 0.0));
     Ok(())
 }
 
@@ -215,7 +221,13 @@ async fn failures_are_classified() -> anyhow::Result<()> {
     for (target, kind) in report.targets.iter().zip(expected) {
         let s = &target.stages[0];
         assert_eq!(s.load_summary.count, 2, "{}", target.name);
-        assert_eq!(s.failures.of_kind(kind), 2, "{}: {:?}", target.name, s.failures);
+        assert_eq!(
+            s.failures.of_kind(kind.name()),
+            2,
+            "{}: {:?}",
+            target.name,
+            s.failures
+        );
         assert_eq!(s.successes.count, 0);
     }
     Ok(())
@@ -254,12 +266,24 @@ async fn outputs_have_one_row_per_target_and_stage() -> anyhow::Result<()> {
     assert!(svg.contains("<svg") && svg.contains("gateway"));
     let json: Value = serde_json::from_str(&std::fs::read_to_string(dir.path().join("report.json"))?)?;
     assert_eq!(json["targets"][1]["stages"][1]["load_summary"]["count"], 4);
+    // The printed summary carries the ratios to the baseline (the first target).
+    let line = super::runner::describe("gateway", &report.targets[1].stages[0]);
+    assert!(
+        line.contains("vs base: p50 ") && line.contains(" req/s x"),
+        "{line}"
+    );
     for target in &report.targets {
         for s in &target.stages {
             assert_eq!(s.failures.count, 0, "{:?}", s.failures);
             // Non-streamed: no TTFT, but output tokens from usage and an E2E ≥ the delay.
-            assert_eq!(s.successes.latency.time_to_first_token.count, 0);
-            assert_eq!(s.successes.output_len.max, 5.0);
+            let ttft = s
+                .successes
+                .latency
+                .tokens
+                .as_ref()
+                .map(|t| t.time_to_first_token.count);
+            assert_eq!(ttft, Some(0));
+            assert_eq!(s.successes.lengths.as_ref().map(|l| l.output_len.max), Some(5.0));
             assert!(s.successes.latency.request_latency.p50 >= 0.14);
         }
     }

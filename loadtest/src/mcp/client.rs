@@ -1,4 +1,4 @@
-//! A minimal MCP client over one HTTP/1.1 connection, for the load generator: just enough of
+//! A minimal MCP client over one HTTP/1.1 connection, for the load generator (`caller`): just enough of
 //! either era to call tools, with every way of failing classified for the report.
 
 use std::fmt;
@@ -13,7 +13,7 @@ use tokio::net::TcpStream;
 
 use super::protocol::*;
 
-#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Era {
     /// `initialize` handshake and `Mcp-Session-Id` (2025-11-25).
@@ -37,8 +37,6 @@ pub enum Failure {
     /// A well-formed answer with the wrong content (e.g. a wrong sum) or `isError: true`.
     Mismatch(String),
     Timeout,
-    /// Open loop: too many calls already in flight, the arrival was dropped.
-    Overload,
 }
 
 impl Failure {
@@ -52,7 +50,6 @@ impl Failure {
             Failure::Protocol(_) => "protocol".into(),
             Failure::Mismatch(_) => "mismatch".into(),
             Failure::Timeout => "timeout".into(),
-            Failure::Overload => "overload".into(),
         }
     }
 
@@ -77,7 +74,6 @@ impl fmt::Display for Failure {
             Failure::Protocol(why) => write!(f, "protocol: {why}"),
             Failure::Mismatch(why) => write!(f, "mismatch: {why}"),
             Failure::Timeout => write!(f, "timed out"),
-            Failure::Overload => write!(f, "dropped: too many calls in flight"),
         }
     }
 }
