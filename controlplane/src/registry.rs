@@ -13,7 +13,8 @@ struct Entry {
     status: ProxyStatus,
     /// Identifies the live stream, so an old stream ending does not mark a reconnected proxy gone.
     session: u64,
-    /// Last version the proxy rejected; only an ACK of a later version makes it healthy again.
+    /// Last version the proxy rejected; only an ACK of it or a later version makes it healthy
+    /// again (a proxy may apply a version it first rejected once, e.g., a port is freed).
     nacked_version: u64,
 }
 
@@ -50,8 +51,10 @@ impl ProxyRegistry {
         }
     }
 
-    /// Records a new stream from `proxy_id` and returns its session.
-    pub fn connect(&self, proxy_id: &str, shard: &ShardSelector) -> u64 {
+    /// Records a new stream from `proxy_id` and returns its session. `last_version` is what
+    /// the proxy says it serves (from its cache, or 0 after a restart with nothing applied),
+    /// so the registry reflects the proxy rather than what an earlier stream acknowledged.
+    pub fn connect(&self, proxy_id: &str, shard: &ShardSelector, last_version: u64) -> u64 {
         let mut inner = self.lock();
         inner.sessions += 1;
         let session = inner.sessions;
@@ -72,6 +75,9 @@ impl ProxyRegistry {
             .iter()
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect::<HashMap<_, _>>();
+        entry.status.applied_version = last_version;
+        // Nothing has been sent on this stream yet.
+        entry.status.sent_version = 0;
         entry.status.connected = true;
         entry.status.last_seen_unix_ms = now_unix_ms();
         session
@@ -81,10 +87,15 @@ impl ProxyRegistry {
         self.update(proxy_id, session, |entry| entry.status.sent_version = version);
     }
 
+    /// ACKs and NACKs of versions never sent on this stream are ignored: a confused or
+    /// malicious proxy must not report a state the control plane never offered.
     pub fn ack(&self, proxy_id: &str, session: u64, version: u64) {
         self.update(proxy_id, session, |entry| {
+            if version > entry.status.sent_version {
+                return;
+            }
             entry.status.applied_version = version;
-            if version > entry.nacked_version {
+            if version >= entry.nacked_version {
                 entry.status.healthy = true;
                 entry.status.last_error.clear();
             }
@@ -93,6 +104,9 @@ impl ProxyRegistry {
 
     pub fn nack(&self, proxy_id: &str, session: u64, version: u64, reason: &str) {
         self.update(proxy_id, session, |entry| {
+            if version > entry.status.sent_version {
+                return;
+            }
             entry.nacked_version = entry.nacked_version.max(version);
             entry.status.healthy = false;
             entry.status.last_error = format!("version {version}: {reason}");
@@ -118,26 +132,44 @@ mod tests {
     use super::*;
 
     #[test]
-    fn nack_stays_unhealthy_until_a_later_ack() {
+    fn nack_stays_unhealthy_until_that_version_or_a_later_one_is_acked() {
         let registry = ProxyRegistry::default();
-        let session = registry.connect("p1", &ShardSelector::new());
+        let session = registry.connect("p1", &ShardSelector::new(), 0);
         registry.sent("p1", session, 3);
         registry.nack("p1", session, 3, "bad route");
         registry.ack("p1", session, 2);
         let status = &registry.statuses()[0];
         assert!(!status.healthy);
         assert_eq!(status.last_error, "version 3: bad route");
-        registry.ack("p1", session, 4);
+        // The proxy retried v3 and it applied this time (e.g., the port was freed).
+        registry.ack("p1", session, 3);
         let status = &registry.statuses()[0];
         assert!(status.healthy);
-        assert_eq!((status.applied_version, status.sent_version), (4, 3));
+        assert!(status.last_error.is_empty());
+        assert_eq!((status.applied_version, status.sent_version), (3, 3));
+    }
+
+    #[test]
+    fn connect_reports_the_proxy_version_and_unsent_versions_are_ignored() {
+        let registry = ProxyRegistry::default();
+        let session = registry.connect("p1", &ShardSelector::new(), 5);
+        assert_eq!(registry.statuses()[0].applied_version, 5);
+        registry.sent("p1", session, 6);
+        registry.ack("p1", session, 7);
+        registry.nack("p1", session, 7, "never sent");
+        let status = &registry.statuses()[0];
+        assert_eq!(status.applied_version, 5);
+        assert!(status.healthy);
+        // A restart with nothing applied shows 0 again.
+        registry.connect("p1", &ShardSelector::new(), 0);
+        assert_eq!(registry.statuses()[0].applied_version, 0);
     }
 
     #[test]
     fn stale_session_does_not_disconnect_a_reconnected_proxy() {
         let registry = ProxyRegistry::default();
-        let old = registry.connect("p1", &ShardSelector::new());
-        let new = registry.connect("p1", &ShardSelector::new());
+        let old = registry.connect("p1", &ShardSelector::new(), 0);
+        let new = registry.connect("p1", &ShardSelector::new(), 0);
         registry.disconnect("p1", old);
         assert!(registry.statuses()[0].connected);
         registry.disconnect("p1", new);

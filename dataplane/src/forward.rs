@@ -44,7 +44,15 @@ pub(crate) struct Forwarder {
 }
 
 impl Handler for Forwarder {
-    async fn handle(&self, peer: SocketAddr, request: Request<Incoming>) -> Response<ProxyBody> {
+    async fn handle(&self, peer: SocketAddr, mut request: Request<Incoming>) -> Response<ProxyBody> {
+        // Route on, and forward, the path the upstream will resolve: otherwise
+        // `/public/../admin` matches a `/public` route and reaches `/admin` upstream.
+        if let Err(error) = normalize_path(&mut request) {
+            return response::error(StatusCode::BAD_REQUEST, "invalid_request", error.to_string());
+        }
+        if let Some(problem) = conflicting_host(&request) {
+            return response::error(StatusCode::BAD_REQUEST, "invalid_request", problem);
+        }
         // Loaded once: the request completes on the version it started on.
         let snapshot = self.snapshots.load_full();
         let Some(table) = snapshot.routes.get(&self.listener) else {
@@ -147,12 +155,12 @@ fn upstream_request(
         // gRPC needs it and HTTP/2 allows exactly this value.
         headers.insert(TE, HeaderValue::from_static("trailers"));
     }
-    // HTTP/2 clients send the host as :authority; the upstream still gets the original one.
-    if !headers.contains_key(HOST) {
-        if let Some(authority) = original_authority {
-            if let Ok(host) = HeaderValue::from_str(authority.as_str()) {
-                headers.insert(HOST, host);
-            }
+    // The route was chosen by the URI authority when there is one (HTTP/2 :authority, an
+    // absolute-form HTTP/1 target), so the upstream must see that host, not a different
+    // Host header the client sent beside it (RFC 9112 §3.2.2, RFC 9113 §8.3.1).
+    if let Some(authority) = original_authority {
+        if let Ok(host) = HeaderValue::from_str(authority.as_str()) {
+            headers.insert(HOST, host);
         }
     }
     let peer_ip = peer.ip().to_string();
@@ -169,6 +177,67 @@ fn upstream_request(
         headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static("http"));
     }
     Ok(request)
+}
+
+/// An HTTP/2 request whose Host header names another host than its :authority is
+/// malformed (RFC 9113 §8.3.1): routing on one and forwarding the other would let a client
+/// reach a route it did not match.
+fn conflicting_host<B>(request: &Request<B>) -> Option<String> {
+    if request.version() != Version::HTTP_2 {
+        return None;
+    }
+    let authority = request.uri().authority()?;
+    let host = request.headers().get(HOST)?;
+    let same = host
+        .to_str()
+        .is_ok_and(|host| host.eq_ignore_ascii_case(authority.as_str()));
+    (!same).then(|| "the Host header differs from :authority".to_string())
+}
+
+/// Removes `.` and `..` segments (also percent-encoded, `%2e`) from the request path, as
+/// RFC 3986 §5.2.4 does; `..` never climbs above the root. Leaves other encodings alone.
+fn normalize_path<B>(request: &mut Request<B>) -> Result<(), http::Error> {
+    let is_dot = |segment: &str| segment == "." || segment.eq_ignore_ascii_case("%2e");
+    let is_dot_dot = |segment: &str| {
+        let lower = segment.to_ascii_lowercase();
+        matches!(lower.as_str(), ".." | "%2e%2e" | ".%2e" | "%2e.")
+    };
+    let path = request.uri().path();
+    // Hot path: almost no request has a segment starting with `.` or `%2e`.
+    let may_have_dots = path.contains("/.") || path.contains("/%2e") || path.contains("/%2E");
+    if !may_have_dots {
+        return Ok(());
+    }
+    let segments: Vec<&str> = path.split('/').skip(1).collect();
+    if !segments
+        .iter()
+        .any(|segment| is_dot(segment) || is_dot_dot(segment))
+    {
+        return Ok(());
+    }
+    let mut kept: Vec<&str> = Vec::with_capacity(segments.len());
+    for segment in &segments {
+        if is_dot_dot(segment) {
+            kept.pop();
+        } else if !is_dot(segment) {
+            kept.push(segment);
+        }
+    }
+    // `/a/b/..` names the directory `/a/`: keep the trailing slash a dot segment implied.
+    let trailing = segments
+        .last()
+        .is_some_and(|last| is_dot(last) || is_dot_dot(last));
+    let mut normalized = format!("/{}", kept.join("/"));
+    if trailing && !normalized.ends_with('/') {
+        normalized.push('/');
+    }
+    if let Some(query) = request.uri().query() {
+        normalized = format!("{normalized}?{query}");
+    }
+    let mut parts = request.uri().clone().into_parts();
+    parts.path_and_query = Some(normalized.parse()?);
+    *request.uri_mut() = Uri::from_parts(parts)?;
+    Ok(())
 }
 
 fn strip_hop_by_hop(headers: &mut HeaderMap) {
@@ -190,6 +259,24 @@ fn strip_hop_by_hop(headers: &mut HeaderMap) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn normalized(target: &str) -> String {
+        let mut request = Request::get(target).body(()).unwrap();
+        normalize_path(&mut request).unwrap();
+        request.uri().to_string()
+    }
+
+    #[test]
+    fn dot_segments_are_resolved_before_routing() {
+        assert_eq!(normalized("/public/../admin"), "/admin");
+        assert_eq!(normalized("/public/%2e%2E/admin?x=1"), "/admin?x=1");
+        assert_eq!(normalized("/a/./b/.%2e/c"), "/a/c");
+        assert_eq!(normalized("/../../etc"), "/etc");
+        assert_eq!(normalized("/a/b/.."), "/a/");
+        assert_eq!(normalized("/a/b"), "/a/b");
+        assert_eq!(normalized("/a..b/c%2fd"), "/a..b/c%2fd");
+        assert_eq!(normalized("http://h:1/x/../y"), "http://h:1/y");
+    }
 
     #[test]
     fn hop_by_hop_headers_and_those_named_by_connection_are_removed() {

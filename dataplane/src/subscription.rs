@@ -14,6 +14,10 @@ use tonic::transport::Endpoint;
 
 use crate::config_state::ConfigState;
 
+/// A whole config version arrives as one message; tonic's 4 MiB default would refuse a
+/// large config. Matches the control plane's limit.
+const MAX_SNAPSHOT_BYTES: usize = 64 * 1024 * 1024;
+
 const FIRST_RETRY: Duration = Duration::from_millis(100);
 const MAX_RETRY: Duration = Duration::from_secs(5);
 
@@ -62,7 +66,7 @@ impl Subscriber {
             .keep_alive_while_idle(true)
             .connect()
             .await?;
-        let mut client = ConfigStreamClient::new(channel);
+        let mut client = ConfigStreamClient::new(channel).max_decoding_message_size(MAX_SNAPSHOT_BYTES);
         let (outbound, outbound_stream) = mpsc::channel(8);
         let hello = Hello {
             proxy_id: self.proxy_id.clone(),

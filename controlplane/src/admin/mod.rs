@@ -1,7 +1,7 @@
 //! The Admin gRPC service. Writes go through Raft on the leader; reads are served from
 //! this node's state machine.
 
-mod wire;
+pub(crate) mod wire;
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -22,6 +22,21 @@ use crate::view::ConfigView;
 
 /// How long AddNode waits for a new node to catch up before giving up on it.
 const LEARNER_CATCH_UP: Duration = Duration::from_secs(10);
+
+/// How long a write may take to commit. A leader that lost its quorum keeps accepting
+/// writes that never commit; without a deadline the client would wait forever.
+const COMMIT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Runs a Raft write, giving up with DEADLINE_EXCEEDED after [`COMMIT_TIMEOUT`]. The write
+/// may still commit later, once a quorum is back.
+async fn with_commit_deadline<T>(write: impl std::future::Future<Output = T>) -> Result<T, Status> {
+    tokio::time::timeout(COMMIT_TIMEOUT, write).await.map_err(|_| {
+        Status::deadline_exceeded(format!(
+            "no quorum: the write did not commit within {}s",
+            COMMIT_TIMEOUT.as_secs()
+        ))
+    })
+}
 
 pub struct AdminService {
     raft: Raft,
@@ -45,10 +60,8 @@ impl AdminService {
     }
 
     async fn write(&self, command: Command) -> Result<Response<ApplyResponse>, Status> {
-        let response = self
-            .raft
-            .client_write(command)
-            .await
+        let response = with_commit_deadline(self.raft.client_write(command))
+            .await?
             .map_err(|error| wire::write_error(error, |leader| self.leader_address(leader)))?;
         response
             .data
@@ -171,11 +184,13 @@ impl Admin for AdminService {
             return Ok(Response::new(self.status()));
         }
         let leader_address = |leader| self.leader_address(leader);
-        let added = self
-            .raft
-            .add_learner(node_id, BasicNode::new(address.clone()), false)
-            .await
-            .map_err(|error| wire::write_error(error, leader_address))?;
+        let added = with_commit_deadline(self.raft.add_learner(
+            node_id,
+            BasicNode::new(address.clone()),
+            false,
+        ))
+        .await?
+        .map_err(|error| wire::write_error(error, leader_address))?;
         // Promoting a node that cannot be reached would make it part of every quorum and
         // stall all writes, so it becomes a voter only once it has caught up.
         let target = added.log_id.index;
@@ -189,17 +204,23 @@ impl Admin for AdminService {
         });
         if !matches!(tokio::time::timeout(LEARNER_CATCH_UP, caught_up).await, Ok(Ok(_))) {
             let removal = ChangeMembers::RemoveNodes(BTreeSet::from([node_id]));
-            if let Err(error) = self.raft.change_membership(removal, false).await {
-                tracing::warn!(node_id, %error, "could not remove the learner that failed to catch up");
+            match with_commit_deadline(self.raft.change_membership(removal, false)).await {
+                Ok(Ok(_)) => {}
+                Ok(Err(error)) => {
+                    tracing::warn!(node_id, %error, "could not remove the learner that failed to catch up")
+                }
+                Err(status) => {
+                    tracing::warn!(node_id, error = %status.message(), "could not remove the learner that failed to catch up")
+                }
             }
             return Err(Status::unavailable(format!(
                 "node {node_id} at {address} did not catch up within {}s; it was not added",
                 LEARNER_CATCH_UP.as_secs()
             )));
         }
-        self.raft
-            .change_membership(ChangeMembers::AddVoterIds(BTreeSet::from([node_id])), false)
-            .await
+        let promote = ChangeMembers::AddVoterIds(BTreeSet::from([node_id]));
+        with_commit_deadline(self.raft.change_membership(promote, false))
+            .await?
             .map_err(|error| wire::write_error(error, leader_address))?;
         Ok(Response::new(self.status()))
     }

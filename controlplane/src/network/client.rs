@@ -1,7 +1,8 @@
 use std::time::Duration;
 
 use openraft::error::{
-    Infallible, InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable,
+    Infallible, InstallSnapshotError, NetworkError, PayloadTooLarge, RPCError, RaftError, RemoteError,
+    Unreachable,
 };
 use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
 use openraft::raft::{
@@ -15,6 +16,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tonic::transport::{Channel, Endpoint};
 
+use crate::node::MAX_MESSAGE_SIZE;
 use crate::types::{NodeId, TypeConfig};
 
 /// Creates one lazily connected client per target node.
@@ -30,7 +32,11 @@ impl RaftNetworkFactory<TypeConfig> for NetworkFactory {
             .map_err(|error| format!("invalid address {:?} of node {target}: {error}", node.addr));
         PeerClient {
             target,
-            client: channel.map(RaftClient::new),
+            client: channel.map(|channel| {
+                RaftClient::new(channel)
+                    .max_decoding_message_size(MAX_MESSAGE_SIZE)
+                    .max_encoding_message_size(MAX_MESSAGE_SIZE)
+            }),
         }
     }
 }
@@ -51,7 +57,15 @@ enum Rpc {
 }
 
 impl PeerClient {
-    async fn call<Req, Resp, E>(&mut self, rpc: Rpc, request: &Req) -> RpcResult<Resp, E>
+    /// `entries_hint` is how many entries to retry with if the request turns out too large;
+    /// `None` where openraft cannot shrink the request (Vote, InstallSnapshot, or a single
+    /// entry), as a payload-too-large error there would be retried at once and forever.
+    async fn call<Req, Resp, E>(
+        &mut self,
+        rpc: Rpc,
+        request: &Req,
+        entries_hint: Option<u64>,
+    ) -> RpcResult<Resp, E>
     where
         Req: Serialize,
         Resp: DeserializeOwned,
@@ -68,10 +82,15 @@ impl PeerClient {
             Rpc::InstallSnapshot => client.install_snapshot(payload).await,
             Rpc::Vote => client.vote(payload).await,
         };
-        let response = response.map_err(|status| match status.code() {
+        let response = response.map_err(|status| match (status.code(), entries_hint) {
             // Connection refused, reset or not yet established: back off before retrying.
-            tonic::Code::Unavailable | tonic::Code::DeadlineExceeded => {
+            (tonic::Code::Unavailable | tonic::Code::DeadlineExceeded, _) => {
                 RPCError::Unreachable(Unreachable::new(&status))
+            }
+            // tonic refuses an over-limit message with one of these; openraft then resends
+            // the entries in smaller requests instead of the same payload again.
+            (tonic::Code::OutOfRange | tonic::Code::ResourceExhausted, Some(hint)) => {
+                RPCError::PayloadTooLarge(PayloadTooLarge::new_entries_hint(hint).with_source_error(&status))
             }
             _ => RPCError::Network(NetworkError::new(&status)),
         })?;
@@ -92,7 +111,10 @@ impl RaftNetwork<TypeConfig> for PeerClient {
         rpc: AppendEntriesRequest<TypeConfig>,
         _option: RPCOption,
     ) -> RpcResult<AppendEntriesResponse<NodeId>, Infallible> {
-        self.call(Rpc::AppendEntries, &rpc).await
+        // Halving converges on a size that fits; one entry cannot be split further.
+        let entries = u64::try_from(rpc.entries.len()).unwrap_or(u64::MAX);
+        let entries_hint = (entries > 1).then_some(entries / 2);
+        self.call(Rpc::AppendEntries, &rpc, entries_hint).await
     }
 
     async fn install_snapshot(
@@ -100,7 +122,7 @@ impl RaftNetwork<TypeConfig> for PeerClient {
         rpc: InstallSnapshotRequest<TypeConfig>,
         _option: RPCOption,
     ) -> RpcResult<InstallSnapshotResponse<NodeId>, InstallSnapshotError> {
-        self.call(Rpc::InstallSnapshot, &rpc).await
+        self.call(Rpc::InstallSnapshot, &rpc, None).await
     }
 
     async fn vote(
@@ -108,6 +130,6 @@ impl RaftNetwork<TypeConfig> for PeerClient {
         rpc: VoteRequest<NodeId>,
         _option: RPCOption,
     ) -> RpcResult<VoteResponse<NodeId>, Infallible> {
-        self.call(Rpc::Vote, &rpc).await
+        self.call(Rpc::Vote, &rpc, None).await
     }
 }

@@ -28,6 +28,14 @@ use crate::types::Raft;
 /// How long shutdown waits for in-flight requests before dropping connections.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
+/// Largest gRPC message accepted or sent, well above tonic's 4 MiB default: Raft messages
+/// carry JSON, where a snapshot chunk of [`SNAPSHOT_CHUNK`] bytes (a JSON number array)
+/// grows to several times its size, and an over-limit message could never be delivered.
+pub(crate) const MAX_MESSAGE_SIZE: usize = 64 * 1024 * 1024;
+
+/// Snapshot bytes per InstallSnapshot request; see [`MAX_MESSAGE_SIZE`].
+const SNAPSHOT_CHUNK: u64 = 1024 * 1024;
+
 #[derive(Debug, Clone)]
 pub struct ControlPlaneConfig {
     pub node_id: u64,
@@ -58,6 +66,7 @@ fn raft_config() -> anyhow::Result<Arc<openraft::Config>> {
         snapshot_policy: SnapshotPolicy::LogsSinceLast(1000),
         // Keeping few logs beyond the snapshot keeps compaction honest (and exercised).
         max_in_snapshot_log_to_keep: 100,
+        snapshot_max_chunk_size: SNAPSHOT_CHUNK,
         ..Default::default()
     };
     Ok(Arc::new(config.validate().context("invalid Raft config")?))
@@ -96,21 +105,25 @@ impl ControlPlane {
         let registry = ProxyRegistry::default();
         let (reporter, health_service) = tonic_health::server::health_reporter();
         reporter.set_service_status("", ServingStatus::NotServing).await;
-        let health = tokio::spawn(report_health_once_led(raft.clone(), reporter));
+        let health = tokio::spawn(report_health(raft.clone(), reporter));
 
         let server = tonic::transport::Server::builder()
             .add_service(health_service)
-            .add_service(AdminServer::new(AdminService::new(
-                raft.clone(),
-                view.clone(),
-                registry.clone(),
-            )))
-            .add_service(ConfigStreamServer::new(ConfigStreamService::new(
-                view,
-                registry,
-                shutdown_rx.clone(),
-            )))
-            .add_service(RaftServer::new(RaftService::new(raft.clone())))
+            .add_service(
+                AdminServer::new(AdminService::new(raft.clone(), view.clone(), registry.clone()))
+                    .max_decoding_message_size(MAX_MESSAGE_SIZE)
+                    .max_encoding_message_size(MAX_MESSAGE_SIZE),
+            )
+            .add_service(
+                ConfigStreamServer::new(ConfigStreamService::new(view, registry, shutdown_rx.clone()))
+                    .max_decoding_message_size(MAX_MESSAGE_SIZE)
+                    .max_encoding_message_size(MAX_MESSAGE_SIZE),
+            )
+            .add_service(
+                RaftServer::new(RaftService::new(raft.clone()))
+                    .max_decoding_message_size(MAX_MESSAGE_SIZE)
+                    .max_encoding_message_size(MAX_MESSAGE_SIZE),
+            )
             .serve_with_incoming_shutdown(TcpListenerStream::new(listener), wait_for_shutdown(shutdown_rx));
         let server = tokio::spawn(server);
         tracing::info!(node_id = config.node_id, %local_addr, "control plane serving");
@@ -154,14 +167,28 @@ async fn wait_for_shutdown(mut shutdown: watch::Receiver<bool>) {
     let _ = shutdown.wait_for(|stop| *stop).await;
 }
 
-/// Health turns SERVING once a leader exists, i.e. once writes can succeed.
-async fn report_health_once_led(raft: Raft, reporter: tonic_health::server::HealthReporter) {
+/// Health is SERVING while a leader is known, i.e. while writes can succeed, and follows
+/// leadership as it is lost and regained.
+async fn report_health(raft: Raft, reporter: tonic_health::server::HealthReporter) {
     let mut metrics = raft.metrics();
-    if metrics.wait_for(|m| m.current_leader.is_some()).await.is_err() {
-        return;
+    let mut led = None;
+    loop {
+        let now_led = metrics.borrow_and_update().current_leader.is_some();
+        if led != Some(now_led) {
+            led = Some(now_led);
+            if now_led {
+                reporter.set_service_status("", ServingStatus::Serving).await;
+                reporter.set_serving::<AdminServer<AdminService>>().await;
+            } else {
+                reporter.set_service_status("", ServingStatus::NotServing).await;
+                reporter.set_not_serving::<AdminServer<AdminService>>().await;
+            }
+        }
+        // An error means Raft stopped; the node is shutting down.
+        if metrics.changed().await.is_err() {
+            return;
+        }
     }
-    reporter.set_service_status("", ServingStatus::Serving).await;
-    reporter.set_serving::<AdminServer<AdminService>>().await;
 }
 
 #[cfg(test)]

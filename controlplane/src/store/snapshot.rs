@@ -29,14 +29,22 @@ impl SnapshotPayload {
     }
 }
 
-pub(super) fn read_current(tree: &sled::Tree) -> Result<Option<Snapshot<TypeConfig>>, StorageError> {
+/// Reads meta and data under `lock`, the lock every snapshot write holds: the two keys
+/// are separate reads, and a write landing between them would pair one snapshot's meta
+/// with another's data.
+pub(super) fn read_current(
+    tree: &sled::Tree,
+    lock: &Mutex<()>,
+) -> Result<Option<Snapshot<TypeConfig>>, StorageError> {
     let read = |e: &dyn std::error::Error| StorageIOError::<NodeId>::read_snapshot(None, AnyError::error(e));
+    let guard = lock.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
     let (Some(meta), Some(data)) = (
         tree.get(META).map_err(|e| read(&e))?,
         tree.get(DATA).map_err(|e| read(&e))?,
     ) else {
         return Ok(None);
     };
+    drop(guard);
     let meta: SnapshotMeta = serde_json::from_slice(&meta).map_err(|e| read(&e))?;
     Ok(Some(Snapshot {
         meta,
@@ -71,7 +79,7 @@ pub(super) fn stage(
 pub struct SnapshotBuilder {
     pub(super) tree: sled::Tree,
     pub(super) state: AppliedState,
-    /// Serializes snapshot writes with installs (see [`stage`]).
+    /// Serializes snapshot writes with installs (see [`stage`]) and with [`read_current`].
     pub(super) lock: Arc<Mutex<()>>,
 }
 

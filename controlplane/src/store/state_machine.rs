@@ -222,6 +222,6 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
     }
 
     async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot<TypeConfig>>, StorageError> {
-        snapshot::read_current(&self.tree)
+        snapshot::read_current(&self.tree, &self.snapshot_lock)
     }
 }

@@ -1,16 +1,23 @@
 //! ConfigStream: every proxy gets its slice of the config, one complete version per
 //! message, and answers each with an ACK or NACK that lands in the [`ProxyRegistry`].
 
+use std::time::Duration;
+
 use portcullis_config::ShardSelector;
 use portcullis_proto::v1::config_stream_server::ConfigStream;
 use portcullis_proto::v1::proxy_message::Message;
-use portcullis_proto::v1::{ConfigSnapshot, Hello, Object, ProxyMessage};
+use portcullis_proto::v1::{ConfigSnapshot, Hello, ProxyMessage};
 use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
+use crate::admin::wire::to_wire;
 use crate::registry::ProxyRegistry;
 use crate::view::ConfigView;
+
+/// How long a new stream may take to send its Hello; a client that never does would
+/// otherwise hold a task and a connection forever.
+const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 
 pub struct ConfigStreamService {
     view: watch::Receiver<ConfigView>,
@@ -36,16 +43,7 @@ impl ConfigStreamService {
 fn snapshot(view: &ConfigView, shard: &ShardSelector) -> ConfigSnapshot {
     ConfigSnapshot {
         version: view.version,
-        objects: view
-            .config
-            .slice(shard)
-            .objects()
-            .map(|object| Object {
-                kind: object.kind().to_string(),
-                name: object.name().to_string(),
-                json: object.to_json_bytes(),
-            })
-            .collect(),
+        objects: view.config.slice(shard).objects().map(to_wire).collect(),
     }
 }
 
@@ -81,39 +79,46 @@ struct Session {
 }
 
 impl Session {
+    /// Ends the stream with `status`. `try_send`, because the proxy may have stopped
+    /// reading and a full channel must not keep this task alive; if the status cannot be
+    /// queued, dropping the sender still ends the stream.
+    fn fail(&self, status: Status) {
+        let _ = self.outbound.try_send(Err(status));
+    }
+
     async fn run(mut self) {
-        let hello = match self.inbound.message().await {
-            Ok(Some(ProxyMessage {
+        let first = tokio::select! {
+            first = tokio::time::timeout(HELLO_TIMEOUT, self.inbound.message()) => first,
+            _ = self.shutdown.changed() => return,
+        };
+        let hello = match first {
+            Ok(Ok(Some(ProxyMessage {
                 message: Some(Message::Hello(hello)),
-            })) => hello,
-            Ok(Some(_)) => {
-                let status = Status::invalid_argument("the first message must be a Hello");
-                // The proxy may already be gone; there is nobody else to tell.
-                let _ = self.outbound.send(Err(status)).await;
-                return;
+            }))) => hello,
+            Ok(Ok(Some(_))) => {
+                return self.fail(Status::invalid_argument("the first message must be a Hello"))
             }
-            Ok(None) => {
-                let status = Status::invalid_argument("the stream ended before a Hello");
-                let _ = self.outbound.send(Err(status)).await;
-                return;
-            }
+            Ok(Ok(None)) => return self.fail(Status::invalid_argument("the stream ended before a Hello")),
             // Undecodable or truncated input: tell the client why instead of ending with OK.
-            Err(status) => {
-                let _ = self.outbound.send(Err(status)).await;
-                return;
+            Ok(Err(status)) => return self.fail(status),
+            Err(_) => {
+                return self.fail(Status::deadline_exceeded(format!(
+                    "no Hello within {}s",
+                    HELLO_TIMEOUT.as_secs()
+                )))
             }
         };
         if hello.proxy_id.is_empty() {
-            let _ = self
-                .outbound
-                .send(Err(Status::invalid_argument("Hello.proxy_id is empty")))
-                .await;
-            return;
+            return self.fail(Status::invalid_argument("Hello.proxy_id is empty"));
         }
-        let Hello { proxy_id, shard, .. } = hello;
+        let Hello {
+            proxy_id,
+            shard,
+            last_version,
+        } = hello;
         let shard: ShardSelector = shard.into_iter().collect();
-        let session = self.registry.connect(&proxy_id, &shard);
-        tracing::info!(%proxy_id, ?shard, "proxy subscribed");
+        let session = self.registry.connect(&proxy_id, &shard, last_version);
+        tracing::info!(%proxy_id, ?shard, last_version, "proxy subscribed");
         self.serve(&proxy_id, &shard, session).await;
         self.registry.disconnect(&proxy_id, session);
         tracing::info!(%proxy_id, "proxy stream ended");
@@ -151,15 +156,9 @@ impl Session {
                         tracing::warn!(%proxy_id, version = nack.version, reason = %nack.reason, "proxy rejected config");
                         self.registry.nack(proxy_id, session, nack.version, &nack.reason);
                     }
-                    Ok(Some(_)) => {
-                        let _ = self.outbound.send(Err(Status::invalid_argument("expected Ack or Nack after Hello"))).await;
-                        return;
-                    }
+                    Ok(Some(_)) => return self.fail(Status::invalid_argument("expected Ack or Nack after Hello")),
                     Ok(None) => return,
-                    Err(status) => {
-                        let _ = self.outbound.send(Err(status)).await;
-                        return;
-                    }
+                    Err(status) => return self.fail(status),
                 },
                 _ = self.shutdown.changed() => return,
             }

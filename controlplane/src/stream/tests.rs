@@ -147,6 +147,17 @@ async fn nothing_is_sent_before_the_first_version() {
         .await
         .unwrap();
     assert_eq!(next(&mut stream).await.version, 1);
-    // Shutdown ends open streams instead of waiting for proxies to hang up.
-    node.shutdown().await.unwrap();
+
+    // Shutdown ends open streams instead of waiting for proxies to hang up. `shutdown`
+    // succeeds either way (it drops connections after its grace period), so the test
+    // watches the stream: it must end well before that grace period.
+    let shutdown = tokio::spawn(node.shutdown());
+    let ended = tokio::time::timeout(Duration::from_secs(2), stream.message()).await;
+    assert!(
+        matches!(ended, Ok(Ok(None))),
+        "the stream did not end cleanly within 2 s of shutdown: {ended:?}"
+    );
+    shutdown.await.unwrap().unwrap();
+    // Held until here so that the proxy side never hangs up first.
+    drop(tx);
 }

@@ -57,8 +57,16 @@ async fn proxies_http1_and_http2_clients_to_http1_and_http2_upstreams() {
 
     for (client, client_name) in [(http1_client(), "h1"), (http2_client(), "h2")] {
         for (path, upstream_version) in [("/h1/chat?x=1", "HTTP/1.1"), ("/h2/chat?x=1", "HTTP/2.0")] {
-            let request = Request::post(format!("http://127.0.0.1:{port}{path}"))
-                .header("host", "api.example.com")
+            // HTTP/1 carries the host in Host; HTTP/2 in :authority, which comes from the URI.
+            let expected_host = match client_name {
+                "h1" => "api.example.com".to_string(),
+                _ => format!("127.0.0.1:{port}"),
+            };
+            let mut request = Request::post(format!("http://127.0.0.1:{port}{path}"));
+            if client_name == "h1" {
+                request = request.header("host", "api.example.com");
+            }
+            let request = request
                 .header("connection", "x-drop-me")
                 .header("x-drop-me", "1")
                 .header("x-forwarded-for", "10.1.1.1")
@@ -79,11 +87,45 @@ async fn proxies_http1_and_http2_clients_to_http1_and_http2_upstreams() {
             assert!(body.contains("xfp=http"), "{body}");
             assert!(body.contains("connection-named=-"), "{body}");
             assert!(
-                body.contains("host=api.example.com\n"),
+                body.contains(&format!("host={expected_host}\n")),
                 "{client_name} {path}: {body}"
             );
         }
     }
+    proxy.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn the_upstream_sees_the_host_the_route_was_chosen_by() {
+    let upstream = echo_upstream().await;
+    let port = free_port();
+    let proxy = start_proxy(None, Duration::from_secs(1)).await;
+    proxy
+        .state
+        .apply(1, simple_config(port, upstream, "hostnames: [public.example]"))
+        .await
+        .unwrap();
+
+    // HTTP/1 absolute form: the target's host wins over the Host header (RFC 9112 §3.2.2).
+    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+    let head = "GET http://public.example/x HTTP/1.1\r\nHost: admin.internal\r\nConnection: close\r\n\r\n";
+    tokio::io::AsyncWriteExt::write_all(&mut stream, head.as_bytes())
+        .await
+        .unwrap();
+    let mut answer = String::new();
+    tokio::io::AsyncReadExt::read_to_string(&mut stream, &mut answer)
+        .await
+        .unwrap();
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(answer.contains("host=public.example\n"), "{answer}");
+
+    // HTTP/2 with a Host header naming another host than :authority is malformed.
+    let request = Request::get(format!("http://127.0.0.1:{port}/x"))
+        .header("host", "admin.internal")
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let response = http2_client().request(request).await.unwrap();
+    assert_eq!(response.status(), 400);
     proxy.shutdown().await.unwrap();
 }
 

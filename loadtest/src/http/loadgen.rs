@@ -8,6 +8,9 @@ use http_body_util::{BodyExt, Empty};
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 
+/// How long past the end of a run an unanswered request is waited for (then counted as an error).
+const ANSWER_GRACE: Duration = Duration::from_secs(5);
+
 /// Results of one closed-loop run against one target.
 #[derive(Debug, Clone)]
 pub struct Measurement {
@@ -112,13 +115,18 @@ async fn one_connection(
                 .body(Empty::<Bytes>::new())
                 .context("building request")?;
             let sent = Instant::now();
-            let outcome = match sender.send_request(request).await {
-                Ok(response) => {
-                    let success = response.status().is_success();
-                    response.into_body().collect().await.is_ok() && success
+            let exchange = async {
+                match sender.send_request(request).await {
+                    Ok(response) => {
+                        let success = response.status().is_success();
+                        response.into_body().collect().await.is_ok() && success
+                    }
+                    Err(_) => false,
                 }
-                Err(_) => false,
             };
+            // A target that accepts but never answers must not hang the run past its end.
+            let give_up = tokio::time::Instant::from_std(deadline + ANSWER_GRACE);
+            let outcome = tokio::time::timeout_at(give_up, exchange).await.unwrap_or(false);
             if outcome {
                 measurement.ok += 1;
                 let micros = u64::try_from(sent.elapsed().as_micros())

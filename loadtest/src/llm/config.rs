@@ -7,6 +7,7 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
+use crate::sim::workload::check_stage;
 use anyhow::{anyhow, bail, ensure};
 use serde::de::Error as _;
 use serde::{Deserialize, Deserializer, Serialize};
@@ -290,18 +291,13 @@ impl LoadConfig {
                     s.clients.is_none(),
                     "load.stages[{i}].clients: only for load type closed_loop"
                 );
-                let Some(rate) = s.rate else {
-                    bail!("load.stages[{i}].rate: required for open-loop load types");
-                };
                 ensure!(
-                    rate.is_finite() && rate >= 0.0,
-                    "load.stages[{i}].rate: must be finite and >= 0, got {rate}"
+                    s.rate.is_some(),
+                    "load.stages[{i}].rate: required for open-loop load types"
                 );
             }
-            ensure!(
-                !s.duration.is_zero(),
-                "load.stages[{i}].duration: must be positive"
-            );
+            check_stage(s.rate.unwrap_or(0.0), s.duration.as_secs_f64())
+                .map_err(|(field, problem)| anyhow!("load.stages[{i}].{field}: {problem}"))?;
         }
         ensure!(
             self.max_concurrency != Some(0),

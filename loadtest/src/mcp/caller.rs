@@ -75,7 +75,9 @@ impl McpCaller {
     }
 
     /// Leaves a still-usable connection in `connection` for the pool; with `per_call` the
-    /// connection is opened and closed around the call, and a failed DELETE fails the call.
+    /// connection is opened and closed around the call. After a successful call a failed
+    /// DELETE fails it; after a failed call the session is still closed (best effort), so a
+    /// failure-heavy run does not pile up sessions on the target.
     async fn attempt(&self, connection: &mut Option<Connection>, sequence: u64) -> Result<(), Failure> {
         let mut current = match connection.take() {
             Some(current) => current,
@@ -84,8 +86,9 @@ impl McpCaller {
         let outcome = call(self.api.tool(), &mut current, sequence).await;
         match &outcome {
             _ if self.api.connection == ConnectionMode::PerCall => {
+                let closed = current.close().await;
                 if outcome.is_ok() {
-                    current.close().await?;
+                    closed?;
                 }
             }
             Err(failure) if failure.breaks_connection() => {}

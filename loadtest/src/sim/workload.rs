@@ -16,6 +16,35 @@ use super::request::Prompt;
 use super::tokenizer::VOCAB_SIZE;
 
 /// What the prompts look like (inference-perf `data`).
+/// Longest stage a load may have: beyond it a duration is a typo, and `Instant` arithmetic
+/// on it could overflow.
+pub const MAX_STAGE_SECONDS: f64 = 7.0 * 24.0 * 3600.0;
+/// Most arrivals one stage may plan: arrivals are generated up front, so a typo such as a
+/// rate of 1e9 must be refused rather than allocate billions of them.
+pub const MAX_REQUESTS_PER_STAGE: f64 = 10_000_000.0;
+
+/// The one check of an open-loop stage (rate 0 for closed-loop ones), shared by the
+/// virtual-time simulator and the load generator: the failing field and why.
+pub fn check_stage(rate: f64, duration_s: f64) -> Result<(), (&'static str, String)> {
+    if !(rate.is_finite() && rate >= 0.0) {
+        return Err(("rate", format!("must be finite and >= 0, got {rate}")));
+    }
+    if !(duration_s.is_finite() && duration_s > 0.0 && duration_s <= MAX_STAGE_SECONDS) {
+        return Err((
+            "duration",
+            format!("must be positive and at most 7 days, got {duration_s}s"),
+        ));
+    }
+    if rate * duration_s > MAX_REQUESTS_PER_STAGE {
+        let planned = rate * duration_s;
+        return Err((
+            "rate",
+            format!("rate x duration plans {planned:.0} requests, more than the {MAX_REQUESTS_PER_STAGE:.0} one stage may hold"),
+        ));
+    }
+    Ok(())
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
 pub enum WorkloadSpec {
@@ -91,14 +120,8 @@ impl LoadSpec {
     fn validate(&self) -> anyhow::Result<()> {
         ensure!(!self.stages.is_empty(), "load.stages is empty");
         for (i, s) in self.stages.iter().enumerate() {
-            ensure!(
-                s.rate.is_finite() && s.rate >= 0.0,
-                "stage {i}: rate must be finite and >= 0"
-            );
-            ensure!(
-                s.duration_s.is_finite() && s.duration_s > 0.0,
-                "stage {i}: duration_s must be positive"
-            );
+            check_stage(s.rate, s.duration_s)
+                .map_err(|(field, problem)| anyhow::anyhow!("stage {i}: {field}: {problem}"))?;
         }
         ensure!(
             self.max_in_flight != Some(0),

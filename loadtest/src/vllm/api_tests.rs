@@ -1,7 +1,5 @@
 //! OpenAI-surface tests over real HTTP: streaming, usage, prefix caching, bad input.
 
-use std::time::{Duration, Instant};
-
 use http::{Method, StatusCode};
 use serde_json::{json, Value};
 
@@ -105,37 +103,32 @@ async fn completion_reports_exact_usage_and_streams_without_usage_by_default() {
 }
 
 /// Wall time from sending `prompt` to its first streamed token.
-async fn ttft(addr: std::net::SocketAddr, prompt: &str) -> (Duration, u64) {
+/// Streams one completion and returns the prompt tokens it reported as cached.
+async fn cached_tokens(addr: std::net::SocketAddr, prompt: &str) -> u64 {
     let request = json!({ "model": MODEL, "prompt": prompt, "max_tokens": 2, "stream": true,
                           "stream_options": { "include_usage": true } });
-    let sent = Instant::now();
     let mut sse = Sse::open(addr, "/v1/completions", &request).await;
-    sse.next().await.unwrap();
-    let ttft = sent.elapsed();
     let mut usage = Value::Null;
     while let Some(data) = sse.next().await {
         if let Ok(chunk) = serde_json::from_str::<Value>(&data) {
             usage = chunk["usage"].clone();
         }
     }
-    let cached = usage["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap();
-    (ttft, cached)
+    usage["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap()
 }
 
 #[tokio::test]
-async fn shared_prefix_is_served_from_cache_with_lower_ttft() {
-    // A 3000-token prefill is priced ≈ 0.24 s; at 4× that is ≈ 60 ms of wall time, against a
-    // few ms when only the tail needs computing.
+async fn shared_prefix_is_served_from_cache() {
+    // That a cache hit also cuts prefill time is shown in virtual time (sim engine tests):
+    // comparing two wall-clock TTFTs here would flake on a loaded machine.
     let fleet = fleet(1, 4.0).await;
     let addr = fleet.addrs()[0];
     let shared: Vec<String> = (0..3000).map(|i| format!("t{}", i % 997)).collect();
     let shared = shared.join(" ");
-    let (cold, cached) = ttft(addr, &format!("{shared} first question")).await;
-    assert_eq!(cached, 0);
-    let (warm, cached) = ttft(addr, &format!("{shared} another one")).await;
+    assert_eq!(cached_tokens(addr, &format!("{shared} first question")).await, 0);
+    let cached = cached_tokens(addr, &format!("{shared} another one")).await;
     assert!(cached > 0 && cached % 16 == 0 && cached <= 3000, "{cached}");
     assert!(cached >= 2976, "the whole shared prefix is reused: {cached}");
-    assert!(warm < cold, "warm {warm:?} vs cold {cold:?}");
     let m = metrics(addr).await;
     assert_eq!(m.get("vllm:prefix_cache_hits_total"), cached as f64);
     fleet.shutdown().await;

@@ -47,11 +47,10 @@ async fn metrics_parse_and_match_the_engine_after_requests() {
     let key =
         format!("vllm:inter_token_latency_seconds_bucket{{model_name=\"{MODEL}\",engine=\"0\",le=\"+Inf\"}}");
     assert_eq!(m.0[&key], 18.0);
-    // Simulated ITL: a lone decode step is priced ≈ 13 ms however fast the wall clock runs
-    // (≈ 0.65 ms here at time scale 20). Only a lower bound: a loaded machine slows the wall
-    // clock, and with it the scaled figure, by any amount.
+    // Simulated ITL: a decode step of a few sequences is priced ≈ 13 ms by the profile,
+    // however fast (time scale 20) or late (a loaded machine) the wall clock runs.
     let mean_itl = m.get("vllm:inter_token_latency_seconds_sum") / 18.0;
-    assert!(mean_itl >= 0.010, "{mean_itl}");
+    assert!((0.010..0.020).contains(&mean_itl), "{mean_itl}");
     let lora = m.labels("vllm:lora_requests_info");
     assert_eq!(
         lora,

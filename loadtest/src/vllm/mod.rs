@@ -17,11 +17,11 @@
 //! profile prices it at `d` simulated seconds: `F = 10` runs ten times faster than the modelled
 //! GPUs. Everything a client measures (TTFT, ITL, throughput) is therefore in wall time, i.e.
 //! simulated time ÷ F; to replay a scenario specified at `R` req/s in real time, send `F × R`
-//! req/s. The latency histograms on `/metrics` report simulated seconds (wall × F) so that they
-//! read like a real vLLM's. Idle time between requests is not scaled. Because they are wall
-//! time × F, host overhead (HTTP, a busy CPU) is magnified by F too: pick F so that the
-//! reported ITL of a lone request stays near the profile's step time (≈ 13 ms for the
-//! built-in profile); on a shared 2-core debug build F = 10 keeps up, F = 1000 does not.
+//! req/s. The latency histograms on `/metrics` report simulated seconds, measured on the
+//! pod's own clock (the engine's step durations added up), so they read like a real vLLM's
+//! at any time scale. Idle time between requests is not scaled. What clients measure in wall
+//! time includes host overhead, which a large F makes large relative to the scaled steps:
+//! on a shared 2-core debug build F = 10 keeps up, F = 1000 does not.
 
 mod fleet;
 mod metrics;

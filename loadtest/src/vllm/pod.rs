@@ -70,13 +70,38 @@ struct Core {
     adapters: BTreeMap<String, String>,
     ttft: Histogram,
     itl: Histogram,
+    clock: SimClock,
 }
 
 struct Inflight {
     tokens: mpsc::UnboundedSender<Event>,
     adapter: Option<String>,
-    arrived: Instant,
-    last_token: Option<Instant>,
+    /// Simulated seconds, on the pod's [`SimClock`].
+    arrived: f64,
+    last_token: Option<f64>,
+}
+
+/// The pod's simulated time: the engine's own step durations, added up. TTFT and ITL are
+/// measured on it, so `/metrics` reads like a real vLLM's whatever the time scale and however
+/// late a loaded machine wakes the stepping task (wall time × scale would magnify both).
+#[derive(Default)]
+struct SimClock {
+    /// Simulated time when the engine last went idle or finished a step.
+    settled: f64,
+    /// The step in flight: when it started in wall time, and its simulated duration.
+    step: Option<(Instant, f64)>,
+}
+
+impl SimClock {
+    /// Simulated now: inside a step, interpolated from the wall clock but never past its end.
+    fn now(&self, scale: f64) -> f64 {
+        match self.step {
+            Some((started, duration)) => {
+                self.settled + (started.elapsed().as_secs_f64() * scale).min(duration)
+            }
+            None => self.settled,
+        }
+    }
 }
 
 impl Pod {
@@ -90,6 +115,7 @@ impl Pod {
                 adapters: adapters.iter().cloned().collect(),
                 ttft: Histogram::new(TTFT_BUCKETS),
                 itl: Histogram::new(ITL_BUCKETS),
+                clock: SimClock::default(),
             }),
             wake: Notify::new(),
         }
@@ -136,12 +162,13 @@ impl Pod {
             max_tokens,
         })?;
         core.next_id += 1;
+        let arrived = core.clock.now(self.settings.time_scale);
         core.inflight.insert(
             id,
             Inflight {
                 tokens: tx,
                 adapter,
-                arrived: Instant::now(),
+                arrived,
                 last_token: None,
             },
         );
@@ -218,26 +245,30 @@ impl Pod {
             let start = clock.max(now.checked_sub(MAX_CATCH_UP).unwrap_or(now));
             // Validated profile coefficients and time scale keep this finite and non-negative.
             clock = start + Duration::from_secs_f64(plan.duration / scale);
+            self.lock().clock.step = Some((start, plan.duration));
             tokio::select! {
                 () = tokio::time::sleep_until(clock.into()) => {}
                 _ = shutdown.changed() => return,
             }
-            self.lock().finish_step(Instant::now(), scale);
+            self.lock().finish_step();
         }
     }
 }
 
 impl Core {
     /// Applies the step in flight and delivers its tokens, recording TTFT and ITL in
-    /// simulated seconds (wall × time scale).
-    fn finish_step(&mut self, now: Instant, scale: f64) {
+    /// simulated seconds.
+    fn finish_step(&mut self) {
+        let duration = self.clock.step.take().map_or(0.0, |(_, duration)| duration);
+        self.clock.settled += duration;
+        let now = self.clock.settled;
         for event in self.engine.end_step() {
             let Some(request) = self.inflight.get_mut(&event.request_id) else {
                 continue;
             };
             match request.last_token {
-                None => self.ttft.observe((now - request.arrived).as_secs_f64() * scale),
-                Some(last) => self.itl.observe((now - last).as_secs_f64() * scale),
+                None => self.ttft.observe((now - request.arrived).max(0.0)),
+                Some(last) => self.itl.observe(now - last),
             }
             request.last_token = Some(now);
             // A client that went away no longer listens; the engine has no abort, so the
