@@ -50,7 +50,7 @@ enum Command {
     Sim(tools::SimCommand),
     /// Run the MCP test server (both protocol eras, N tools, a processing delay).
     McpServer(portcullis_loadtest::mcp::McpServerArgs),
-    /// Run an LLM load scenario (inference-perf style) against one or more targets.
+    /// Run a load scenario (LLM or MCP; inference-perf style) against one or more targets.
     Loadtest(portcullis_loadtest::llm::LoadtestArgs),
 }
 

@@ -5,6 +5,7 @@ use http::Uri;
 use serde::Serialize;
 
 use super::loadgen::{closed_loop, Measurement};
+use crate::baseline::{or_dash, Side, VsBaseline};
 
 pub struct CompareOptions {
     /// (name, url); the first one is the baseline.
@@ -23,18 +24,19 @@ pub struct TargetReport {
     pub name: String,
     pub url: String,
     pub latency_connections: usize,
-    pub p50_us: u64,
-    pub p90_us: u64,
-    pub p99_us: u64,
+    /// Latency-phase quantiles; absent when no request of that phase succeeded (the empty
+    /// histogram would report 0, which reads as "no latency at all").
+    pub p50_us: Option<u64>,
+    pub p90_us: Option<u64>,
+    pub p99_us: Option<u64>,
     pub latency_phase_rps: f64,
     pub throughput_connections: usize,
     pub max_rps: f64,
-    pub throughput_p99_us: u64,
+    pub throughput_p99_us: Option<u64>,
     pub errors: u64,
-    /// Against the baseline (the first target); 0 for the baseline itself.
-    pub added_p50_us: i64,
-    pub added_p99_us: i64,
-    pub rps_ratio: f64,
+    /// Against the baseline (the first target): latency from the latency phase, requests/s
+    /// from the throughput phase.
+    pub vs_baseline: VsBaseline,
 }
 
 #[derive(Debug, Serialize)]
@@ -68,43 +70,56 @@ pub async fn compare(options: &CompareOptions) -> anyhow::Result<Report> {
             }
         }
     }
-    let mut targets = Vec::new();
-    for (index, (name, url)) in options.targets.iter().enumerate() {
+    let mut measured = Vec::new();
+    for (index, (name, _)) in options.targets.iter().enumerate() {
         let (Some(low), Some(high)) = (&latency[index], &throughput[index]) else {
             anyhow::bail!("no measurement for {name}");
         };
-        targets.push(TargetReport {
+        measured.push((low, high));
+    }
+    let Some(&(base_low, base_high)) = measured.first() else {
+        anyhow::bail!("at least one target is needed");
+    };
+    let base = side(base_low, base_high);
+    let targets = options
+        .targets
+        .iter()
+        .zip(measured)
+        .map(|((name, url), (low, high))| TargetReport {
             name: name.clone(),
             url: url.to_string(),
             latency_connections: options.latency_connections,
-            p50_us: low.latency_us.value_at_quantile(0.50),
-            p90_us: low.latency_us.value_at_quantile(0.90),
-            p99_us: low.latency_us.value_at_quantile(0.99),
+            p50_us: quantile_us(low, 0.50),
+            p90_us: quantile_us(low, 0.90),
+            p99_us: quantile_us(low, 0.99),
             latency_phase_rps: low.requests_per_second(),
             throughput_connections: options.throughput_connections,
             max_rps: high.requests_per_second(),
-            throughput_p99_us: high.latency_us.value_at_quantile(0.99),
+            throughput_p99_us: quantile_us(high, 0.99),
             errors: low.errors + high.errors,
-            added_p50_us: 0,
-            added_p99_us: 0,
-            rps_ratio: 1.0,
-        });
-    }
-    let (base_p50, base_p99, base_rps) = (targets[0].p50_us, targets[0].p99_us, targets[0].max_rps);
-    for target in &mut targets {
-        target.added_p50_us = target.p50_us as i64 - base_p50 as i64;
-        target.added_p99_us = target.p99_us as i64 - base_p99 as i64;
-        target.rps_ratio = if base_rps > 0.0 {
-            target.max_rps / base_rps
-        } else {
-            0.0
-        };
-    }
+            vs_baseline: VsBaseline::between(&side(low, high), &base),
+        })
+        .collect();
     Ok(Report {
         duration_per_phase_s: options.duration.as_secs_f64(),
         rounds: options.rounds,
         targets,
     })
+}
+
+/// `q`-quantile of the successful requests' latency; `None` when there were none.
+fn quantile_us(measurement: &Measurement, q: f64) -> Option<u64> {
+    (measurement.ok > 0).then(|| measurement.latency_us.value_at_quantile(q))
+}
+
+fn side(low: &Measurement, high: &Measurement) -> Side {
+    let seconds = |q| low.latency_us.value_at_quantile(q) as f64 / 1e6;
+    Side {
+        successes: low.ok,
+        p50_s: seconds(0.50),
+        p99_s: seconds(0.99),
+        requests_per_sec: high.requests_per_second(),
+    }
 }
 
 impl Report {
@@ -115,18 +130,23 @@ impl Report {
             "{:<10} {:>8} {:>8} {:>8} {:>11} {:>11} {:>9} {:>12} {:>7}",
             "target", "p50 µs", "p99 µs", "+p50 µs", "+p99 µs", "max req/s", "ratio", "p99@max µs", "errors"
         );
+        let us = |x: Option<u64>| or_dash(x, |v| v.to_string());
+        // Rounded to whole µs (the histograms' unit), so the float noise of the seconds round
+        // trip neither truncates 150 to 149 nor prints "-0".
+        let added_us = |x: Option<f64>| or_dash(x, |s| ((s * 1e6).round() as i64).to_string());
         for t in &self.targets {
+            let vs = &t.vs_baseline;
             let _ = writeln!(
                 out,
-                "{:<10} {:>8} {:>8} {:>8} {:>11} {:>11.0} {:>9.3} {:>12} {:>7}",
+                "{:<10} {:>8} {:>8} {:>8} {:>11} {:>11.0} {:>9} {:>12} {:>7}",
                 t.name,
-                t.p50_us,
-                t.p99_us,
-                t.added_p50_us,
-                t.added_p99_us,
+                us(t.p50_us),
+                us(t.p99_us),
+                added_us(vs.added_p50_s),
+                added_us(vs.added_p99_s),
                 t.max_rps,
-                t.rps_ratio,
-                t.throughput_p99_us,
+                or_dash(vs.requests_per_sec_ratio, |r| format!("{r:.3}")),
+                us(t.throughput_p99_us),
                 t.errors
             );
         }
@@ -138,5 +158,59 @@ impl Report {
             );
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn target(name: &str, p50_us: Option<u64>, vs_baseline: VsBaseline) -> TargetReport {
+        TargetReport {
+            name: name.into(),
+            url: "http://127.0.0.1:1/".into(),
+            latency_connections: 1,
+            p50_us,
+            p90_us: p50_us,
+            p99_us: p50_us,
+            latency_phase_rps: 0.0,
+            throughput_connections: 8,
+            max_rps: 0.0,
+            throughput_p99_us: p50_us,
+            errors: 0,
+            vs_baseline,
+        }
+    }
+
+    #[test]
+    fn a_target_without_successes_shows_dashes_not_zeros() {
+        let report = Report {
+            duration_per_phase_s: 1.0,
+            rounds: 1,
+            targets: vec![
+                target(
+                    "direct",
+                    Some(100),
+                    VsBaseline {
+                        added_p50_s: Some(0.0),
+                        added_p99_s: Some(-4e-7),
+                        requests_per_sec_ratio: Some(1.0),
+                    },
+                ),
+                target(
+                    "down",
+                    None,
+                    VsBaseline {
+                        added_p50_s: None,
+                        added_p99_s: None,
+                        requests_per_sec_ratio: None,
+                    },
+                ),
+            ],
+        };
+        let table = report.table();
+        let rows: Vec<Vec<&str>> = table.lines().map(|l| l.split_whitespace().collect()).collect();
+        assert_eq!(rows[1][..7], ["direct", "100", "100", "0", "0", "0", "1.000"]);
+        assert_eq!(rows[2][..7], ["down", "-", "-", "-", "-", "0", "-"]);
     }
 }

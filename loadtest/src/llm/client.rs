@@ -12,8 +12,9 @@ use hyper_util::rt::TokioExecutor;
 use serde_json::{json, Value};
 
 use super::config::{ApiKind, LlmApi};
-use super::sse::{interpret, text_of, usage_of, Event, SseParser, Usage};
+use super::sse::{interpret, text_of, usage_of, Event, Usage};
 use crate::sim::tokenizer;
+use crate::sse::SseParser;
 
 /// Why a request failed; the report counts failures per kind.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]

@@ -5,14 +5,17 @@
 //! by [`crate::mcp::McpCaller`]).
 //!
 //! * [`config`]: the YAML config (api, model, targets, data, load, request_timeout);
-//! * [`prompts`]: Poisson/constant arrival plans and prompt text (shared-prefix prompts come
-//!   from the simulator's generator, spelled so the stand-in tokenizer counts them exactly);
-//! * [`sse`]: incremental SSE parsing of OpenAI-compatible streams;
+//! * [`prompts`]: Poisson/constant arrival plans (drawn by the simulator's
+//!   `sim::workload::arrival_offsets`) and prompt text (shared-prefix prompts come from the
+//!   simulator's generator, spelled so the stand-in tokenizer counts them exactly);
+//! * [`sse`]: what the payloads of OpenAI-compatible streams mean (the framing is
+//!   [`crate::sse`]);
 //! * [`client`]: one timed request over a pooled hyper client, failures classified;
 //! * [`workload`]: "the next request" of a target, LLM or MCP;
 //! * [`runner`]: targets × stages, open loop (with an optional in-flight cap) or closed loop;
 //! * [`report`]: per-stage TTFT/ITL/TPOT/normalized TPOT/E2E and throughput;
-//! * [`baseline`]: latency added and requests/s ratio against the first target;
+//! * [`baseline`]: [`crate::baseline`]'s latency added and requests/s ratio against the first
+//!   target, stage by stage;
 //! * [`output`] and [`plot`]: `report.json`, `report.csv` and SVG charts.
 
 pub mod baseline;

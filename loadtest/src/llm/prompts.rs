@@ -1,11 +1,12 @@
 //! When requests are sent and what they say.
 //!
 //! Arrival times and prompt contents come from separate random streams derived from
-//! `load.seed` exactly as in the virtual-time simulator (`sim::workload::generate`), so every
-//! target of a run — and a Poisson run of the simulator with the same seed — sees identical
-//! arrivals. Shared-prefix prompts reuse the simulator's generator; the prompt token ids are
-//! then spelled as text whose stand-in token count (`sim::tokenizer`) equals the requested
-//! length, which is how the HTTP vLLM simulator counts them.
+//! `load.seed` exactly as in the virtual-time simulator (`sim::workload::generate`), and times
+//! come from the same `sim::workload::arrival_offsets`, so every target of a run — and a
+//! Poisson run of the simulator with the same seed — sees identical arrivals. Shared-prefix
+//! prompts reuse the simulator's generator; the prompt token ids are then spelled as text whose
+//! stand-in token count (`sim::tokenizer`) equals the requested length, which is how the HTTP
+//! vLLM simulator counts them.
 
 use std::sync::Arc;
 
@@ -15,7 +16,7 @@ use rand::{Rng, SeedableRng};
 use super::config::{DataConfig, LengthDist, LoadConfig, LoadKind};
 use crate::sim::request::Prompt;
 use crate::sim::tokenizer::VOCAB_SIZE;
-use crate::sim::workload::{PromptSource, WorkloadSpec};
+use crate::sim::workload::{arrival_offsets, ArrivalKind, PromptSource, WorkloadSpec};
 
 /// Same stream split as `sim::workload::generate`.
 const DATA_SEED_XOR: u64 = 0x5eed_da7a;
@@ -26,45 +27,17 @@ const SIM_BLOCK_SIZE: usize = 16;
 /// Send offsets of every stage, in seconds from that stage's start; empty for closed-loop
 /// stages, whose clients send whenever their previous request is answered.
 pub fn schedule(load: &LoadConfig) -> Vec<Vec<f64>> {
+    let kind = match load.kind {
+        LoadKind::Poisson => ArrivalKind::Poisson,
+        LoadKind::Constant => ArrivalKind::Constant,
+        LoadKind::ClosedLoop => return vec![Vec::new(); load.stages.len()],
+    };
     let mut rng = StdRng::seed_from_u64(load.seed);
     load.stages
         .iter()
         // `validate` guarantees a rate in every open-loop stage.
-        .map(|s| {
-            stage_offsets(
-                load.kind,
-                s.rate.unwrap_or(0.0),
-                s.duration.as_secs_f64(),
-                &mut rng,
-            )
-        })
+        .map(|s| arrival_offsets(kind, s.rate.unwrap_or(0.0), s.duration.as_secs_f64(), &mut rng))
         .collect()
-}
-
-fn stage_offsets(kind: LoadKind, rate: f64, duration: f64, rng: &mut StdRng) -> Vec<f64> {
-    if rate <= 0.0 {
-        return Vec::new();
-    }
-    match kind {
-        LoadKind::Poisson => {
-            let mut out = Vec::new();
-            let mut t = 0.0;
-            loop {
-                // Exponential gaps; 1 - u is in (0, 1], so ln never sees 0.
-                t += -(1.0 - rng.random::<f64>()).ln() / rate;
-                if t >= duration {
-                    return out;
-                }
-                out.push(t);
-            }
-        }
-        LoadKind::Constant => {
-            // The epsilon keeps 3 req/s × 10 s at 30 requests despite float rounding.
-            let n = (rate * duration + 1e-9).floor() as usize;
-            (0..n).map(|i| i as f64 / rate).collect()
-        }
-        LoadKind::ClosedLoop => Vec::new(),
-    }
 }
 
 /// Token ids of one prompt: shared with other requests (shared prefix) or drawn for it alone.
@@ -227,6 +200,41 @@ mod tests {
             plan,
             schedule(&load(LoadKind::Poisson, &[(50.0, 40), (0.0, 5), (200.0, 20)]))
         );
+    }
+
+    #[test]
+    fn poisson_plan_matches_the_simulators_arrivals() {
+        use crate::sim::workload::{generate, LoadSpec, Stage};
+        let plan = schedule(&load(LoadKind::Poisson, &[(50.0, 4), (20.0, 3)]));
+        let sim = LoadSpec {
+            stages: vec![
+                Stage {
+                    rate: 50.0,
+                    duration_s: 4.0,
+                },
+                Stage {
+                    rate: 20.0,
+                    duration_s: 3.0,
+                },
+            ],
+            seed: 42,
+            max_in_flight: None,
+        };
+        let spec = WorkloadSpec::Fixed {
+            input_len: 1,
+            output_len: 1,
+        };
+        let arrivals = generate(&spec, &sim, SIM_BLOCK_SIZE).unwrap();
+        for (stage, (start, _)) in sim.stage_windows().into_iter().enumerate() {
+            let times: Vec<f64> = arrivals
+                .iter()
+                .filter(|a| a.stage == stage)
+                .map(|a| a.time - start)
+                .collect();
+            assert_eq!(times.len(), plan[stage].len());
+            // `start + offset - start` may differ from `offset` in the last bit.
+            assert!(times.iter().zip(&plan[stage]).all(|(a, b)| (a - b).abs() < 1e-9));
+        }
     }
 
     #[test]

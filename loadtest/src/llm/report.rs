@@ -13,9 +13,9 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use super::baseline::VsBaseline;
 use super::client::Trace;
 use super::config::{LoadtestConfig, StageConfig};
+use crate::baseline::VsBaseline;
 use crate::sim::report::Summary;
 
 /// One request of a stage.

@@ -223,7 +223,7 @@ pub fn describe(target: &str, s: &StageReport) -> String {
         s.successes.throughput.requests_per_sec,
         e2e.p50,
         e2e.p99,
-        baseline::describe(s.vs_baseline.as_ref()),
+        crate::baseline::describe(s.vs_baseline.as_ref()),
         s.failures.count,
         failures.join(" "),
     )

@@ -1,52 +1,10 @@
-//! Incremental parsing of OpenAI-compatible SSE streams (reference protocols.md §5): bytes as
-//! they arrive → `data:` payloads → content chunks, usage, `[DONE]` or an error event.
-//!
-//! Parsing is incremental because a chunk's arrival time *is* the measurement: TTFT and every
-//! inter-token gap are stamped when the bytes carrying a content delta are read, not when the
-//! body completes.
+//! What the `data:` payloads of OpenAI-compatible SSE streams mean (reference protocols.md §5):
+//! content chunks, usage, `[DONE]` or an error event. The framing itself (bytes → payloads) is
+//! the crate's shared [`crate::sse::SseParser`].
 
 use serde_json::Value;
 
 use super::config::ApiKind;
-
-/// Splits a byte stream into SSE events and yields each event's `data` payload.
-#[derive(Default)]
-pub struct SseParser {
-    buf: Vec<u8>,
-    data: Option<String>,
-}
-
-impl SseParser {
-    /// Feeds bytes; appends the payload of every event they complete to `out`.
-    pub fn feed(&mut self, bytes: &[u8], out: &mut Vec<String>) -> Result<(), String> {
-        self.buf.extend_from_slice(bytes);
-        let mut start = 0;
-        while let Some(pos) = self.buf[start..].iter().position(|&b| b == b'\n') {
-            let end = start + pos;
-            let line = self.buf[start..end]
-                .strip_suffix(b"\r")
-                .unwrap_or(&self.buf[start..end]);
-            let line = std::str::from_utf8(line).map_err(|_| "SSE line is not UTF-8".to_string())?;
-            if line.is_empty() {
-                // A blank line ends the event.
-                out.extend(self.data.take());
-            } else if let Some(value) = line.strip_prefix("data:") {
-                let value = value.strip_prefix(' ').unwrap_or(value);
-                match &mut self.data {
-                    Some(data) => {
-                        data.push('\n');
-                        data.push_str(value);
-                    }
-                    None => self.data = Some(value.to_string()),
-                }
-            }
-            // Comments (`:`), `event:`, `id:` and `retry:` carry nothing we measure.
-            start = end + 1;
-        }
-        self.buf.drain(..start);
-        Ok(())
-    }
-}
 
 /// Token counts from a `usage` object.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -118,25 +76,6 @@ pub fn usage_of(value: &Value) -> Option<Usage> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn events_split_across_reads_are_reassembled() {
-        let stream = "data: {\"choices\":[{\"text\":\"a\"}]}\r\n\r\n: keep-alive\n\ndata: [DONE]\n\n";
-        let mut parser = SseParser::default();
-        let mut out = Vec::new();
-        for byte in stream.as_bytes().chunks(3) {
-            parser.feed(byte, &mut out).unwrap();
-        }
-        assert_eq!(
-            out,
-            vec![
-                "{\"choices\":[{\"text\":\"a\"}]}".to_string(),
-                "[DONE]".to_string()
-            ]
-        );
-        let mut bad = SseParser::default();
-        assert!(bad.feed(b"data: \xff\n", &mut out).is_err());
-    }
 
     #[test]
     fn chunks_are_interpreted_per_api() {

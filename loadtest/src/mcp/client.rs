@@ -290,12 +290,29 @@ impl Connection {
     }
 }
 
+/// The JSON-RPC messages of an SSE body. An empty payload is a priming event (it only carries
+/// an event id to resume from) and holds no message; any other payload must be JSON, and one
+/// that is not is a protocol failure rather than a message silently lost.
+pub(super) fn sse_messages(body: &[u8]) -> Result<Vec<Value>, Failure> {
+    let payloads = crate::sse::payloads(body).map_err(Failure::Protocol)?;
+    payloads
+        .iter()
+        .filter(|payload| !payload.is_empty())
+        .map(|payload| {
+            serde_json::from_str(payload).map_err(|error| {
+                let shown: String = payload.chars().take(120).collect();
+                Failure::Protocol(format!("SSE payload is not JSON ({error}): {shown:?}"))
+            })
+        })
+        .collect()
+}
+
 /// The response to request `id` in a JSON or SSE body (SSE may carry notifications first).
 fn find_answer(body: &[u8], id: u64) -> Result<Value, Failure> {
     let text = std::str::from_utf8(body).map_err(|_| Failure::Protocol("body is not UTF-8".into()))?;
     let candidates = match serde_json::from_str::<Value>(text) {
         Ok(value) => vec![value],
-        Err(_) => sse_messages(text),
+        Err(_) => sse_messages(body)?,
     };
     candidates
         .into_iter()
@@ -307,4 +324,17 @@ fn find_answer(body: &[u8], id: u64) -> Result<Value, Failure> {
             let shown: String = text.chars().take(120).collect();
             Failure::Protocol(format!("no answer to request {id} in {shown:?}"))
         })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sse_answers_skip_priming_events_and_refuse_payloads_that_are_not_json() {
+        let body = b"id: 1\ndata:\n\nevent: message\ndata: {\"jsonrpc\":\"2.0\",\"id\":3,\"result\":{}}\n\n";
+        assert_eq!(find_answer(body, 3).ok().map(|m| m["id"].clone()), Some(json!(3)));
+        let bad = b"data: {\"jsonrpc\":\"2.0\",\"id\":3,\"result\":{}}\n\ndata: not json\n\n";
+        assert!(matches!(find_answer(bad, 3), Err(Failure::Protocol(m)) if m.contains("not JSON")));
+    }
 }

@@ -1,6 +1,10 @@
 //! MCP over Streamable HTTP: a test server that speaks both protocol eras on one endpoint
 //! (legacy 2025-06-18/2025-11-25 with sessions, and the stateless 2026-07-28), and the calls
 //! `portcullis loadtest` (api type `mcp`) drives it with, or a gateway in front of it.
+//!
+//! `protocol` holds the wire constants and framing both sides share; `server`, `dispatch` and
+//! `tools` are the test server; `client` is one MCP connection (SSE answers go through the
+//! crate's [`crate::sse`] parser) and `caller` the load generator's "next call".
 
 mod caller;
 mod client;

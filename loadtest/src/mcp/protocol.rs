@@ -64,44 +64,9 @@ pub fn sse_event(message: &Value) -> String {
     format!("event: message\r\ndata: {message}\r\n\r\n")
 }
 
-/// The JSON-RPC messages in an SSE body: the `data` of each event, joined per the SSE rules
-/// (several `data:` lines form one payload); comments and other fields are skipped.
-pub fn sse_messages(body: &str) -> Vec<Value> {
-    let mut messages = Vec::new();
-    let mut data = String::new();
-    let mut flush = |data: &mut String| {
-        if !data.is_empty() {
-            if let Ok(value) = serde_json::from_str(data) {
-                messages.push(value);
-            }
-            data.clear();
-        }
-    };
-    for line in body.split('\n') {
-        let line = line.strip_suffix('\r').unwrap_or(line);
-        if line.is_empty() {
-            flush(&mut data);
-        } else if let Some(payload) = line.strip_prefix("data:") {
-            if !data.is_empty() {
-                data.push('\n');
-            }
-            data.push_str(payload.strip_prefix(' ').unwrap_or(payload));
-        }
-    }
-    flush(&mut data);
-    messages
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn sse_parsing_handles_crlf_comments_and_multiline_data() {
-        let body = ": ping\r\n\r\nevent: message\r\ndata: {\"id\":1,\r\ndata: \"x\":2}\r\n\r\nid: 7\ndata: {\"id\":2}\n\n";
-        let messages = sse_messages(body);
-        assert_eq!(messages, vec![json!({"id": 1, "x": 2}), json!({"id": 2})]);
-    }
 
     #[test]
     fn error_id_is_null_in_legacy_and_absent_in_modern() {

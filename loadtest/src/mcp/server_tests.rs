@@ -10,7 +10,7 @@ use hyper_util::rt::TokioIo;
 use serde_json::{json, Value};
 use tokio::net::TcpStream;
 
-use super::protocol::sse_messages;
+use super::client::sse_messages;
 use super::{start, McpServer, McpServerConfig};
 
 async fn server(tools: usize, prefer_sse: bool) -> anyhow::Result<McpServer> {
@@ -32,8 +32,12 @@ struct Answer {
 impl Answer {
     /// The JSON-RPC message in the body, JSON or SSE.
     fn json(&self) -> Value {
-        serde_json::from_str(&self.body)
-            .unwrap_or_else(|_| sse_messages(&self.body).pop().unwrap_or(Value::Null))
+        serde_json::from_str(&self.body).unwrap_or_else(|_| {
+            sse_messages(self.body.as_bytes())
+                .ok()
+                .and_then(|mut m| m.pop())
+                .unwrap_or(Value::Null)
+        })
     }
 
     fn header(&self, name: &str) -> Option<&str> {

@@ -179,6 +179,43 @@ impl WorkloadSpec {
     }
 }
 
+/// How the arrivals of an open-loop stage are spaced.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ArrivalKind {
+    /// Exponential gaps (a Poisson process), as inference-perf's `type: poisson`.
+    Poisson,
+    /// Evenly spaced at `1 / rate`.
+    Constant,
+}
+
+/// Send offsets of one stage, seconds from its start, ascending; empty when `rate` is not
+/// positive. The one arrival generator of the crate: the simulator and the HTTP load
+/// generator both draw from it, so the same seed gives them the same Poisson arrivals.
+pub fn arrival_offsets(kind: ArrivalKind, rate: f64, duration_s: f64, rng: &mut StdRng) -> Vec<f64> {
+    if rate <= 0.0 {
+        return Vec::new();
+    }
+    match kind {
+        ArrivalKind::Poisson => {
+            let mut out = Vec::new();
+            let mut t = 0.0;
+            loop {
+                // Exponential gaps; 1 - u is in (0, 1], so ln never sees 0.
+                t += -(1.0 - rng.random::<f64>()).ln() / rate;
+                if t >= duration_s {
+                    return out;
+                }
+                out.push(t);
+            }
+        }
+        ArrivalKind::Constant => {
+            // The epsilon keeps 3 req/s × 10 s at 30 requests despite float rounding.
+            let n = (rate * duration_s + 1e-9).floor() as usize;
+            (0..n).map(|i| i as f64 / rate).collect()
+        }
+    }
+}
+
 /// Generates every arrival of the run. Prompt contents and arrival times use separate random
 /// streams derived from `load.seed`, so changing one does not reshuffle the other.
 pub fn generate(workload: &WorkloadSpec, load: &LoadSpec, block_size: usize) -> anyhow::Result<Vec<Arrival>> {
@@ -188,21 +225,12 @@ pub fn generate(workload: &WorkloadSpec, load: &LoadSpec, block_size: usize) -> 
     let mut data_rng = StdRng::seed_from_u64(load.seed ^ 0x5eed_da7a);
     let mut source = PromptSource::new(workload, block_size, &mut data_rng);
     let mut arrivals = Vec::new();
-    for (stage, (&(start, end), spec)) in load.stage_windows().iter().zip(&load.stages).enumerate() {
-        if spec.rate == 0.0 {
-            continue;
-        }
-        let mut t = start;
-        loop {
-            // Exponential inter-arrival gaps; 1 - u is in (0, 1], so ln never sees 0.
-            t += -(1.0 - times_rng.random::<f64>()).ln() / spec.rate;
-            if t >= end {
-                break;
-            }
+    for (stage, (&(start, _), spec)) in load.stage_windows().iter().zip(&load.stages).enumerate() {
+        for offset in arrival_offsets(ArrivalKind::Poisson, spec.rate, spec.duration_s, &mut times_rng) {
             let (prompt, max_tokens) = source.next(&mut data_rng);
             arrivals.push(Arrival {
                 id: arrivals.len() as u64,
-                time: t,
+                time: start + offset,
                 stage,
                 prompt,
                 max_tokens,

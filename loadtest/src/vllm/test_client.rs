@@ -1,6 +1,6 @@
 //! A minimal HTTP/1.1 client and Prometheus text parser for the simulator's tests.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
 
 use bytes::Bytes;
@@ -13,6 +13,7 @@ use tokio::net::TcpStream;
 
 use super::{start, VllmFleet, VllmSimConfig};
 use crate::sim::profile::Profile;
+use crate::sse::SseParser;
 
 pub(super) const MODEL: &str = "Qwen/Qwen3-32B";
 
@@ -73,32 +74,43 @@ pub(super) async fn post(addr: SocketAddr, path: &str, body: &Value) -> (StatusC
 /// Reads `data:` payloads of an SSE body one event at a time.
 pub(super) struct Sse {
     body: Incoming,
-    buffer: String,
+    parser: SseParser,
+    ready: VecDeque<String>,
 }
 
 impl Sse {
     pub async fn open(addr: SocketAddr, path: &str, body: &Value) -> Self {
         let (status, headers, body) = send(addr, Method::POST, path, &body.to_string()).await;
         assert_eq!(status, StatusCode::OK);
-        let content_type = headers.get("content-type").unwrap().to_str().unwrap();
-        assert!(content_type.starts_with("text/event-stream"), "{content_type}");
+        let content_type = headers
+            .get("content-type")
+            .and_then(|value| value.to_str().ok())
+            .unwrap_or_default();
+        assert!(content_type.starts_with("text/event-stream"), "{content_type:?}");
         Self {
             body,
-            buffer: String::new(),
+            parser: SseParser::default(),
+            ready: VecDeque::new(),
         }
     }
 
-    /// The next event's data, or `None` at the end of the body.
+    /// The next event's data, or `None` at the end of the body. A broken or malformed stream
+    /// fails the test with what went wrong.
     pub async fn next(&mut self) -> Option<String> {
         loop {
-            if let Some(end) = self.buffer.find("\n\n") {
-                let event: String = self.buffer.drain(..end + 2).collect();
-                let data = event.trim_end().strip_prefix("data: ").unwrap();
-                return Some(data.to_string());
+            if let Some(data) = self.ready.pop_front() {
+                return Some(data);
             }
-            let frame = self.body.frame().await?.unwrap();
-            if let Ok(data) = frame.into_data() {
-                self.buffer.push_str(std::str::from_utf8(&data).unwrap());
+            let frame = match self.body.frame().await? {
+                Ok(frame) => frame,
+                Err(error) => panic!("reading the SSE body: {error}"),
+            };
+            if let Some(data) = frame.data_ref() {
+                let mut payloads = Vec::new();
+                if let Err(error) = self.parser.feed(data, &mut payloads) {
+                    panic!("malformed SSE body: {error}");
+                }
+                self.ready.extend(payloads);
             }
         }
     }
