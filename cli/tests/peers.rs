@@ -51,6 +51,27 @@ fn peer(script: &str, args: &[&str]) -> String {
     text
 }
 
+/// Runs `portcullis loadtest` on `scenario`; returns the directory holding its reports.
+fn run_loadtest(dir: &Path, name: &str, scenario: &str) -> PathBuf {
+    let file = write_file(dir, &format!("{name}.yaml"), scenario);
+    let out = dir.join(name);
+    let run = cli(&[
+        "loadtest",
+        "-f",
+        file.to_str().unwrap(),
+        "--output-dir",
+        out.to_str().unwrap(),
+        "--no-progress",
+    ]);
+    assert!(
+        run.status.success(),
+        "loadtest {name}: {}{}",
+        stdout(&run),
+        stderr(&run)
+    );
+    out
+}
+
 /// A control plane and a proxy routing every request on a fresh listener to `upstream`.
 struct Gateway {
     _controlplane: Process,
@@ -129,17 +150,7 @@ fn mcp_python_client_calls_the_test_server_in_both_eras_direct_and_through_the_g
              load: {{type: closed_loop, stages: [{{clients: 2, duration: 2s}}]}}\n",
             gateway.port
         );
-        let file = write_file(dir.path(), &format!("mcp-{era}.yaml"), &scenario);
-        let out = dir.path().join(format!("mcp-{era}"));
-        let run = cli(&[
-            "loadtest",
-            "-f",
-            file.to_str().unwrap(),
-            "--output-dir",
-            out.to_str().unwrap(),
-            "--no-progress",
-        ]);
-        assert!(run.status.success(), "{}{}", stdout(&run), stderr(&run));
+        let out = run_loadtest(dir.path(), &format!("mcp-{era}"), &scenario);
         let csv = std::fs::read_to_string(out.join("report.csv")).unwrap();
         assert_eq!(csv.lines().count(), 3, "2 targets x 1 stage:\n{csv}");
         assert_all_succeeded(&csv);
@@ -158,17 +169,7 @@ fn loadtest_compares_the_direct_path_with_the_gateway() {
          load: {{type: poisson, stages: [{{rate: 4, duration: 2s}}, {{rate: 8, duration: 2s}}], seed: 7}}\nrequest_timeout: 60s\n",
         gateway.port
     );
-    let file = write_file(dir.path(), "scenario.yaml", &scenario);
-    let out = dir.path().join("results");
-    let run = cli(&[
-        "loadtest",
-        "-f",
-        file.to_str().unwrap(),
-        "--output-dir",
-        out.to_str().unwrap(),
-        "--no-progress",
-    ]);
-    assert!(run.status.success(), "{}{}", stdout(&run), stderr(&run));
+    let out = run_loadtest(dir.path(), "results", &scenario);
     let csv = std::fs::read_to_string(out.join("report.csv")).unwrap();
     let rows: Vec<&str> = csv.lines().skip(1).collect();
     assert_eq!(rows.len(), 4, "2 targets x 2 stages:\n{csv}");
@@ -245,17 +246,7 @@ fn inference_perf_agrees_with_the_simulator_counters_and_our_load_generator() {
          data: {{type: shared_prefix, num_groups: 4, num_prompts_per_group: 3, system_prompt_len: 300, question_len: 74, output_len: 20}}\n\
          load: {{type: poisson, stages: [{{rate: 2, duration: 5s}}, {{rate: 4, duration: 5s}}], seed: 3}}\n"
     );
-    let file = write_file(dir.path(), "same-workload.yaml", &scenario);
-    let ours_dir = dir.path().join("ours");
-    let ours = cli(&[
-        "loadtest",
-        "-f",
-        file.to_str().unwrap(),
-        "--output-dir",
-        ours_dir.to_str().unwrap(),
-        "--no-progress",
-    ]);
-    assert!(ours.status.success(), "{}{}", stdout(&ours), stderr(&ours));
+    let ours_dir = run_loadtest(dir.path(), "ours", &scenario);
     let ours: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(ours_dir.join("report.json")).unwrap()).unwrap();
     let stages = ours["targets"][0]["stages"].as_array().unwrap();
