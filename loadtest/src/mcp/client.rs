@@ -176,11 +176,7 @@ impl Connection {
             .header(HEADER_SESSION, session)
             .body(Full::new(Bytes::new()))
             .map_err(|error| Failure::Protocol(error.to_string()))?;
-        let response = self
-            .sender
-            .send_request(request)
-            .await
-            .map_err(|error| Failure::Io(error.to_string()))?;
+        let response = self.send(request).await?;
         let status = response.status();
         let _ = response.into_body().collect().await;
         if status.is_success() {
@@ -262,11 +258,7 @@ impl Connection {
         let request = builder
             .body(Full::new(Bytes::from(message.to_string())))
             .map_err(|error| Failure::Protocol(format!("building request: {error}")))?;
-        let response = self
-            .sender
-            .send_request(request)
-            .await
-            .map_err(|error| Failure::Io(error.to_string()))?;
+        let response = self.send(request).await?;
         let status = response.status();
         let session = response
             .headers()
@@ -280,6 +272,16 @@ impl Connection {
             .map_err(|error| Failure::Io(error.to_string()))?
             .to_bytes();
         Ok((status, body, session))
+    }
+
+    async fn send(
+        &mut self,
+        request: http::Request<Full<Bytes>>,
+    ) -> Result<http::Response<hyper::body::Incoming>, Failure> {
+        self.sender
+            .send_request(request)
+            .await
+            .map_err(|error| Failure::Io(error.to_string()))
     }
 
     fn builder(&self, method: http::Method) -> http::request::Builder {

@@ -243,14 +243,7 @@ impl State {
         };
         let sessions = self.sessions();
         let Some(session) = sessions.get(id) else {
-            return Err(Reply::error(
-                StatusCode::NOT_FOUND,
-                None,
-                INVALID_REQUEST,
-                "Session not found",
-                None,
-                false,
-            ));
+            return Err(session_not_found());
         };
         if let Some(version) = headers.version {
             if version != session.version {
@@ -276,14 +269,7 @@ impl State {
                 Some(session) => Reply::new(StatusCode::OK, ReplyBody::Stream(session.streams.subscribe()))
                     .with_session(&id),
                 // Deleted between the check and now.
-                None => Reply::error(
-                    StatusCode::NOT_FOUND,
-                    None,
-                    INVALID_REQUEST,
-                    "Session not found",
-                    None,
-                    false,
-                ),
+                None => session_not_found(),
             },
             Err(reply) => reply,
         }
@@ -491,4 +477,16 @@ fn parse_message(value: &Value) -> Result<Message<'_>, (i64, &'static str)> {
         Some(_) => return Err((INVALID_PARAMS, "params must be an object")),
     };
     Ok(Message { id, method, params })
+}
+
+/// The answer to a request naming a session this server does not hold (ended or unknown).
+fn session_not_found() -> Reply {
+    Reply::error(
+        StatusCode::NOT_FOUND,
+        None,
+        INVALID_REQUEST,
+        "Session not found",
+        None,
+        false,
+    )
 }
