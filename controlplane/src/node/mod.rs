@@ -21,7 +21,7 @@ use tonic_health::ServingStatus;
 use crate::admin::AdminService;
 use crate::network::{NetworkFactory, RaftService};
 use crate::registry::ProxyRegistry;
-use crate::store::{self, LogStore, StateMachineStore};
+use crate::store::{LogStore, StateMachineStore, Storage};
 use crate::stream::ConfigStreamService;
 use crate::types::Raft;
 
@@ -50,7 +50,7 @@ pub struct ControlPlaneConfig {
 pub struct ControlPlane {
     local_addr: SocketAddr,
     raft: Raft,
-    db: sled::Db,
+    storage: Storage,
     shutdown: watch::Sender<bool>,
     server: JoinHandle<Result<(), tonic::transport::Error>>,
     health: JoinHandle<()>,
@@ -79,9 +79,9 @@ impl ControlPlane {
     pub async fn start(config: ControlPlaneConfig) -> anyhow::Result<ControlPlane> {
         std::fs::create_dir_all(&config.data_dir)
             .with_context(|| format!("creating data dir {}", config.data_dir.display()))?;
-        let db = store::open_db(&config.data_dir.join("raft"))?;
-        let log = LogStore::open(&db).context("opening Raft log")?;
-        let state_machine = StateMachineStore::open(&db)?;
+        let storage = Storage::open(&config.data_dir.join("raft"))?;
+        let log = LogStore::open(&storage).context("opening Raft log")?;
+        let state_machine = StateMachineStore::open(&storage)?;
         let view = state_machine.subscribe();
         let raft = Raft::new(config.node_id, raft_config()?, NetworkFactory, log, state_machine)
             .await
@@ -131,7 +131,7 @@ impl ControlPlane {
         Ok(ControlPlane {
             local_addr,
             raft,
-            db,
+            storage,
             shutdown,
             server,
             health,
@@ -157,7 +157,10 @@ impl ControlPlane {
             }
         }
         self.raft.shutdown().await.context("stopping Raft")?;
-        self.db.flush_async().await.context("flushing sled")?;
+        self.storage
+            .close(SHUTDOWN_GRACE)
+            .await
+            .context("closing Raft storage")?;
         Ok(())
     }
 }

@@ -8,6 +8,7 @@ use std::ops::{Bound, RangeBounds};
 use openraft::storage::{LogFlushed, RaftLogStorage};
 use openraft::{LogState, RaftLogReader, StorageIOError, Vote};
 
+use super::{Storage, Tree};
 use crate::types::{Entry, LogId, NodeId, StorageError, TypeConfig};
 
 const VOTE: &[u8] = b"vote";
@@ -18,15 +19,15 @@ const LAST_PURGED: &[u8] = b"last_purged";
 /// and the log store see the same data.
 #[derive(Clone)]
 pub struct LogStore {
-    log: sled::Tree,
-    meta: sled::Tree,
+    log: Tree,
+    meta: Tree,
 }
 
 impl LogStore {
-    pub fn open(db: &sled::Db) -> Result<Self, sled::Error> {
+    pub fn open(storage: &Storage) -> Result<Self, sled::Error> {
         Ok(Self {
-            log: db.open_tree("log")?,
-            meta: db.open_tree("meta")?,
+            log: storage.tree("log")?,
+            meta: storage.tree("meta")?,
         })
     }
 

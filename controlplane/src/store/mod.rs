@@ -12,17 +12,71 @@ mod state_machine;
 pub use log::LogStore;
 pub use state_machine::StateMachineStore;
 
+use std::ops::Deref;
 use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
 
-/// Opens the single sled database holding the log, the vote and the state machine.
-pub fn open_db(path: &Path) -> anyhow::Result<sled::Db> {
-    sled::Config::new()
-        .path(path)
-        .cache_capacity(64 * 1024 * 1024)
-        .open()
-        .with_context(|| format!("opening sled database at {}", path.display()))
+/// The one sled database of a process. sled holds its file lock until the last tree handle
+/// is dropped, and openraft drops its storage workers only after `Raft::shutdown` returns, so
+/// [`Storage::close`] waits for every [`Tree`] handed out before it returns: a node restarted
+/// in the same process (or a test) then finds the database free.
+pub struct Storage {
+    db: sled::Db,
+    open_trees: Arc<()>,
+}
+
+impl Storage {
+    pub fn open(path: &Path) -> anyhow::Result<Storage> {
+        let db = sled::Config::new()
+            .path(path)
+            .cache_capacity(64 * 1024 * 1024)
+            .open()
+            .with_context(|| format!("opening sled database at {}", path.display()))?;
+        Ok(Storage {
+            db,
+            open_trees: Arc::default(),
+        })
+    }
+
+    pub fn tree(&self, name: &str) -> Result<Tree, sled::Error> {
+        Ok(Tree {
+            inner: self.db.open_tree(name)?,
+            _open: self.open_trees.clone(),
+        })
+    }
+
+    /// Waits up to `grace` for every tree to be dropped, then flushes.
+    pub async fn close(self, grace: Duration) -> anyhow::Result<()> {
+        let deadline = Instant::now() + grace;
+        while Arc::strong_count(&self.open_trees) > 1 && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        if Arc::strong_count(&self.open_trees) > 1 {
+            tracing::warn!(
+                "Raft storage still in use after shutdown; the database stays locked until it is released"
+            );
+        }
+        self.db.flush_async().await.context("flushing sled")?;
+        Ok(())
+    }
+}
+
+/// A sled tree that keeps [`Storage::close`] waiting while it lives.
+#[derive(Clone)]
+pub struct Tree {
+    inner: sled::Tree,
+    _open: Arc<()>,
+}
+
+impl Deref for Tree {
+    type Target = sled::Tree;
+
+    fn deref(&self) -> &sled::Tree {
+        &self.inner
+    }
 }
 
 #[cfg(test)]

@@ -9,6 +9,7 @@ use openraft::{AnyError, RaftSnapshotBuilder, Snapshot, StorageIOError};
 use serde::{Deserialize, Serialize};
 
 use super::state_machine::AppliedState;
+use super::Tree;
 use crate::types::{NodeId, SnapshotMeta, StorageError, TypeConfig};
 
 pub(super) const META: &[u8] = b"snapshot/meta";
@@ -77,7 +78,7 @@ pub(super) fn stage(
 /// Builds from the state captured when openraft asked for a builder, so building runs
 /// concurrently with further applies without seeing them.
 pub struct SnapshotBuilder {
-    pub(super) tree: sled::Tree,
+    pub(super) tree: Tree,
     pub(super) state: AppliedState,
     /// Serializes snapshot writes with installs (see [`stage`]) and with [`read_current`].
     pub(super) lock: Arc<Mutex<()>>,

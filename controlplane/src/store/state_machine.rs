@@ -12,6 +12,7 @@ use portcullis_config::{Change, ConfigSet, ObjectKey};
 use tokio::sync::watch;
 
 use super::snapshot::{self, SnapshotBuilder, SnapshotPayload};
+use super::{Storage, Tree};
 use crate::command::{self, Applied, Outcome};
 use crate::types::{Entry, LogId, SnapshotMeta, StorageError, StoredMembership, TypeConfig};
 use crate::view::ConfigView;
@@ -72,7 +73,7 @@ impl AppliedState {
 }
 
 pub struct StateMachineStore {
-    tree: sled::Tree,
+    tree: Tree,
     state: AppliedState,
     publish: watch::Sender<ConfigView>,
     snapshot_lock: Arc<Mutex<()>>,
@@ -80,8 +81,8 @@ pub struct StateMachineStore {
 
 impl StateMachineStore {
     /// Loads the applied state from `db` and publishes it.
-    pub fn open(db: &sled::Db) -> anyhow::Result<Self> {
-        let tree = db.open_tree("sm").context("opening state machine tree")?;
+    pub fn open(storage: &Storage) -> anyhow::Result<Self> {
+        let tree = storage.tree("sm").context("opening state machine tree")?;
         let state = AppliedState::load(&tree).context("loading state machine")?;
         let (publish, _) = watch::channel(state.view());
         Ok(Self {

@@ -16,11 +16,11 @@ struct TempStore;
 impl StoreBuilder<TypeConfig, LogStore, StateMachineStore, TempDir> for TempStore {
     async fn build(&self) -> Result<(TempDir, LogStore, StateMachineStore), StorageError> {
         let dir = tempfile::tempdir().unwrap();
-        let db = open_db(dir.path()).unwrap();
+        let storage = Storage::open(dir.path()).unwrap();
         Ok((
             dir,
-            LogStore::open(&db).unwrap(),
-            StateMachineStore::open(&db).unwrap(),
+            LogStore::open(&storage).unwrap(),
+            StateMachineStore::open(&storage).unwrap(),
         ))
     }
 }
@@ -31,7 +31,7 @@ fn openraft_storage_suite() {
 }
 
 fn open_sm(path: &Path) -> StateMachineStore {
-    StateMachineStore::open(&open_db(path).unwrap()).unwrap()
+    StateMachineStore::open(&Storage::open(path).unwrap()).unwrap()
 }
 
 fn entry(index: u64, command: Command) -> Entry {
