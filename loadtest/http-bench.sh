@@ -1,31 +1,144 @@
 #!/usr/bin/env bash
-# Plain-HTTP benchmark, in one run: the built-in echo upstream straight, through one
-# Portcullis proxy (`portcullis up`), and through nginx as a reference when nginx is
-# installed (Debian: `apt-get install nginx-light`). Prints p50/p99 added latency and max
-# req/s, each against the direct path measured in the same run.
+# Plain-HTTP benchmark: Portcullis against nginx as a reverse proxy, both in front of the
+# same origin, measured with wrk in one run, interleaved round by round.
 #
-#   loadtest/http-bench.sh [DURATION_PER_PHASE] [ROUNDS]      e.g. loadtest/http-bench.sh 5s 3
+#   loadtest/http-bench.sh [DURATION] [ROUNDS]        e.g. loadtest/http-bench.sh 5s 3
 #
-# Everything listens on 127.0.0.1 and stops when the script exits.
+# Starts, all on 127.0.0.1:
+#   origin      nginx, 1 worker, answers every request with the 2-byte body "ok"
+#   nginx       nginx, 1 worker, reverse proxy to the origin over a keep-alive upstream pool
+#               (keepalive 64, keepalive_requests 1000000, HTTP/1.1, Connection "")
+#   portcullis  `portcullis up` with one Listener/Backend/Route to the origin
+# then, for each connection count (32 and 256) and each round, runs
+#   wrk -t$WRK_THREADS -c$CONNS -d$DURATION --latency
+# against direct (the origin itself), nginx and portcullis, rotating the order each round,
+# and prints per connection count a markdown table: median req/s over the rounds (min–max),
+# median p50/p99, errors, and req/s (and p99) as a ratio of nginx's and direct's.
+#
+# Environment:
+#   WRK_THREADS=2              wrk threads (-t). The issue's figures are presumably -t2; on
+#                              2 cores wrk, proxy and origin all share the same CPUs.
+#   CONNECTIONS="32 256"       connection counts (-c), one table each
+#   WARMUP=1s                  one unrecorded wrk run per target and connection count before
+#                              round 1 (fills connection pools); WARMUP=0 skips it
+#   BENCH_JSON=path            also write every round's figures and the summary as JSON
+#   BENCH_RAW=dir              keep the raw wrk outputs in dir (default: deleted on exit)
+#   PORTCULLIS_EXTRA_ARGS=...  appended to `portcullis up`, e.g. to turn on metrics and the
+#                              access log for the "metrics and access log on" variant
+#   SKIP_PORTCULLIS=1          no cargo build, no Portcullis: origin and nginx only
+#   SKIP_BUILD=1               use the existing target/release/portcullis
+#
+# Needs wrk, nginx (Debian: nginx-light) and python3; installs wrk and nginx-light with
+# apt-get when they are missing and the script runs as root. Everything stops on exit.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+if [ "${SKIP_PORTCULLIS:-0}" != 1 ] && [ "${SKIP_BUILD:-0}" != 1 ]; then
+    cargo build --release --locked -p portcullis
+fi
+
 duration=${1:-5s}
 rounds=${2:-3}
+wrk_threads=${WRK_THREADS:-2}
+connections=${CONNECTIONS:-32 256}
+warmup=${WARMUP:-1s}
+# Appended to `portcullis up` (word-split on purpose): e.g. PORTCULLIS_EXTRA_ARGS="--access-log /dev/null"
+PORTCULLIS_EXTRA_ARGS=${PORTCULLIS_EXTRA_ARGS:-}
+bin=target/release/portcullis
+origin=19001 gateway=18080 nginx_port=18081 admin=17070 proxy_admin=17071
+
+# --- tools ---------------------------------------------------------------------------------
+PATH=$PATH:/usr/sbin:/sbin
+missing=()
+command -v wrk >/dev/null 2>&1 || missing+=(wrk)
+command -v nginx >/dev/null 2>&1 || missing+=(nginx-light)
+if [ ${#missing[@]} -gt 0 ]; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        echo "installing ${missing[*]} with apt-get" >&2
+        apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+    else
+        echo "missing: ${missing[*]}; install with: sudo apt-get install -y ${missing[*]}" >&2
+        exit 1
+    fi
+fi
+command -v python3 >/dev/null 2>&1 || { echo "python3 is needed to read wrk's output" >&2; exit 1; }
+if [ "${SKIP_PORTCULLIS:-0}" != 1 ] && [ ! -x "$bin" ]; then
+    echo "$bin not found: build it (cargo build --release -p portcullis) or set SKIP_PORTCULLIS=1" >&2
+    exit 1
+fi
+ulimit -n 65536 2>/dev/null || true
+
+# --- processes -----------------------------------------------------------------------------
 work=$(mktemp -d)
+chmod 755 "$work" # nginx workers run as nobody when started by root
 pids=()
 cleanup() {
     for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
-    [ -f "$work/nginx.pid" ] && kill "$(cat "$work/nginx.pid")" 2>/dev/null || true
+    for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
+    if [ -n "${BENCH_RAW:-}" ] && [ -d "$work/runs" ]; then
+        mkdir -p "$BENCH_RAW" && cp "$work"/runs/*.txt "$BENCH_RAW"/ 2>/dev/null || true
+    fi
     rm -rf "$work"
 }
 trap cleanup EXIT
+trap 'exit 130' INT TERM
 
-cargo build --release --locked -p portcullis
-bin=target/release/portcullis
-upstream=19001 gateway=18080 nginx_port=18081 admin=17070 proxy_admin=17071
+# Both nginx run in the foreground (daemon off) so that $! is the master and cleanup's kill
+# (SIGTERM: fast shutdown) takes its worker down with it.
+cat >"$work/origin.conf" <<NGINX
+worker_processes 1;
+daemon off;
+pid $work/origin.pid;
+error_log $work/origin-error.log;
+events { worker_connections 4096; }
+http {
+    access_log off;
+    keepalive_requests 1000000;
+    server {
+        listen 127.0.0.1:$origin;
+        default_type text/plain;
+        location / { return 200 "ok"; }
+    }
+}
+NGINX
+cat >"$work/nginx.conf" <<NGINX
+worker_processes 1;
+daemon off;
+pid $work/nginx.pid;
+error_log $work/nginx-error.log;
+events { worker_connections 4096; }
+http {
+    access_log off;
+    # Without this nginx closes each client keep-alive connection after 1,000 requests.
+    keepalive_requests 1000000;
+    upstream origin {
+        server 127.0.0.1:$origin;
+        keepalive 64;
+        keepalive_requests 1000000;
+    }
+    server {
+        listen 127.0.0.1:$nginx_port;
+        location / {
+            proxy_pass http://origin;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+        }
+    }
+}
+NGINX
+mkdir -p "$work/origin" "$work/nginx"
+nginx -e "$work/origin-error.log" -p "$work/origin" -c "$work/origin.conf" & pids+=($!)
+nginx -e "$work/nginx-error.log" -p "$work/nginx" -c "$work/nginx.conf" & pids+=($!)
 
-"$bin" echo --listen 127.0.0.1:$upstream --name bench 2>"$work/echo.log" & pids+=($!)
-cat >"$work/bench.yaml" <<YAML
+targets=(direct nginx)
+declare -A url=(
+    [direct]="http://127.0.0.1:$origin/bench"
+    [nginx]="http://127.0.0.1:$nginx_port/bench"
+)
+
+if [ "${SKIP_PORTCULLIS:-0}" != 1 ]; then
+    cat >"$work/bench.yaml" <<YAML
 apiVersion: portcullis.dev/v1alpha1
 kind: Listener
 metadata: { name: bench }
@@ -33,47 +146,71 @@ spec: { address: 127.0.0.1, port: $gateway }
 ---
 apiVersion: portcullis.dev/v1alpha1
 kind: Backend
-metadata: { name: echo }
-spec: { endpoints: ["127.0.0.1:$upstream"] }
+metadata: { name: origin }
+spec: { endpoints: ["127.0.0.1:$origin"] }
 ---
 apiVersion: portcullis.dev/v1alpha1
 kind: Route
 metadata: { name: bench }
-spec: { listeners: [bench], backends: [{ name: echo }] }
+spec: { listeners: [bench], backends: [{ name: origin }] }
 YAML
-PORTCULLIS_LOG=warn "$bin" up -f "$work/bench.yaml" --data-dir "$work/data" \
-    --admin-listen 127.0.0.1:$admin --proxy-admin-listen 127.0.0.1:$proxy_admin >"$work/up.log" 2>&1 & pids+=($!)
-
-targets=(--target "direct=http://127.0.0.1:$upstream/bench" --target "portcullis=http://127.0.0.1:$gateway/bench")
-if command -v nginx >/dev/null 2>&1; then
-    cat >"$work/nginx.conf" <<NGINX
-worker_processes 1;
-pid $work/nginx.pid;
-error_log $work/nginx-error.log;
-events { worker_connections 1024; }
-http {
-    access_log off;
-    # Without these, nginx closes each keep-alive connection after 1,000 requests and the
-    # load generator counts the reconnects as errors.
-    keepalive_requests 1000000;
-    upstream echo { server 127.0.0.1:$upstream; keepalive 64; keepalive_requests 1000000; }
-    server {
-        listen 127.0.0.1:$nginx_port;
-        location / { proxy_pass http://echo; proxy_http_version 1.1; proxy_set_header Connection ""; }
-    }
-}
-NGINX
-    nginx -c "$work/nginx.conf" -p "$work"
-    targets+=(--target "nginx=http://127.0.0.1:$nginx_port/bench")
-else
-    echo "nginx not installed: skipping the reference (apt-get install nginx-light)" >&2
+    # shellcheck disable=SC2086 # PORTCULLIS_EXTRA_ARGS is split into arguments on purpose
+    PORTCULLIS_LOG=warn "$bin" up -f "$work/bench.yaml" --data-dir "$work/data" \
+        --admin-listen 127.0.0.1:$admin --proxy-admin-listen 127.0.0.1:$proxy_admin \
+        $PORTCULLIS_EXTRA_ARGS >"$work/up.log" 2>&1 & pids+=($!)
+    targets+=(portcullis)
+    url[portcullis]="http://127.0.0.1:$gateway/bench"
+    for _ in $(seq 100); do
+        curl -fsS "http://127.0.0.1:$proxy_admin/readyz" >/dev/null 2>&1 && break
+        sleep 0.1
+    done
 fi
 
-for _ in $(seq 100); do
-    curl -fsS "http://127.0.0.1:$proxy_admin/readyz" >/dev/null 2>&1 && break
-    sleep 0.1
+# Every target must answer "ok" before anything is measured.
+for t in "${targets[@]}"; do
+    body=
+    for _ in $(seq 50); do
+        body=$(curl -fsS "${url[$t]}" 2>/dev/null) && [ "$body" = ok ] && break
+        sleep 0.1
+    done
+    if [ "$body" != ok ]; then
+        echo "$t (${url[$t]}) does not answer \"ok\"" >&2
+        cat "$work"/*-error.log "$work/up.log" 2>/dev/null >&2 || true
+        exit 1
+    fi
 done
-curl -fsS "http://127.0.0.1:$gateway/bench" >/dev/null || { cat "$work/up.log"; exit 1; }
 
-echo "proxy workers: tokio default (2 on 2 cores); nginx: 1 worker; load generator shares the same cores" >&2
-"$bin" bench http "${targets[@]}" --duration "$duration" --rounds "$rounds" --json "${BENCH_JSON:-/dev/null}"
+# --- load ----------------------------------------------------------------------------------
+nginx_version=$( (nginx -v 2>&1 || true) | sed 's/.*nginx\///')
+wrk_version=$( (wrk -v 2>&1 || true) | awk 'NR == 1 {print $2}') # wrk -v exits 1
+echo "$(nproc) cores; wrk $wrk_version -t$wrk_threads; nginx $nginx_version, origin and proxy 1 worker each;" \
+    "Portcullis: tokio default workers; all share the same cores" >&2
+echo "targets: ${targets[*]}; connections: $connections; $rounds rounds × $duration, order rotated each round" >&2
+[ -n "$PORTCULLIS_EXTRA_ARGS" ] && echo "portcullis up extra args: $PORTCULLIS_EXTRA_ARGS" >&2
+
+mkdir -p "$work/runs"
+if [ "$warmup" != 0 ]; then
+    for c in $connections; do
+        for t in "${targets[@]}"; do
+            wrk -t"$wrk_threads" -c"$c" -d"$warmup" "${url[$t]}" >/dev/null
+        done
+    done
+fi
+n=${#targets[@]}
+for r in $(seq "$rounds"); do
+    for c in $connections; do
+        for i in $(seq 0 $((n - 1))); do
+            t=${targets[$(((i + r - 1) % n))]}
+            echo "round $r/$rounds: $t, $c connections" >&2
+            wrk -t"$wrk_threads" -c"$c" -d"$duration" --latency "${url[$t]}" >"$work/runs/c${c}_${t}_r${r}.txt"
+        done
+    done
+done
+
+targets_csv=$(IFS=,; echo "${targets[*]}")
+meta=$(python3 -c 'import json,sys; print(json.dumps(dict(zip(sys.argv[1::2], sys.argv[2::2]))))' \
+    date "$(date -u +%FT%TZ)" cores "$(nproc)" wrk "$wrk_version" wrk_threads "$wrk_threads" \
+    duration "$duration" rounds "$rounds" nginx "$nginx_version" \
+    portcullis_extra_args "$PORTCULLIS_EXTRA_ARGS")
+python3 loadtest/http-bench/wrk_report.py "$work/runs" --targets "$targets_csv" \
+    --connections "$(echo $connections | tr ' ' ,)" --meta "$meta" ${BENCH_JSON:+--json "$BENCH_JSON"}

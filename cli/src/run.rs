@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Args;
 use portcullis_controlplane::{ControlPlane, ControlPlaneConfig};
-use portcullis_dataplane::{Proxy, ProxyConfig};
+use portcullis_dataplane::{AccessLogConfig, AccessLogDestination, Proxy, ProxyConfig, TelemetryConfig};
 
 use crate::admin::{apply_objects, print_changes, read_objects};
 use crate::admin_client::Admin;
@@ -27,8 +27,49 @@ pub struct UpArgs {
     /// Health and status endpoints of the embedded proxy.
     #[arg(long, default_value = "127.0.0.1:7071")]
     pub proxy_admin_listen: SocketAddr,
+    /// Prometheus metrics (GET /metrics) of the embedded control plane.
+    #[arg(long, default_value = "127.0.0.1:7072")]
+    pub metrics_listen: SocketAddr,
     #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
     pub drain_grace: Duration,
+    #[command(flatten)]
+    pub telemetry: TelemetryArgs,
+}
+
+/// The proxy's access log and trace export; metrics are always on its admin port.
+#[derive(Args)]
+pub struct TelemetryArgs {
+    /// One JSON line per request: `off`, `stdout`, or a file path (appended to).
+    #[arg(long, default_value = "off")]
+    pub access_log: String,
+    /// Fraction of requests logged (0–1); failed requests are always logged.
+    #[arg(long, default_value_t = 1.0)]
+    pub access_log_sample: f64,
+    /// OTLP/gRPC collector for request spans, e.g. http://127.0.0.1:4317; none: no export.
+    #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT")]
+    pub otlp_endpoint: Option<String>,
+}
+
+impl TelemetryArgs {
+    fn config(self, proxy_id: &str) -> anyhow::Result<TelemetryConfig> {
+        if !(0.0..=1.0).contains(&self.access_log_sample) {
+            anyhow::bail!("--access-log-sample must be between 0 and 1");
+        }
+        let destination = match self.access_log.as_str() {
+            "off" => AccessLogDestination::Off,
+            "stdout" => AccessLogDestination::Stdout,
+            path => AccessLogDestination::File(PathBuf::from(path)),
+        };
+        Ok(TelemetryConfig {
+            access_log: AccessLogConfig {
+                destination,
+                sample: self.access_log_sample,
+            },
+            otlp_endpoint: self.otlp_endpoint,
+            service_name: "portcullis-proxy".to_string(),
+            proxy_id: proxy_id.to_string(),
+        })
+    }
 }
 
 #[derive(Args)]
@@ -47,6 +88,9 @@ pub struct ControlPlaneArgs {
     /// Start without forming a cluster, waiting to be added to one with AddNode.
     #[arg(long)]
     pub join: bool,
+    /// Serves Prometheus metrics (GET /metrics).
+    #[arg(long, default_value = "127.0.0.1:7072")]
+    pub metrics_listen: SocketAddr,
 }
 
 #[derive(Args)]
@@ -69,6 +113,8 @@ pub struct ProxyArgs {
     /// How long in-flight requests may take to finish after SIGTERM.
     #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
     pub drain_grace: Duration,
+    #[command(flatten)]
+    pub telemetry: TelemetryArgs,
 }
 
 fn parse_label(text: &str) -> Result<(String, String), String> {
@@ -86,6 +132,7 @@ pub async fn up(args: UpArgs) -> anyhow::Result<()> {
         advertise: None,
         data_dir: args.data_dir.join("controlplane"),
         join: false,
+        metrics_listen: Some(args.metrics_listen),
     })
     .await
     .context("starting the control plane")?;
@@ -94,6 +141,9 @@ pub async fn up(args: UpArgs) -> anyhow::Result<()> {
         "control plane: admin API on {endpoint}, data in {}",
         args.data_dir.join("controlplane").display()
     );
+    if let Some(metrics) = controlplane.metrics_addr() {
+        eprintln!("control plane: metrics on http://{metrics}/metrics");
+    }
     if let Some(objects) = objects {
         match apply_objects(&Admin::new(&endpoint), objects, None).await {
             Ok(response) => print_changes(&response),
@@ -103,13 +153,15 @@ pub async fn up(args: UpArgs) -> anyhow::Result<()> {
             }
         }
     }
+    let proxy_id = "embedded";
     let proxy = Proxy::start(ProxyConfig {
-        proxy_id: "embedded".to_string(),
+        proxy_id: proxy_id.to_string(),
         controlplane: endpoint,
         shard: BTreeMap::new(),
         admin_listen: args.proxy_admin_listen,
         cache_dir: Some(args.data_dir.join("proxy")),
         drain_grace: args.drain_grace,
+        telemetry: args.telemetry.config(proxy_id)?,
     })
     .await
     .context("starting the proxy")?;
@@ -133,6 +185,7 @@ pub async fn controlplane(args: ControlPlaneArgs) -> anyhow::Result<()> {
         advertise: args.advertise,
         data_dir: args.data_dir,
         join: args.join,
+        metrics_listen: Some(args.metrics_listen),
     })
     .await
     .context("starting the control plane")?;
@@ -141,14 +194,19 @@ pub async fn controlplane(args: ControlPlaneArgs) -> anyhow::Result<()> {
         args.node_id,
         controlplane.local_addr()
     );
+    if let Some(metrics) = controlplane.metrics_addr() {
+        eprintln!("metrics on http://{metrics}/metrics");
+    }
     crate::signal::terminated().await;
     controlplane.shutdown().await
 }
 
 pub async fn proxy(args: ProxyArgs) -> anyhow::Result<()> {
     let controlplane = crate::admin_client::with_scheme(&args.controlplane);
+    let proxy_id = args.id.unwrap_or_else(|| format!("proxy-{}", std::process::id()));
     let proxy = Proxy::start(ProxyConfig {
-        proxy_id: args.id.unwrap_or_else(|| format!("proxy-{}", std::process::id())),
+        telemetry: args.telemetry.config(&proxy_id)?,
+        proxy_id,
         controlplane,
         shard: args.shard.into_iter().collect(),
         admin_listen: args.admin_listen,

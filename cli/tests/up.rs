@@ -35,6 +35,8 @@ fn up_applies_serves_and_keeps_its_data() {
             format!("127.0.0.1:{admin}"),
             "--proxy-admin-listen".into(),
             format!("127.0.0.1:{proxy_admin}"),
+            "--metrics-listen".into(),
+            "127.0.0.1:0".into(),
         ];
         if with_file {
             args.extend(["-f".to_string(), file.to_str().unwrap().to_string()]);

@@ -1,10 +1,23 @@
 use crate::error::{ConfigError, FieldError};
 use crate::object::{collect_objects, Object};
 
+/// Objects one file may hold: a real config of 10,000 routes plus their policies fits;
+/// the parser's default (1,024 documents) does not.
+pub const MAX_DOCUMENTS: usize = 100_000;
+
 /// Parses a file of config objects: YAML (several documents separated by `---`) or JSON
 /// (one object, or an array of objects). Collects the errors of every document.
 pub fn parse_documents(text: &str) -> Result<Vec<Object>, ConfigError> {
-    let values: Vec<serde_json::Value> = serde_saphyr::from_multiple(text)
+    // The other limits keep protecting against alias and nesting bombs; only the sizes
+    // that grow with the number of objects are raised, in proportion.
+    let options = serde_saphyr::options! {
+        budget: serde_saphyr::budget! {
+            max_documents: MAX_DOCUMENTS,
+            max_nodes: 100 * MAX_DOCUMENTS,
+            max_events: 400 * MAX_DOCUMENTS,
+        },
+    };
+    let values: Vec<serde_json::Value> = serde_saphyr::from_multiple_with_options(text, options)
         .map_err(|error| FieldError::new("input", "", format!("malformed YAML/JSON: {error}")))?;
     let documents = values.into_iter().flat_map(|value| match value {
         serde_json::Value::Array(items) => items,
@@ -56,6 +69,16 @@ mod tests {
             error.errors[1].to_string(),
             "Listener/b: spec.port: port must be between 1 and 65535"
         );
+    }
+
+    #[test]
+    fn ten_thousand_documents_parse() {
+        let text: String = (0..10_000)
+            .map(|index| {
+                format!("apiVersion: portcullis.dev/v1alpha1\nkind: Backend\nmetadata: {{name: b{index}}}\nspec: {{endpoints: ['127.0.0.1:1']}}\n---\n")
+            })
+            .collect();
+        assert_eq!(parse_documents(&text).unwrap().len(), 10_000);
     }
 
     #[test]

@@ -65,7 +65,7 @@ impl fmt::Display for ConfigError {
 }
 
 /// Collects field errors while validating one object.
-pub(crate) struct Checker<'a> {
+pub struct Checker<'a> {
     object: &'a str,
     pub(crate) errors: Vec<FieldError>,
 }
@@ -78,7 +78,7 @@ impl<'a> Checker<'a> {
         }
     }
 
-    pub(crate) fn fail(&mut self, field: impl Into<String>, message: impl Into<String>) {
+    pub fn fail(&mut self, field: impl Into<String>, message: impl Into<String>) {
         self.errors.push(FieldError::new(self.object, field, message));
     }
 }

@@ -3,24 +3,30 @@
 //!
 //! Objects look like Kubernetes objects (`apiVersion`, `kind`, `metadata.name` + labels,
 //! `spec`). Validation happens at two levels:
-//! * per object ([`Object::from_json`]): shape, unknown fields, value ranges;
-//! * per config ([`ConfigSet::validate`]): references between objects, conflicts.
+//! * per object ([`Object::from_json`]): shape, unknown fields, value ranges, and every value
+//!   a proxy would refuse (a proxy never NACKs what the control plane accepted);
+//! * per config ([`ConfigSet::validate`]): typed references between objects, conflicts.
 //!
 //! Every error names the object and the field path, e.g.
-//! `Route/web: spec.backends[0].name: Backend "api" does not exist`.
+//! `Route/web: spec.backends[0]: Backend "api" does not exist`.
+//!
+//! Kinds live in [`kinds`], one file each, behind the [`KindSpec`] trait.
 
-mod backend;
 mod document;
+mod duration;
 mod error;
-mod listener;
+mod kind;
+pub mod kinds;
 mod object;
-mod route;
+pub mod path;
+mod reference;
 mod set;
 
-pub use backend::BackendSpec;
 pub use document::{parse_documents, to_yaml};
-pub use error::{ConfigError, FieldError};
-pub use listener::ListenerSpec;
-pub use object::{collect_objects, Kind, Metadata, Object, ObjectKey, API_VERSION};
-pub use route::{BackendRef, HeaderMatch, PathMatch, RouteMatch, RouteSpec};
+pub use duration::HumanDuration;
+pub use error::{Checker, ConfigError, FieldError};
+pub use kind::{Kind, KindInfo, KindSpec};
+pub use kinds::*;
+pub use object::{collect_objects, Metadata, Object, ObjectKey, API_VERSION};
+pub use reference::{target_refs, Reference, Role, TargetRef};
 pub use set::{Change, ConfigSet, ShardSelector};

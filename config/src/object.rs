@@ -1,61 +1,13 @@
 use std::collections::BTreeMap;
 use std::fmt;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Checker, ConfigError, FieldError};
-use crate::{BackendSpec, ListenerSpec, RouteSpec};
+use crate::kind::{unknown_kind, Kind, KindSpec, Spec};
 
 pub const API_VERSION: &str = "portcullis.dev/v1alpha1";
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-pub enum Kind {
-    Listener,
-    Route,
-    Backend,
-}
-
-impl Kind {
-    pub const ALL: [Kind; 3] = [Kind::Listener, Kind::Route, Kind::Backend];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Kind::Listener => "Listener",
-            Kind::Route => "Route",
-            Kind::Backend => "Backend",
-        }
-    }
-
-    /// Accepts the kind as written in objects (`Route`) and the CLI's lowercase and plural
-    /// spellings (`route`, `routes`).
-    pub fn parse(text: &str) -> Option<Kind> {
-        let lower = text.to_ascii_lowercase();
-        let singular = lower.strip_suffix('s').unwrap_or(&lower);
-        Kind::ALL
-            .into_iter()
-            .find(|kind| kind.as_str().eq_ignore_ascii_case(singular))
-    }
-}
-
-/// Lenient, like [`Kind::parse`], with an error that lists the kinds there are.
-impl std::str::FromStr for Kind {
-    type Err = String;
-
-    fn from_str(text: &str) -> Result<Kind, String> {
-        Kind::parse(text).ok_or_else(|| unknown_kind(text))
-    }
-}
-
-fn unknown_kind(text: &str) -> String {
-    let known: Vec<&str> = Kind::ALL.iter().map(|kind| kind.as_str()).collect();
-    format!("unknown kind {text:?}, expected one of {}", known.join(", "))
-}
-
-impl fmt::Display for Kind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
 
 /// Identity of an object: kind + name. Names are unique per kind.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -87,12 +39,17 @@ pub struct Metadata {
     pub labels: BTreeMap<String, String>,
 }
 
-/// A validated config object.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Object {
-    Listener { metadata: Metadata, spec: ListenerSpec },
-    Route { metadata: Metadata, spec: RouteSpec },
-    Backend { metadata: Metadata, spec: BackendSpec },
+/// A validated config object of any kind. Cloning is cheap: the spec is shared.
+#[derive(Debug, Clone)]
+pub struct Object {
+    metadata: Metadata,
+    spec: Arc<dyn Spec>,
+}
+
+impl PartialEq for Object {
+    fn eq(&self, other: &Object) -> bool {
+        self.metadata == other.metadata && self.spec.same_as(other.spec.as_ref())
+    }
 }
 
 /// The envelope every object shares; `spec` is decoded once the kind is known.
@@ -105,47 +62,58 @@ struct Envelope {
     spec: serde_json::Value,
 }
 
-#[derive(Serialize)]
-#[serde(rename_all = "camelCase")]
-struct EnvelopeOut<'a, S> {
-    api_version: &'static str,
-    kind: Kind,
-    metadata: &'a Metadata,
-    spec: &'a S,
-}
-
 impl Object {
+    /// Builds and validates an object from a typed spec (tests, generated objects).
+    pub fn new<T: KindSpec>(metadata: Metadata, spec: T) -> Result<Object, ConfigError> {
+        let object = Object {
+            metadata,
+            spec: Arc::new(spec),
+        };
+        object.checked()
+    }
+
     pub fn kind(&self) -> Kind {
-        match self {
-            Object::Listener { .. } => Kind::Listener,
-            Object::Route { .. } => Kind::Route,
-            Object::Backend { .. } => Kind::Backend,
-        }
+        self.spec.kind()
     }
 
     pub fn metadata(&self) -> &Metadata {
-        match self {
-            Object::Listener { metadata, .. }
-            | Object::Route { metadata, .. }
-            | Object::Backend { metadata, .. } => metadata,
-        }
+        &self.metadata
     }
 
     pub fn name(&self) -> &str {
-        &self.metadata().name
+        &self.metadata.name
     }
 
     pub fn key(&self) -> ObjectKey {
         ObjectKey::new(self.kind(), self.name())
     }
 
+    /// The spec, if this object is of kind `T`.
+    pub fn spec<T: KindSpec>(&self) -> Option<&T> {
+        self.spec.as_any().downcast_ref::<T>()
+    }
+
+    pub(crate) fn dyn_spec(&self) -> &dyn Spec {
+        self.spec.as_ref()
+    }
+
+    pub(crate) fn with_spec(&self, spec: Arc<dyn Spec>) -> Object {
+        Object {
+            metadata: self.metadata.clone(),
+            spec,
+        }
+    }
+
     /// Decodes and validates one object. `location` names it in errors when its own
     /// kind/name cannot be read (e.g. `document 3`).
     pub fn from_json(value: serde_json::Value, location: &str) -> Result<Object, ConfigError> {
-        let envelope: Envelope = decode(value, location, "")?;
+        let envelope: Envelope = serde_path_to_error::deserialize(value).map_err(|error| {
+            let field = error.path().to_string();
+            let field = if field == "." { String::new() } else { field };
+            FieldError::new(location, field, error.into_inner().to_string())
+        })?;
         // Objects spell the kind exactly; only the CLI and API lookups are lenient.
-        let kind = Kind::parse(&envelope.kind)
-            .filter(|kind| kind.as_str() == envelope.kind)
+        let kind = Kind::from_name(&envelope.kind)
             .ok_or_else(|| FieldError::new(location, "kind", unknown_kind(&envelope.kind)))?;
         let label = format!("{kind}/{}", envelope.metadata.name);
         let mut checker = Checker::new(&label);
@@ -158,28 +126,12 @@ impl Object {
                 ),
             );
         }
-        check_name(&mut checker, "metadata.name", &envelope.metadata.name);
-        for (key, value) in &envelope.metadata.labels {
-            check_label(&mut checker, key, value);
-        }
-        let metadata = envelope.metadata;
-        let object = match kind {
-            Kind::Listener => {
-                let spec: ListenerSpec = decode(envelope.spec, &label, "spec")?;
-                spec.check(&mut checker);
-                Object::Listener { metadata, spec }
-            }
-            Kind::Route => {
-                let spec: RouteSpec = decode(envelope.spec, &label, "spec")?;
-                spec.check(&mut checker);
-                Object::Route { metadata, spec }
-            }
-            Kind::Backend => {
-                let spec: BackendSpec = decode(envelope.spec, &label, "spec")?;
-                spec.check(&mut checker);
-                Object::Backend { metadata, spec }
-            }
+        let spec = kind.decode(envelope.spec, &label)?;
+        let object = Object {
+            metadata: envelope.metadata,
+            spec,
         };
+        checker.errors.extend(object.problems());
         if checker.errors.is_empty() {
             Ok(object)
         } else {
@@ -189,6 +141,26 @@ impl Object {
         }
     }
 
+    fn checked(self) -> Result<Object, ConfigError> {
+        let errors = self.problems();
+        if errors.is_empty() {
+            Ok(self)
+        } else {
+            Err(ConfigError { errors })
+        }
+    }
+
+    fn problems(&self) -> Vec<FieldError> {
+        let label = self.key().to_string();
+        let mut checker = Checker::new(&label);
+        check_name(&mut checker, "metadata.name", &self.metadata.name);
+        for (key, value) in &self.metadata.labels {
+            check_label(&mut checker, key, value);
+        }
+        self.spec.check(&mut checker);
+        checker.errors
+    }
+
     pub fn from_json_bytes(bytes: &[u8], location: &str) -> Result<Object, ConfigError> {
         let value: serde_json::Value = serde_json::from_slice(bytes)
             .map_err(|error| FieldError::new(location, "", format!("not valid JSON: {error}")))?;
@@ -196,21 +168,12 @@ impl Object {
     }
 
     pub fn to_json(&self) -> serde_json::Value {
-        fn envelope<S: Serialize>(kind: Kind, metadata: &Metadata, spec: &S) -> serde_json::Value {
-            let out = EnvelopeOut {
-                api_version: API_VERSION,
-                kind,
-                metadata,
-                spec,
-            };
-            // Serializing plain structs of strings, numbers and maps into a Value cannot fail.
-            serde_json::to_value(out).unwrap_or(serde_json::Value::Null)
-        }
-        match self {
-            Object::Listener { metadata, spec } => envelope(Kind::Listener, metadata, spec),
-            Object::Route { metadata, spec } => envelope(Kind::Route, metadata, spec),
-            Object::Backend { metadata, spec } => envelope(Kind::Backend, metadata, spec),
-        }
+        serde_json::json!({
+            "apiVersion": API_VERSION,
+            "kind": self.kind().as_str(),
+            "metadata": &self.metadata,
+            "spec": self.spec.to_json(),
+        })
     }
 
     pub fn to_json_bytes(&self) -> Vec<u8> {
@@ -235,23 +198,6 @@ pub fn collect_objects(
     } else {
         Err(ConfigError { errors })
     }
-}
-
-/// Deserializes with the failing field's path in the error.
-fn decode<T: serde::de::DeserializeOwned>(
-    value: serde_json::Value,
-    object: &str,
-    prefix: &str,
-) -> Result<T, FieldError> {
-    serde_path_to_error::deserialize(value).map_err(|error| {
-        let inner = error.path().to_string();
-        let field = match (prefix.is_empty(), inner.as_str()) {
-            (_, ".") => prefix.to_string(),
-            (true, inner) => inner.to_string(),
-            (false, inner) => format!("{prefix}.{inner}"),
-        };
-        FieldError::new(object, field, error.into_inner().to_string())
-    })
 }
 
 /// Names follow Kubernetes DNS labels, so the same objects can later be CRDs.
@@ -289,6 +235,7 @@ fn check_label(checker: &mut Checker<'_>, key: &str, value: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::{BackendSpec, RouteSpec};
     use serde_json::json;
 
     #[test]
@@ -300,6 +247,8 @@ mod tests {
         });
         let object = Object::from_json(value, "document 1").unwrap();
         assert_eq!(object.key().to_string(), "Backend/api");
+        assert!(object.spec::<BackendSpec>().is_some());
+        assert!(object.spec::<RouteSpec>().is_none());
         let again = Object::from_json_bytes(&object.to_json_bytes(), "wire").unwrap();
         assert_eq!(object, again);
     }
@@ -313,6 +262,10 @@ mod tests {
             error.starts_with("document 2: kind: unknown kind \"Gateway\""),
             "{error}"
         );
+        // Objects spell kinds exactly; the lenient spellings are for the CLI.
+        let value =
+            json!({"apiVersion": API_VERSION, "kind": "route", "metadata": {"name": "x"}, "spec": {}});
+        assert!(Object::from_json(value, "document 3").is_err());
     }
 
     #[test]
@@ -335,9 +288,33 @@ mod tests {
     }
 
     #[test]
-    fn kind_parses_cli_spellings() {
-        assert_eq!(Kind::parse("routes"), Some(Kind::Route));
-        assert_eq!(Kind::parse("Backend"), Some(Kind::Backend));
-        assert_eq!(Kind::parse("gateway"), None);
+    fn kinds_parse_as_users_type_them() {
+        let parse = |text: &str| Kind::parse(text).map(Kind::as_str);
+        assert_eq!(parse("routes"), Some("Route"));
+        assert_eq!(parse("ROUTE"), Some("Route"));
+        assert_eq!(parse("rt"), Some("Route"));
+        assert_eq!(parse("be"), Some("Backend"));
+        assert_eq!(parse("Backend"), Some("Backend"));
+        assert_eq!(parse("listeners"), Some("Listener"));
+        assert_eq!(parse("ratelimitpolicies"), Some("RateLimitPolicy"));
+        assert_eq!(parse("RateLimitPolicy"), Some("RateLimitPolicy"));
+        assert_eq!(parse("rlp"), Some("RateLimitPolicy"));
+        assert_eq!(parse("headerpolicies"), Some("HeaderPolicy"));
+        assert_eq!(parse("gateway"), None);
+        assert_eq!(parse("routess"), None);
+    }
+
+    #[test]
+    fn kind_names_are_unique_across_the_registry() {
+        let mut seen = std::collections::HashSet::new();
+        for kind in Kind::all() {
+            let info = kind.info();
+            let names = std::iter::once(info.name.to_ascii_lowercase())
+                .chain(std::iter::once(info.plural.to_string()))
+                .chain(info.short_names.iter().map(|short| short.to_string()));
+            for name in names {
+                assert!(seen.insert(name.clone()), "{name} names two kinds");
+            }
+        }
     }
 }

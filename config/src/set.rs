@@ -1,7 +1,9 @@
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 
 use crate::error::{ConfigError, FieldError};
-use crate::object::{Kind, Object, ObjectKey};
+use crate::kind::{Kind, KindSpec};
+use crate::object::{Metadata, Object, ObjectKey};
+use crate::reference::Role;
 
 /// A whole config: every object, keyed by kind and name. Only ever built through
 /// [`ConfigSet::apply`], [`ConfigSet::delete`] and [`ConfigSet::from_objects`], which
@@ -53,6 +55,18 @@ impl ConfigSet {
         self.objects.values().filter(move |object| object.kind() == kind)
     }
 
+    /// Every object of kind `T` with its typed spec.
+    pub fn specs<T: KindSpec>(&self) -> impl Iterator<Item = (&Metadata, &T)> {
+        self.of_kind(Kind::of::<T>())
+            .filter_map(|object| Some((object.metadata(), object.spec::<T>()?)))
+    }
+
+    pub fn spec<T: KindSpec>(&self, name: &str) -> Option<&T> {
+        self.objects
+            .get(&ObjectKey::new(Kind::of::<T>(), name))
+            .and_then(Object::spec::<T>)
+    }
+
     pub fn len(&self) -> usize {
         self.objects.len()
     }
@@ -99,13 +113,33 @@ impl ConfigSet {
     }
 
     /// Returns the config without the named objects. Deleting something another object
-    /// still references is an error, as is deleting something that does not exist.
+    /// still references is an error naming the referrer, as is deleting something that
+    /// does not exist. Naming an object twice deletes it once.
     pub fn delete(&self, keys: &[ObjectKey]) -> Result<(ConfigSet, Vec<(ObjectKey, Change)>), ConfigError> {
+        let keys: Vec<&ObjectKey> = keys.iter().collect::<BTreeSet<_>>().into_iter().collect();
         let mut next = self.clone();
         let mut errors = Vec::new();
-        for key in keys {
+        for key in &keys {
             if next.objects.remove(key).is_none() {
                 errors.push(FieldError::new(key.to_string(), "", "not found"));
+            }
+        }
+        if !errors.is_empty() {
+            return Err(ConfigError { errors });
+        }
+        for object in next.objects.values() {
+            for reference in object.dyn_spec().references() {
+                let Ok(kind) = reference.target_kind() else {
+                    continue;
+                };
+                let target = ObjectKey::new(kind, reference.name.as_str());
+                if keys.contains(&&target) {
+                    errors.push(FieldError::new(
+                        target.to_string(),
+                        "",
+                        format!("still referenced by {} at {}", object.key(), reference.field),
+                    ));
+                }
             }
         }
         if !errors.is_empty() {
@@ -114,63 +148,38 @@ impl ConfigSet {
         next.validate()?;
         Ok((
             next,
-            keys.iter().map(|key| (key.clone(), Change::Deleted)).collect(),
+            keys.into_iter()
+                .map(|key| (key.clone(), Change::Deleted))
+                .collect(),
         ))
     }
 
-    /// Cross-object checks: every reference resolves, no two listeners share a socket.
+    /// Cross-object checks: every reference names an allowed kind and an existing object,
+    /// and each kind's own set-wide rules (e.g. no two listeners on one socket).
     pub fn validate(&self) -> Result<(), ConfigError> {
         let mut errors = Vec::new();
-        let mut sockets: HashMap<std::net::SocketAddr, &str> = HashMap::new();
         for object in self.objects.values() {
-            let label = object.key().to_string();
-            match object {
-                Object::Listener { metadata, spec } => {
-                    let addr = spec.socket_addr();
-                    // 0.0.0.0:P also conflicts with any specific address on port P.
-                    let clash = sockets.iter().find(|(other, _)| {
-                        other.port() == addr.port()
-                            && (other.ip() == addr.ip()
-                                || other.ip().is_unspecified()
-                                || addr.ip().is_unspecified())
-                    });
-                    if let Some((_, other)) = clash {
-                        errors.push(FieldError::new(
-                            &label,
-                            "spec.port",
-                            format!("port {} is already used by Listener/{other}", addr.port()),
-                        ));
-                    }
-                    sockets.insert(addr, &metadata.name);
-                }
-                Object::Route { spec, .. } => {
-                    for (index, listener) in spec.listeners.iter().enumerate() {
+            for reference in object.dyn_spec().references() {
+                let label = object.key().to_string();
+                match reference.target_kind() {
+                    Err(problem) => errors.push(FieldError::new(label, &reference.field, problem)),
+                    Ok(kind) => {
                         if !self
                             .objects
-                            .contains_key(&ObjectKey::new(Kind::Listener, listener.as_str()))
+                            .contains_key(&ObjectKey::new(kind, reference.name.as_str()))
                         {
                             errors.push(FieldError::new(
-                                &label,
-                                format!("spec.listeners[{index}]"),
-                                format!("Listener {listener:?} does not exist"),
-                            ));
-                        }
-                    }
-                    for (index, backend) in spec.backends.iter().enumerate() {
-                        if !self
-                            .objects
-                            .contains_key(&ObjectKey::new(Kind::Backend, backend.name.as_str()))
-                        {
-                            errors.push(FieldError::new(
-                                &label,
-                                format!("spec.backends[{index}].name"),
-                                format!("Backend {:?} does not exist", backend.name),
+                                label,
+                                &reference.field,
+                                format!("{kind} {:?} does not exist", reference.name),
                             ));
                         }
                     }
                 }
-                Object::Backend { .. } => {}
             }
+        }
+        for kind in Kind::all() {
+            (kind.info().check_set)(self, &mut errors);
         }
         if errors.is_empty() {
             Ok(())
@@ -179,58 +188,64 @@ impl ConfigSet {
         }
     }
 
-    /// The part of the config a proxy with this selector serves: the selected Listeners,
-    /// the Routes attached to them (listing only selected listeners) and the Backends those
-    /// Routes use. A slice of a valid config is valid.
+    /// The part of the config a proxy with this selector serves: the shard roots
+    /// (Listeners) whose labels match, everything attached to what is in the slice, and
+    /// everything used by what is in the slice; attachments to objects outside the slice
+    /// are dropped. A slice of a valid config is valid.
     pub fn slice(&self, selector: &ShardSelector) -> ConfigSet {
         if selector.is_empty() {
             return self.clone();
         }
-        let listeners: BTreeSet<&str> = self
-            .of_kind(Kind::Listener)
-            .filter(|listener| {
-                selector
-                    .iter()
-                    .all(|(key, value)| listener.metadata().labels.get(key) == Some(value))
-            })
-            .map(Object::name)
-            .collect();
-        let mut slice = ConfigSet::default();
-        let mut backends = BTreeSet::new();
+        // Edges from an object to what joins the slice with it.
+        let mut follows: HashMap<ObjectKey, Vec<ObjectKey>> = HashMap::new();
         for object in self.objects.values() {
-            match object {
-                Object::Listener { metadata, .. } if listeners.contains(metadata.name.as_str()) => {
-                    slice.objects.insert(object.key(), object.clone());
+            for reference in object.dyn_spec().references() {
+                let Ok(kind) = reference.target_kind() else {
+                    continue;
+                };
+                let target = ObjectKey::new(kind, reference.name);
+                match reference.role {
+                    Role::AttachTo => follows.entry(target).or_default().push(object.key()),
+                    Role::Uses => follows.entry(object.key()).or_default().push(target),
                 }
-                Object::Route { metadata, spec } => {
-                    let mut spec = spec.clone();
-                    spec.listeners.retain(|name| listeners.contains(name.as_str()));
-                    if !spec.listeners.is_empty() {
-                        backends.extend(spec.backends.iter().map(|backend| backend.name.clone()));
-                        let route = Object::Route {
-                            metadata: metadata.clone(),
-                            spec,
-                        };
-                        slice.objects.insert(route.key(), route);
-                    }
-                }
-                _ => {}
             }
         }
-        for name in backends {
-            let key = ObjectKey::new(Kind::Backend, name);
-            if let Some(backend) = self.objects.get(&key) {
-                slice.objects.insert(key, backend.clone());
+        let mut queue: VecDeque<ObjectKey> = self
+            .objects
+            .values()
+            .filter(|object| {
+                object.kind().info().shard_root
+                    && selector
+                        .iter()
+                        .all(|(key, value)| object.metadata().labels.get(key) == Some(value))
+            })
+            .map(Object::key)
+            .collect();
+        let mut included: BTreeSet<ObjectKey> = queue.iter().cloned().collect();
+        while let Some(key) = queue.pop_front() {
+            for next in follows.get(&key).into_iter().flatten() {
+                if included.insert(next.clone()) {
+                    queue.push_back(next.clone());
+                }
             }
         }
-        slice
+        let keep = |key: &ObjectKey| included.contains(key);
+        let objects = included
+            .iter()
+            .filter_map(|key| {
+                let object = self.objects.get(key)?;
+                let trimmed = object.with_spec(object.dyn_spec().with_attachments(&keep));
+                Some((key.clone(), trimmed))
+            })
+            .collect();
+        ConfigSet { objects }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::parse_documents;
+    use crate::{parse_documents, BackendSpec, RouteSpec};
 
     const BASE: &str = r#"
 apiVersion: portcullis.dev/v1alpha1
@@ -277,7 +292,7 @@ spec: { listeners: [internal], backends: [{ name: admin }] }
         let error = base().apply(route).unwrap_err().to_string();
         assert_eq!(
             error,
-            "Route/web: spec.backends[0].name: Backend \"nope\" does not exist"
+            "Route/web: spec.backends[0]: Backend \"nope\" does not exist"
         );
     }
 
@@ -316,12 +331,15 @@ spec: { listeners: [internal], backends: [{ name: admin }] }
     #[test]
     fn delete_of_referenced_backend_fails() {
         let error = base()
-            .delete(&[ObjectKey::new(Kind::Backend, "api")])
+            .delete(&[ObjectKey::new(Kind::of::<BackendSpec>(), "api")])
             .unwrap_err()
             .to_string();
-        assert!(error.contains("Route/web: spec.backends[0].name"), "{error}");
+        assert_eq!(
+            error,
+            "Backend/api: still referenced by Route/web at spec.backends[0]"
+        );
         let error = base()
-            .delete(&[ObjectKey::new(Kind::Backend, "ghost")])
+            .delete(&[ObjectKey::new(Kind::of::<BackendSpec>(), "ghost")])
             .unwrap_err()
             .to_string();
         assert_eq!(error, "Backend/ghost: not found");
@@ -334,9 +352,100 @@ spec: { listeners: [internal], backends: [{ name: admin }] }
         let keys: Vec<String> = slice.objects().map(|o| o.key().to_string()).collect();
         assert_eq!(keys, ["Listener/public", "Route/web", "Backend/api"]);
         slice.validate().unwrap();
-        match slice.get(&ObjectKey::new(Kind::Route, "web")) {
-            Some(Object::Route { spec, .. }) => assert_eq!(spec.listeners, ["public"]),
-            other => panic!("unexpected {other:?}"),
-        }
+        assert_eq!(slice.spec::<RouteSpec>("web").unwrap().listeners, ["public"]);
+    }
+
+    fn apply_yaml(set: &ConfigSet, yaml: &str) -> Result<ConfigSet, String> {
+        let objects = parse_documents(yaml).map_err(|error| error.to_string())?;
+        set.apply(objects)
+            .map(|(next, _)| next)
+            .map_err(|error| error.to_string())
+    }
+
+    #[test]
+    fn policies_attach_by_typed_reference() {
+        let policy = |targets: &str| {
+            format!("apiVersion: portcullis.dev/v1alpha1\nkind: RateLimitPolicy\nmetadata: {{name: limit}}\nspec: {{targetRefs: {targets}, requestsPerSecond: 5}}")
+        };
+        let set = apply_yaml(
+            &base(),
+            &policy("[{kind: Route, name: web}, {kind: Listener, name: internal}]"),
+        )
+        .unwrap();
+        assert_eq!(set.len(), 7);
+        let error = apply_yaml(&base(), &policy("[{kind: Backend, name: api}]")).unwrap_err();
+        assert_eq!(
+            error,
+            "RateLimitPolicy/limit: spec.targetRefs[0]: kind \"Backend\" cannot be referenced here, expected Listener or Route"
+        );
+        let error = apply_yaml(&base(), &policy("[{kind: Route, name: nope}]")).unwrap_err();
+        assert_eq!(
+            error,
+            "RateLimitPolicy/limit: spec.targetRefs[0]: Route \"nope\" does not exist"
+        );
+        let error = set
+            .delete(&[ObjectKey::new(Kind::of::<RouteSpec>(), "web")])
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            error,
+            "Route/web: still referenced by RateLimitPolicy/limit at spec.targetRefs[0]"
+        );
+    }
+
+    #[test]
+    fn backend_refs_name_their_kind() {
+        let route = "apiVersion: portcullis.dev/v1alpha1\nkind: Route\nmetadata: {name: web}\nspec: {listeners: [public], backends: [{kind: Listener, name: internal}]}";
+        let error = apply_yaml(&base(), route).unwrap_err();
+        assert_eq!(
+            error,
+            "Route/web: spec.backends[0]: kind \"Listener\" cannot be referenced here, expected Backend"
+        );
+    }
+
+    #[test]
+    fn slice_carries_the_policies_of_what_it_holds() {
+        let policies = "apiVersion: portcullis.dev/v1alpha1\nkind: HeaderPolicy\nmetadata: {name: tag}\nspec: {targetRefs: [{kind: Route, name: web}, {kind: Route, name: ops}], request: {set: [{name: x-tag, value: a}]}}\n---\napiVersion: portcullis.dev/v1alpha1\nkind: RateLimitPolicy\nmetadata: {name: internal-only}\nspec: {targetRefs: [{kind: Listener, name: internal}], requestsPerSecond: 1}";
+        let set = apply_yaml(&base(), policies).unwrap();
+        let selector = ShardSelector::from([("edge".to_string(), "true".to_string())]);
+        let slice = set.slice(&selector);
+        let keys: Vec<String> = slice.objects().map(|o| o.key().to_string()).collect();
+        assert_eq!(
+            keys,
+            ["Listener/public", "Route/web", "Backend/api", "HeaderPolicy/tag"]
+        );
+        let tag = slice.spec::<crate::HeaderPolicySpec>("tag").unwrap();
+        assert_eq!(
+            tag.target_refs.len(),
+            1,
+            "the attachment to Route/ops is outside the slice"
+        );
+        slice.validate().unwrap();
+    }
+
+    #[test]
+    fn deleting_one_object_named_twice_deletes_it_once() {
+        let key = ObjectKey::new(Kind::of::<RouteSpec>(), "ops");
+        let (next, changes) = base().delete(&[key.clone(), key]).unwrap();
+        assert_eq!(changes.len(), 1);
+        assert_eq!(next.len(), 5);
+    }
+
+    #[test]
+    fn values_a_proxy_would_refuse_are_refused_at_apply() {
+        let route = |matches: &str| {
+            format!("apiVersion: portcullis.dev/v1alpha1\nkind: Route\nmetadata: {{name: web}}\nspec: {{listeners: [public], backends: [{{name: api}}], matches: [{matches}]}}")
+        };
+        let error =
+            apply_yaml(&base(), &route(r#"{headers: [{name: x-a, value: "a\u0001b"}]}"#)).unwrap_err();
+        assert!(
+            error.contains("spec.matches[0].headers[0].value: invalid header value"),
+            "{error}"
+        );
+        let error = apply_yaml(&base(), &route("{path: {prefix: /a/../b}}")).unwrap_err();
+        assert!(
+            error.contains("spec.matches[0].path: path \"/a/../b\" is not normalized"),
+            "{error}"
+        );
     }
 }

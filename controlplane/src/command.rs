@@ -195,7 +195,10 @@ pub(crate) mod tests {
     #[test]
     fn deleting_a_missing_object_is_not_found() {
         let command = Command::Delete {
-            keys: vec![ObjectKey::new(Kind::Backend, "ghost")],
+            keys: vec![ObjectKey::new(
+                Kind::of::<portcullis_config::BackendSpec>(),
+                "ghost",
+            )],
             expected_version: None,
         };
         let rejection = execute(&ConfigSet::default(), 0, &command).unwrap_err();

@@ -3,6 +3,7 @@
 
 mod admin;
 mod command;
+mod metrics;
 mod network;
 mod node;
 mod registry;

@@ -18,6 +18,7 @@ pub async fn start(data_dir: &Path, node_id: u64, join: bool) -> ControlPlane {
         advertise: None,
         data_dir: data_dir.to_path_buf(),
         join,
+        metrics_listen: None,
     })
     .await
     .unwrap()

@@ -7,16 +7,22 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
-use portcullis_config::{collect_objects, ConfigError, ConfigSet, Kind, Object};
+use portcullis_config::{
+    collect_objects, ConfigError, ConfigSet, Kind, ListenerSpec, Object, ObjectKey, RouteSpec,
+};
 use tokio::net::TcpListener;
 use tokio::sync::Mutex;
 use tokio::task::JoinHandle;
 
-use crate::backend::{Backend, UpstreamClients};
 use crate::cache::ConfigCache;
-use crate::forward::Forwarder;
-use crate::listener::RunningListener;
+use crate::listener::{Limits, RunningListener};
+use crate::normalize::Forwarding;
+use crate::pipeline::Pipeline;
+use crate::policy::{Policy, PolicyIndex};
 use crate::route::{Route, RouteTable};
+use crate::target::{self, WeightedTargets};
+use crate::telemetry::Telemetry;
+use crate::upstream::{RetryPolicy, Upstream};
 
 /// One applied config version, compiled for serving.
 #[derive(Default)]
@@ -24,10 +30,27 @@ pub(crate) struct Snapshot {
     /// `None` until the first version is applied.
     pub(crate) version: Option<u64>,
     pub(crate) config: ConfigSet,
-    /// Name and address of each listener, sorted by name.
-    pub(crate) listeners: Vec<(String, SocketAddr)>,
+    /// Each listener by name, sorted by name.
+    pub(crate) listeners: Vec<ListenerEntry>,
     /// Keyed by listener address rather than name, so renaming a listener keeps its socket.
-    pub(crate) routes: HashMap<SocketAddr, RouteTable>,
+    pub(crate) tables: HashMap<SocketAddr, ListenerTable>,
+    /// Kept to reuse unchanged policies (and their state) in the next version.
+    policies: PolicyIndex,
+}
+
+pub(crate) struct ListenerEntry {
+    pub(crate) name: String,
+    pub(crate) address: SocketAddr,
+    limits: Limits,
+}
+
+/// What a listener does with a request before and around its route.
+pub(crate) struct ListenerTable {
+    pub(crate) name: Arc<str>,
+    pub(crate) routes: RouteTable,
+    pub(crate) policies: Vec<Arc<dyn Policy>>,
+    pub(crate) merge_slashes: bool,
+    pub(crate) forwarding: Forwarding,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -48,7 +71,8 @@ pub(crate) enum ApplyError {
 
 pub(crate) struct ConfigState {
     snapshots: Arc<ArcSwap<Snapshot>>,
-    clients: UpstreamClients,
+    upstream: Arc<Upstream>,
+    telemetry: Arc<Telemetry>,
     /// Also serializes applies, so two versions never bind or drain concurrently.
     listeners: Mutex<Listeners>,
     cache: Option<ConfigCache>,
@@ -65,10 +89,15 @@ struct Listeners {
 }
 
 impl ConfigState {
-    pub(crate) fn new(cache: Option<ConfigCache>, drain_grace: Duration) -> ConfigState {
+    pub(crate) fn new(
+        cache: Option<ConfigCache>,
+        drain_grace: Duration,
+        telemetry: Arc<Telemetry>,
+    ) -> ConfigState {
         ConfigState {
             snapshots: Arc::new(ArcSwap::from_pointee(Snapshot::default())),
-            clients: UpstreamClients::new(),
+            upstream: Arc::new(Upstream::new(telemetry.clone())),
+            telemetry,
             listeners: Mutex::new(Listeners::default()),
             cache,
             drain_grace,
@@ -91,6 +120,10 @@ impl ConfigState {
         }
     }
 
+    pub(crate) fn telemetry(&self) -> &Arc<Telemetry> {
+        &self.telemetry
+    }
+
     /// Applies a snapshot as received from the control plane.
     pub(crate) async fn apply_wire(
         &self,
@@ -106,6 +139,16 @@ impl ConfigState {
 
     /// All or nothing: on any error the previous version keeps serving untouched.
     pub(crate) async fn apply(&self, version: u64, objects: Vec<Object>) -> Result<(), ApplyError> {
+        let result = self.apply_version(version, objects).await;
+        match &result {
+            Ok(()) => self.telemetry.config_applied(version),
+            Err(ApplyError::ShuttingDown) => {}
+            Err(_) => self.telemetry.config_rejected(version),
+        }
+        result
+    }
+
+    async fn apply_version(&self, version: u64, objects: Vec<Object>) -> Result<(), ApplyError> {
         let mut listeners = self.listeners.lock().await;
         if listeners.closed {
             return Err(ApplyError::ShuttingDown);
@@ -117,42 +160,83 @@ impl ConfigState {
         if current.version == Some(version) && current.config == config {
             return Ok(());
         }
-        let snapshot = compile(version, config).map_err(ApplyError::Compile)?;
+        let snapshot =
+            compile(version, config, &current.policies, &self.upstream).map_err(ApplyError::Compile)?;
 
         // Make before break: every new socket is bound before anything changes, and the
-        // ones bound so far are closed (dropped) if one fails.
+        // ones bound so far are closed (dropped) if one fails. A listener moving to another
+        // address on the same port may not be bindable while the old socket is open
+        // (0.0.0.0:P and 127.0.0.1:P conflict); then the old one is closed first.
         let mut fresh = Vec::new();
-        for (name, address) in &snapshot.listeners {
-            if !listeners.running.contains_key(address) {
-                let socket = TcpListener::bind(address)
-                    .await
-                    .map_err(|source| ApplyError::Bind {
-                        listener: name.clone(),
-                        address: *address,
-                        source,
-                    })?;
-                fresh.push((*address, socket));
+        let mut closed_first = Vec::new();
+        for entry in &snapshot.listeners {
+            if listeners.running.contains_key(&entry.address) {
+                continue;
             }
+            let socket = match TcpListener::bind(entry.address).await {
+                Ok(socket) => socket,
+                Err(error) if error.kind() == std::io::ErrorKind::AddrInUse => {
+                    let Some(old) =
+                        listeners.running.keys().copied().find(|old| {
+                            old.port() == entry.address.port() && !snapshot.tables.contains_key(old)
+                        })
+                    else {
+                        return Err(ApplyError::Bind {
+                            listener: entry.name.clone(),
+                            address: entry.address,
+                            source: error,
+                        });
+                    };
+                    tracing::warn!(
+                        from = %old, to = %entry.address,
+                        "cannot bind the new address while the old one is open: closing the old listener first"
+                    );
+                    if let Some(running) = listeners.running.remove(&old) {
+                        closed_first.push(running.close().await);
+                    }
+                    TcpListener::bind(entry.address)
+                        .await
+                        .map_err(|source| ApplyError::Bind {
+                            listener: entry.name.clone(),
+                            address: entry.address,
+                            source,
+                        })?
+                }
+                Err(source) => {
+                    return Err(ApplyError::Bind {
+                        listener: entry.name.clone(),
+                        address: entry.address,
+                        source,
+                    })
+                }
+            };
+            fresh.push((entry.address, entry.limits.clone(), socket));
         }
+        listeners.retiring.extend(closed_first);
 
         let snapshot = Arc::new(snapshot);
         self.snapshots.store(snapshot.clone());
-        for (address, socket) in fresh {
-            let forwarder = Forwarder {
+        for entry in &snapshot.listeners {
+            if let Some(running) = listeners.running.get(&entry.address) {
+                running.set_limits(entry.limits.clone());
+            }
+        }
+        for (address, limits, socket) in fresh {
+            let pipeline = Pipeline {
                 snapshots: self.snapshots.clone(),
-                clients: self.clients.clone(),
+                upstream: self.upstream.clone(),
+                telemetry: self.telemetry.clone(),
                 listener: address,
             };
             listeners.running.insert(
                 address,
-                RunningListener::spawn(socket, forwarder, self.drain_grace),
+                RunningListener::spawn(socket, pipeline, limits, self.drain_grace),
             );
         }
-        let wanted: Vec<SocketAddr> = snapshot.listeners.iter().map(|(_, address)| *address).collect();
         let removed: Vec<SocketAddr> = listeners
             .running
             .keys()
-            .filter(|address| !wanted.contains(address))
+            .filter(|address| !snapshot.tables.contains_key(address))
             .copied()
             .collect();
         listeners.retiring.retain(|drain| !drain.is_finished());
@@ -214,47 +298,64 @@ impl ConfigState {
     }
 }
 
-fn compile(version: u64, config: ConfigSet) -> Result<Snapshot, String> {
-    let backends: HashMap<String, Arc<Backend>> = config
-        .objects()
-        .filter_map(|object| match object {
-            Object::Backend { metadata, spec } => Some(
-                Backend::compile(&metadata.name, spec)
-                    .map(|backend| (metadata.name.clone(), Arc::new(backend))),
-            ),
-            _ => None,
-        })
-        .collect::<Result<_, _>>()?;
-    let listeners: Vec<(String, SocketAddr)> = config
-        .of_kind(Kind::Listener)
-        .filter_map(|object| match object {
-            Object::Listener { metadata, spec } => Some((metadata.name.clone(), spec.socket_addr())),
-            _ => None,
-        })
-        .collect();
+pub(crate) fn compile(
+    version: u64,
+    config: ConfigSet,
+    previous: &PolicyIndex,
+    upstream: &Upstream,
+) -> Result<Snapshot, String> {
+    let targets = target::compile(&config, upstream)?;
+    let policies = PolicyIndex::compile(&config, previous)?;
+    let route_kind = Kind::of::<RouteSpec>();
+    let listener_kind = Kind::of::<ListenerSpec>();
     let mut routes_by_listener: HashMap<&str, Vec<Arc<Route>>> = HashMap::new();
-    for object in config.of_kind(Kind::Route) {
-        if let Object::Route { metadata, spec } = object {
-            let route = Arc::new(Route::compile(&metadata.name, spec, &backends)?);
-            for listener in &spec.listeners {
-                routes_by_listener
-                    .entry(listener.as_str())
-                    .or_default()
-                    .push(route.clone());
-            }
+    for (metadata, spec) in config.specs::<RouteSpec>() {
+        let label = format!("Route/{}", metadata.name);
+        let weighted = WeightedTargets::resolve(&spec.backends, &targets)
+            .map_err(|problem| format!("{label}: {problem}"))?;
+        let route = Route::compile(
+            &metadata.name,
+            spec,
+            weighted,
+            policies.chain(&ObjectKey::new(route_kind, metadata.name.as_str())),
+            RetryPolicy::compile(spec.retry.as_ref()),
+        )
+        .map_err(|problem| format!("{label}: {problem}"))?;
+        let route = Arc::new(route);
+        for listener in &spec.listeners {
+            routes_by_listener
+                .entry(listener.as_str())
+                .or_default()
+                .push(route.clone());
         }
     }
-    let routes = listeners
-        .iter()
-        .map(|(name, address)| {
-            let routes = routes_by_listener.remove(name.as_str()).unwrap_or_default();
-            (*address, RouteTable::new(routes))
-        })
-        .collect();
+    let mut listeners = Vec::new();
+    let mut tables = HashMap::new();
+    for (metadata, spec) in config.specs::<ListenerSpec>() {
+        let address = spec.socket_addr();
+        listeners.push(ListenerEntry {
+            name: metadata.name.clone(),
+            address,
+            limits: Limits::from_spec(&spec.limits),
+        });
+        let table = ListenerTable {
+            name: Arc::from(metadata.name.as_str()),
+            routes: RouteTable::new(
+                routes_by_listener
+                    .remove(metadata.name.as_str())
+                    .unwrap_or_default(),
+            ),
+            policies: policies.chain(&ObjectKey::new(listener_kind, metadata.name.as_str())),
+            merge_slashes: spec.merge_slashes(),
+            forwarding: Forwarding::new(spec.trusted_proxies.clone()),
+        };
+        tables.insert(address, table);
+    }
     Ok(Snapshot {
         version: Some(version),
         config,
         listeners,
-        routes,
+        tables,
+        policies,
     })
 }

@@ -1,18 +1,24 @@
-//! The Portcullis proxy. A request's path through the crate:
-//! [`listener`] accepts it, [`forward`] matches it against the [`route`] table of the live
-//! config ([`config_state`]), picks a [`backend`] endpoint and streams it there and back.
-//! The config arrives from the control plane ([`subscription`]), survives restarts in
-//! [`cache`], and [`health`] reports on it all.
+//! The Portcullis proxy. The modules follow a request's path (see [`pipeline`]):
+//! [`listener`] accepts it, [`normalize`] gives it one canonical form, [`route`] finds its
+//! route in the live config ([`config_state`]), the [`policy`] chain may change or answer
+//! it, a [`target`] decides where it goes and [`upstream`] sends it there and streams the
+//! answer back; [`telemetry`] records it. The config arrives from the control plane
+//! ([`subscription`]), survives restarts in [`cache`], and [`admin`] reports on it all.
 
-mod backend;
+mod admin;
+mod body;
 mod cache;
 mod config_state;
-mod forward;
-mod health;
 mod listener;
+mod normalize;
+mod pipeline;
+mod policy;
 mod response;
 mod route;
 mod subscription;
+mod target;
+mod telemetry;
+mod upstream;
 
 #[cfg(test)]
 mod tests;
@@ -27,11 +33,13 @@ use anyhow::Context;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
+use crate::admin::AdminHandler;
 use crate::cache::ConfigCache;
 use crate::config_state::ConfigState;
-use crate::health::AdminHandler;
-use crate::listener::RunningListener;
+use crate::listener::{Limits, RunningListener};
 use crate::subscription::Subscriber;
+use crate::telemetry::Telemetry;
+pub use crate::telemetry::{AccessLogConfig, AccessLogDestination, TelemetryConfig};
 
 /// Admin requests are instant; anything still open after this is a stuck client.
 const ADMIN_DRAIN_GRACE: Duration = Duration::from_secs(1);
@@ -50,6 +58,7 @@ pub struct ProxyConfig {
     pub cache_dir: Option<PathBuf>,
     /// How long a drain waits for in-flight requests and streams before closing them.
     pub drain_grace: Duration,
+    pub telemetry: TelemetryConfig,
 }
 
 pub struct Proxy {
@@ -65,9 +74,11 @@ impl Proxy {
     pub async fn start(config: ProxyConfig) -> anyhow::Result<Proxy> {
         let controlplane = tonic::transport::Endpoint::from_shared(config.controlplane.clone())
             .with_context(|| format!("invalid control-plane address {:?}", config.controlplane))?;
+        let telemetry = Arc::new(Telemetry::new(config.telemetry)?);
         let state = Arc::new(ConfigState::new(
             config.cache_dir.map(ConfigCache::new),
             config.drain_grace,
+            telemetry,
         ));
         let admin_socket = TcpListener::bind(config.admin_listen)
             .await
@@ -77,7 +88,7 @@ impl Proxy {
             state: state.clone(),
             proxy_id: Arc::from(config.proxy_id.as_str()),
         };
-        let admin = RunningListener::spawn(admin_socket, admin_handler, ADMIN_DRAIN_GRACE);
+        let admin = RunningListener::spawn(admin_socket, admin_handler, Limits::admin(), ADMIN_DRAIN_GRACE);
         state.restore_from_cache().await;
         let subscriber = Subscriber {
             state: state.clone(),
@@ -106,6 +117,7 @@ impl Proxy {
         self.subscription.abort();
         self.state.shutdown().await;
         self.admin.drain().await.context("admin server task failed")?;
+        self.state.telemetry().shutdown().await;
         tracing::info!("proxy stopped");
         Ok(())
     }

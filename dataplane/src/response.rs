@@ -1,25 +1,15 @@
-//! Responses the proxy writes itself, sharing one body type with proxied responses.
+//! Responses the proxy writes itself.
 
-use bytes::Bytes;
 use http::header::CONTENT_TYPE;
 use http::{HeaderValue, Response, StatusCode};
-use http_body_util::combinators::UnsyncBoxBody;
-use http_body_util::{BodyExt, Full};
 
-/// Streamed upstream bodies and the proxy's own small bodies behind one type.
-pub(crate) type ProxyBody = UnsyncBoxBody<Bytes, hyper::Error>;
-
-fn full(body: impl Into<Bytes>) -> ProxyBody {
-    Full::new(body.into())
-        .map_err(|never| match never {})
-        .boxed_unsync()
-}
+use crate::body::{full, Body};
 
 pub(crate) fn with_body(
     status: StatusCode,
     content_type: &'static str,
-    body: impl Into<Bytes>,
-) -> Response<ProxyBody> {
+    body: impl Into<bytes::Bytes>,
+) -> Response<Body> {
     let mut response = Response::new(full(body));
     *response.status_mut() = status;
     response
@@ -29,11 +19,18 @@ pub(crate) fn with_body(
 }
 
 /// The error shape clients of an AI gateway already parse: `{"error":{"type","message"}}`.
-pub(crate) fn error(status: StatusCode, kind: &str, message: impl Into<String>) -> Response<ProxyBody> {
+/// `kind` is also what the access log and metrics record as the request's error.
+pub(crate) fn error(status: StatusCode, kind: &'static str, message: impl Into<String>) -> Response<Body> {
     let body = serde_json::json!({ "error": { "type": kind, "message": message.into() } });
-    with_body(status, "application/json", body.to_string())
+    let mut response = with_body(status, "application/json", body.to_string());
+    response.extensions_mut().insert(ProxyError(kind));
+    response
 }
 
-pub(crate) fn json(status: StatusCode, value: &serde_json::Value) -> Response<ProxyBody> {
+pub(crate) fn json(status: StatusCode, value: &serde_json::Value) -> Response<Body> {
     with_body(status, "application/json", value.to_string())
 }
+
+/// Marks a response the proxy generated, with its error type.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ProxyError(pub(crate) &'static str);

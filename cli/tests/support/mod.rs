@@ -224,6 +224,9 @@ pub fn start_controlplane(dir: &Path, port: u16) -> Process {
             &listen,
             "--data-dir",
             data.to_str().unwrap(),
+            // Tests run control planes side by side; the default port would collide.
+            "--metrics-listen",
+            "127.0.0.1:0",
         ],
     );
     wait_for("control plane", TIMEOUT, || {

@@ -16,6 +16,7 @@ use tokio::sync::watch;
 use tonic::{Request, Response, Status};
 
 use crate::command::{self, Command};
+use crate::metrics::Metrics;
 use crate::registry::ProxyRegistry;
 use crate::types::{NodeId, Raft};
 use crate::view::ConfigView;
@@ -42,11 +43,22 @@ pub struct AdminService {
     raft: Raft,
     view: watch::Receiver<ConfigView>,
     registry: ProxyRegistry,
+    metrics: Metrics,
 }
 
 impl AdminService {
-    pub fn new(raft: Raft, view: watch::Receiver<ConfigView>, registry: ProxyRegistry) -> Self {
-        Self { raft, view, registry }
+    pub fn new(
+        raft: Raft,
+        view: watch::Receiver<ConfigView>,
+        registry: ProxyRegistry,
+        metrics: Metrics,
+    ) -> Self {
+        Self {
+            raft,
+            view,
+            registry,
+            metrics,
+        }
     }
 
     fn leader_address(&self, leader: NodeId) -> Option<String> {
@@ -96,13 +108,17 @@ impl AdminService {
 #[tonic::async_trait]
 impl Admin for AdminService {
     async fn apply(&self, request: Request<ApplyRequest>) -> Result<Response<ApplyResponse>, Status> {
-        let request = request.into_inner();
-        let objects = wire::decode_objects(&request.objects)?;
-        self.write(Command::Apply {
-            objects: objects.iter().map(|object| object.to_json()).collect(),
-            expected_version: request.expected_version,
-        })
-        .await
+        let result = async {
+            let request = request.into_inner();
+            let objects = wire::decode_objects(&request.objects)?;
+            self.write(Command::Apply {
+                objects: objects.iter().map(|object| object.to_json()).collect(),
+                expected_version: request.expected_version,
+            })
+            .await
+        }
+        .await;
+        self.metrics.admin_write("Apply", result)
     }
 
     async fn validate(&self, request: Request<ApplyRequest>) -> Result<Response<ApplyResponse>, Status> {
@@ -118,18 +134,22 @@ impl Admin for AdminService {
     }
 
     async fn delete(&self, request: Request<DeleteRequest>) -> Result<Response<ApplyResponse>, Status> {
-        let request = request.into_inner();
-        let keys = request
-            .objects
-            .iter()
-            .enumerate()
-            .map(|(index, object)| wire::object_key(Some(object), &format!("objects[{index}]")))
-            .collect::<Result<Vec<_>, _>>()?;
-        self.write(Command::Delete {
-            keys,
-            expected_version: request.expected_version,
-        })
-        .await
+        let result = async {
+            let request = request.into_inner();
+            let keys = request
+                .objects
+                .iter()
+                .enumerate()
+                .map(|(index, object)| wire::object_key(Some(object), &format!("objects[{index}]")))
+                .collect::<Result<Vec<_>, _>>()?;
+            self.write(Command::Delete {
+                keys,
+                expected_version: request.expected_version,
+            })
+            .await
+        }
+        .await;
+        self.metrics.admin_write("Delete", result)
     }
 
     async fn get(&self, request: Request<GetRequest>) -> Result<Response<GetResponse>, Status> {
@@ -168,7 +188,15 @@ impl Admin for AdminService {
     }
 
     async fn add_node(&self, request: Request<AddNodeRequest>) -> Result<Response<StatusResponse>, Status> {
-        let AddNodeRequest { node_id, address } = request.into_inner();
+        let result = self.add_and_promote(request.into_inner()).await;
+        self.metrics.admin_write("AddNode", result)
+    }
+}
+
+impl AdminService {
+    /// Adds the node as a learner and makes it a voter once it has caught up.
+    async fn add_and_promote(&self, request: AddNodeRequest) -> Result<Response<StatusResponse>, Status> {
+        let AddNodeRequest { node_id, address } = request;
         if address.is_empty() {
             return Err(Status::invalid_argument("address is required"));
         }

@@ -19,6 +19,7 @@ use tokio_stream::wrappers::TcpListenerStream;
 use tonic_health::ServingStatus;
 
 use crate::admin::AdminService;
+use crate::metrics::{Metrics, MetricsListener, MetricsServer};
 use crate::network::{NetworkFactory, RaftService};
 use crate::registry::ProxyRegistry;
 use crate::store::{LogStore, StateMachineStore, Storage};
@@ -45,6 +46,8 @@ pub struct ControlPlaneConfig {
     pub data_dir: PathBuf,
     /// Start without initializing a cluster, waiting to be added to one with AddNode.
     pub join: bool,
+    /// Serves Prometheus metrics on `GET /metrics`; `None` serves none.
+    pub metrics_listen: Option<SocketAddr>,
 }
 
 pub struct ControlPlane {
@@ -54,6 +57,7 @@ pub struct ControlPlane {
     shutdown: watch::Sender<bool>,
     server: JoinHandle<Result<(), tonic::transport::Error>>,
     health: JoinHandle<()>,
+    metrics: Option<MetricsServer>,
 }
 
 fn raft_config() -> anyhow::Result<Arc<openraft::Config>> {
@@ -77,6 +81,11 @@ impl ControlPlane {
     /// and grpc.health.v1 on `listen`. A pristine node (unless `join`) initializes a
     /// single-node cluster with itself as the only voter.
     pub async fn start(config: ControlPlaneConfig) -> anyhow::Result<ControlPlane> {
+        // Bound before storage is opened: a taken port then fails the start with nothing to undo.
+        let metrics_listener = match config.metrics_listen {
+            Some(addr) => Some(MetricsListener::bind(addr).await?),
+            None => None,
+        };
         std::fs::create_dir_all(&config.data_dir)
             .with_context(|| format!("creating data dir {}", config.data_dir.display()))?;
         let storage = Storage::open(&config.data_dir.join("raft"))?;
@@ -103,6 +112,7 @@ impl ControlPlane {
 
         let (shutdown, shutdown_rx) = watch::channel(false);
         let registry = ProxyRegistry::default();
+        let metrics = Metrics::default();
         let (reporter, health_service) = tonic_health::server::health_reporter();
         reporter.set_service_status("", ServingStatus::NotServing).await;
         let health = tokio::spawn(report_health(raft.clone(), reporter));
@@ -110,14 +120,24 @@ impl ControlPlane {
         let server = tonic::transport::Server::builder()
             .add_service(health_service)
             .add_service(
-                AdminServer::new(AdminService::new(raft.clone(), view.clone(), registry.clone()))
-                    .max_decoding_message_size(MAX_MESSAGE_SIZE)
-                    .max_encoding_message_size(MAX_MESSAGE_SIZE),
+                AdminServer::new(AdminService::new(
+                    raft.clone(),
+                    view.clone(),
+                    registry.clone(),
+                    metrics.clone(),
+                ))
+                .max_decoding_message_size(MAX_MESSAGE_SIZE)
+                .max_encoding_message_size(MAX_MESSAGE_SIZE),
             )
             .add_service(
-                ConfigStreamServer::new(ConfigStreamService::new(view, registry, shutdown_rx.clone()))
-                    .max_decoding_message_size(MAX_MESSAGE_SIZE)
-                    .max_encoding_message_size(MAX_MESSAGE_SIZE),
+                ConfigStreamServer::new(ConfigStreamService::new(
+                    view.clone(),
+                    registry.clone(),
+                    shutdown_rx.clone(),
+                    metrics.clone(),
+                ))
+                .max_decoding_message_size(MAX_MESSAGE_SIZE)
+                .max_encoding_message_size(MAX_MESSAGE_SIZE),
             )
             .add_service(
                 RaftServer::new(RaftService::new(raft.clone()))
@@ -125,6 +145,8 @@ impl ControlPlane {
                     .max_encoding_message_size(MAX_MESSAGE_SIZE),
             )
             .serve_with_incoming_shutdown(TcpListenerStream::new(listener), wait_for_shutdown(shutdown_rx));
+        let metrics = metrics_listener
+            .map(|listener| listener.serve(metrics.registry(raft.metrics(), view, registry), SHUTDOWN_GRACE));
         let server = tokio::spawn(server);
         tracing::info!(node_id = config.node_id, %local_addr, "control plane serving");
 
@@ -135,6 +157,7 @@ impl ControlPlane {
             shutdown,
             server,
             health,
+            metrics,
         })
     }
 
@@ -142,9 +165,18 @@ impl ControlPlane {
         self.local_addr
     }
 
-    /// Stops the server (ending proxy streams), then Raft, then flushes sled.
+    /// Where `GET /metrics` is served, if `metrics_listen` was set.
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics.as_ref().map(MetricsServer::local_addr)
+    }
+
+    /// Stops the metrics server and the gRPC server (ending proxy streams), then Raft, then
+    /// flushes sled.
     pub async fn shutdown(self) -> anyhow::Result<()> {
         self.health.abort();
+        if let Some(metrics) = self.metrics {
+            metrics.shutdown().await;
+        }
         self.shutdown.send_replace(true);
         let mut server = self.server;
         match tokio::time::timeout(SHUTDOWN_GRACE, &mut server).await {

@@ -83,7 +83,7 @@ async fn serves_admin_and_keeps_config_across_restart() {
     assert_eq!(status.code(), Code::InvalidArgument);
     assert_eq!(
         status.message(),
-        "Route/ops: spec.backends[0].name: Backend \"missing\" does not exist"
+        "Route/ops: spec.backends[0]: Backend \"missing\" does not exist"
     );
     assert_eq!(
         client.apply(invalid).await.unwrap_err().code(),

@@ -96,7 +96,10 @@ async fn applies_rejects_and_versions() {
     );
 
     let delete = Command::Delete {
-        keys: vec![ObjectKey::new(Kind::Backend, "api")],
+        keys: vec![ObjectKey::new(
+            Kind::of::<portcullis_config::BackendSpec>(),
+            "api",
+        )],
         expected_version: None,
     };
     let applied = run(&mut sm, 6, delete).await.unwrap();

@@ -12,6 +12,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::admin::wire::to_wire;
+use crate::metrics::Metrics;
 use crate::registry::ProxyRegistry;
 use crate::view::ConfigView;
 
@@ -24,6 +25,7 @@ pub struct ConfigStreamService {
     registry: ProxyRegistry,
     /// Flips to `true` on shutdown, ending every stream so the server can stop gracefully.
     shutdown: watch::Receiver<bool>,
+    metrics: Metrics,
 }
 
 impl ConfigStreamService {
@@ -31,11 +33,13 @@ impl ConfigStreamService {
         view: watch::Receiver<ConfigView>,
         registry: ProxyRegistry,
         shutdown: watch::Receiver<bool>,
+        metrics: Metrics,
     ) -> Self {
         Self {
             view,
             registry,
             shutdown,
+            metrics,
         }
     }
 }
@@ -64,6 +68,7 @@ impl ConfigStream for ConfigStreamService {
             view: self.view.clone(),
             registry: self.registry.clone(),
             shutdown: self.shutdown.clone(),
+            metrics: self.metrics.clone(),
         };
         tokio::spawn(session.run());
         Ok(Response::new(ReceiverStream::new(rx)))
@@ -76,6 +81,7 @@ struct Session {
     view: watch::Receiver<ConfigView>,
     registry: ProxyRegistry,
     shutdown: watch::Receiver<bool>,
+    metrics: Metrics,
 }
 
 impl Session {
@@ -144,6 +150,7 @@ impl Session {
                     let view = self.view.borrow_and_update().clone();
                     // Version 0 means nothing was ever applied; there is nothing to serve yet.
                     if view.version >= 1 {
+                        self.metrics.config_sent();
                         permit.send(Ok(snapshot(&view, shard)));
                         self.registry.sent(proxy_id, session, view.version);
                     }
@@ -151,10 +158,12 @@ impl Session {
                 message = self.inbound.message() => match message {
                     Ok(Some(ProxyMessage { message: Some(Message::Ack(ack)) })) => {
                         self.registry.ack(proxy_id, session, ack.version);
+                        self.metrics.ack_received();
                     }
                     Ok(Some(ProxyMessage { message: Some(Message::Nack(nack)) })) => {
                         tracing::warn!(%proxy_id, version = nack.version, reason = %nack.reason, "proxy rejected config");
                         self.registry.nack(proxy_id, session, nack.version, &nack.reason);
+                        self.metrics.nack_received();
                     }
                     Ok(Some(_)) => return self.fail(Status::invalid_argument("expected Ack or Nack after Hello")),
                     Ok(None) => return,

@@ -2,6 +2,8 @@
 
 mod admin;
 mod apply;
+mod pipeline;
+mod property;
 mod proxying;
 mod subscription;
 mod support;

@@ -22,7 +22,7 @@ async fn echo_upstream() -> std::net::SocketAddr {
                 .to_string()
         };
         let summary = format!(
-            "version={:?}\nmethod={}\npath={}\nhost={}\nxff={}\nxfp={}\nconnection-named={}\n",
+            "version={:?}\nmethod={}\npath={}\nauthority={}\nhost={}\nxff={}\nxfp={}\nconnection-named={}\n",
             request.version(),
             request.method(),
             request
@@ -30,6 +30,7 @@ async fn echo_upstream() -> std::net::SocketAddr {
                 .path_and_query()
                 .map(|pq| pq.as_str())
                 .unwrap_or("-"),
+            request.uri().authority().map_or("-", |a| a.as_str()),
             header("host"),
             header("x-forwarded-for"),
             header("x-forwarded-proto"),
@@ -83,11 +84,18 @@ async fn proxies_http1_and_http2_clients_to_http1_and_http2_upstreams() {
             assert!(body.contains("method=POST"), "{body}");
             assert!(body.contains(&format!("path={path}")), "{body}");
             assert!(body.contains("body=hello"), "{body}");
-            assert!(body.contains("xff=10.1.1.1, 127.0.0.1"), "{body}");
+            // The client is not a trusted hop: its X-Forwarded-For is replaced.
+            assert!(body.contains("xff=127.0.0.1\n"), "{body}");
             assert!(body.contains("xfp=http"), "{body}");
             assert!(body.contains("connection-named=-"), "{body}");
+            // HTTP/1.1 upstreams get the client's host in Host; HTTP/2 upstreams in
+            // :authority, with no Host beside it to disagree (RFC 9113 §8.3.1).
+            let (authority, host) = match upstream_version {
+                "HTTP/2.0" => (expected_host.as_str(), "-"),
+                _ => ("-", expected_host.as_str()),
+            };
             assert!(
-                body.contains(&format!("host={expected_host}\n")),
+                body.contains(&format!("authority={authority}\nhost={host}\n")),
                 "{client_name} {path}: {body}"
             );
         }
@@ -242,7 +250,7 @@ async fn errors_are_json_with_404_502_and_504() {
 
     for (path, status, kind) in [
         ("/nowhere", 404, "route_not_found"),
-        ("/dead", 502, "upstream_error"),
+        ("/dead", 502, "upstream_connect_error"),
         ("/slow", 504, "upstream_timeout"),
     ] {
         let (actual, body) = get(port, path).await;

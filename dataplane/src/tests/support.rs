@@ -88,6 +88,7 @@ pub async fn start_proxy(cache_dir: Option<PathBuf>, drain_grace: Duration) -> P
         admin_listen: "127.0.0.1:0".parse().unwrap(),
         cache_dir,
         drain_grace,
+        telemetry: quiet_telemetry(),
     })
     .await
     .unwrap()
@@ -115,4 +116,17 @@ pub fn simple_config(port: u16, upstream: SocketAddr, route_extra: &str) -> Vec<
 
 pub fn objects(yaml: &str) -> Vec<Object> {
     parse_documents(yaml).unwrap()
+}
+
+/// No access log, no span export: what most tests need.
+pub fn quiet_telemetry() -> crate::TelemetryConfig {
+    crate::TelemetryConfig {
+        access_log: crate::AccessLogConfig {
+            destination: crate::AccessLogDestination::Off,
+            sample: 1.0,
+        },
+        otlp_endpoint: None,
+        service_name: "portcullis-proxy".into(),
+        proxy_id: "test-proxy".into(),
+    }
 }

@@ -1,6 +1,6 @@
-//! The per-listener route table: which route a request belongs to.
+//! The per-listener route table: which route a request belongs to, and what a route does
+//! with it (its policy chain, its targets, its limits).
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -8,16 +8,30 @@ use http::header::HOST;
 use http::{HeaderName, HeaderValue, Method, Request};
 use portcullis_config::{HeaderMatch, PathMatch, RouteMatch, RouteSpec};
 
-use crate::backend::{Backend, WeightedBackends};
+use crate::policy::Policy;
+use crate::target::WeightedTargets;
+use crate::upstream::RetryPolicy;
 
 /// A compiled Route: shared by the tables of every listener it is attached to.
-#[derive(Debug)]
 pub(crate) struct Route {
-    pub(crate) name: String,
+    pub(crate) name: Arc<str>,
     hostnames: Vec<HostPattern>,
     conditions: Vec<Condition>,
-    pub(crate) backends: WeightedBackends,
+    /// The route's own policies; those of the listener the request came in on run first.
+    pub(crate) policies: Vec<Arc<dyn Policy>>,
+    pub(crate) targets: WeightedTargets,
     pub(crate) timeout: Duration,
+    pub(crate) retry: RetryPolicy,
+    pub(crate) max_request_body_bytes: u64,
+    pub(crate) body_idle_timeout: Duration,
+}
+
+impl std::fmt::Debug for Route {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Route")
+            .field("name", &self.name)
+            .finish_non_exhaustive()
+    }
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -54,10 +68,13 @@ struct Specificity {
 }
 
 impl Route {
+    /// `policies` are the route's own (targeting it); the table adds the listener's.
     pub(crate) fn compile(
         name: &str,
         spec: &RouteSpec,
-        backends: &HashMap<String, Arc<Backend>>,
+        targets: WeightedTargets,
+        policies: Vec<Arc<dyn Policy>>,
+        retry: RetryPolicy,
     ) -> Result<Route, String> {
         let hostnames = spec
             .hostnames
@@ -79,14 +96,16 @@ impl Route {
                 .collect::<Result<_, _>>()
                 .map_err(|problem| format!("Route/{name}: {problem}"))?
         };
-        let backends = WeightedBackends::resolve(&spec.backends, backends)
-            .map_err(|problem| format!("Route/{name}: {problem}"))?;
         Ok(Route {
-            name: name.to_string(),
+            name: Arc::from(name),
             hostnames,
             conditions,
-            backends,
+            policies,
+            targets,
             timeout: spec.timeout(),
+            retry,
+            max_request_body_bytes: spec.limits.max_request_body_bytes(),
+            body_idle_timeout: spec.limits.body_idle_timeout(),
         })
     }
 
@@ -246,28 +265,23 @@ pub(crate) fn request_host<B>(request: &Request<B>) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use portcullis_config::{parse_documents, Object};
+    use portcullis_config::parse_documents;
 
     fn table(yaml: &str) -> RouteTable {
-        let backend = Arc::new(
-            Backend::compile(
-                "b",
-                &portcullis_config::BackendSpec {
-                    endpoints: vec!["127.0.0.1:1".into()],
-                    http2: false,
-                },
-            )
-            .unwrap(),
-        );
-        let backends = HashMap::from([("b".to_string(), backend)]);
         let routes = parse_documents(yaml)
             .unwrap()
             .into_iter()
-            .map(|object| match object {
-                Object::Route { metadata, spec } => {
-                    Arc::new(Route::compile(&metadata.name, &spec, &backends).unwrap())
-                }
-                other => panic!("not a route: {other:?}"),
+            .map(|object| {
+                let spec = object.spec::<RouteSpec>().unwrap();
+                let route = Route::compile(
+                    object.name(),
+                    spec,
+                    WeightedTargets::default(),
+                    Vec::new(),
+                    RetryPolicy::default(),
+                )
+                .unwrap();
+                Arc::new(route)
             })
             .collect();
         RouteTable::new(routes)
@@ -280,7 +294,7 @@ mod tests {
     }
 
     fn find(table: &RouteTable, request: Request<()>) -> Option<&str> {
-        table.find(&request).map(|route| route.name.as_str())
+        table.find(&request).map(|route| &*route.name)
     }
 
     fn get(host: &str, path: &str) -> Request<()> {

@@ -1,6 +1,10 @@
+use std::time::Duration;
+
 use serde::{Deserialize, Serialize};
 
 use crate::error::Checker;
+use crate::kind::{KindInfo, KindSpec};
+use crate::HumanDuration;
 
 /// An upstream service: a set of equivalent endpoints.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -11,10 +15,50 @@ pub struct BackendSpec {
     /// Speak HTTP/2 (prior knowledge) to the endpoints instead of HTTP/1.1.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub http2: bool,
+    /// Passive health: endpoints whose connections keep failing are taken out for a while.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ejection: Option<EjectionSpec>,
 }
 
-impl BackendSpec {
-    pub(crate) fn check(&self, checker: &mut Checker<'_>) {
+/// An endpoint is ejected after `consecutiveFailures` failed connects in a row, for
+/// `duration`, doubled each time it fails again right after re-admission (at most 10×).
+/// If every endpoint is ejected, they are all tried anyway: a guess beats a certain 503.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct EjectionSpec {
+    #[serde(default = "default_consecutive_failures")]
+    pub consecutive_failures: u32,
+    #[serde(default = "default_ejection_duration")]
+    pub duration: HumanDuration,
+}
+
+fn default_consecutive_failures() -> u32 {
+    3
+}
+
+fn default_ejection_duration() -> HumanDuration {
+    HumanDuration::secs(10)
+}
+
+impl Default for EjectionSpec {
+    fn default() -> EjectionSpec {
+        EjectionSpec {
+            consecutive_failures: default_consecutive_failures(),
+            duration: default_ejection_duration(),
+        }
+    }
+}
+
+impl EjectionSpec {
+    pub fn duration(&self) -> Duration {
+        self.duration.0
+    }
+}
+
+impl KindSpec for BackendSpec {
+    const INFO: &'static KindInfo = &KindInfo::of::<BackendSpec>("Backend", "backends", &["be"]);
+
+    fn check(&self, checker: &mut Checker<'_>) {
         if self.endpoints.is_empty() {
             checker.fail("spec.endpoints", "at least one endpoint is required");
         }
@@ -24,6 +68,14 @@ impl BackendSpec {
                     format!("spec.endpoints[{index}]"),
                     format!("{endpoint:?}: {problem}"),
                 );
+            }
+        }
+        if let Some(ejection) = &self.ejection {
+            if ejection.consecutive_failures == 0 {
+                checker.fail("spec.ejection.consecutiveFailures", "must be at least 1");
+            }
+            if ejection.duration.0.is_zero() {
+                checker.fail("spec.ejection.duration", "must be above 0");
             }
         }
     }
@@ -48,9 +100,14 @@ fn check_endpoint(endpoint: &str) -> Result<(), &'static str> {
         }
     }
     match port.parse::<u16>() {
-        Ok(0) | Err(_) => Err("port must be between 1 and 65535"),
-        Ok(_) => Ok(()),
+        Ok(0) | Err(_) => return Err("port must be between 1 and 65535"),
+        Ok(_) => {}
     }
+    // The proxy addresses the endpoint as a URI authority: it must parse as one.
+    endpoint
+        .parse::<http::uri::Authority>()
+        .map(|_| ())
+        .map_err(|_| "not a valid host:port")
 }
 
 #[cfg(test)]

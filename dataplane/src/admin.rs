@@ -1,4 +1,4 @@
-//! The admin port: liveness, readiness and what the proxy is serving.
+//! The admin port: liveness, readiness, metrics and what the proxy is serving.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -6,9 +6,10 @@ use std::sync::Arc;
 use http::{Method, Request, Response, StatusCode};
 use hyper::body::Incoming;
 
+use crate::body::Body;
 use crate::config_state::ConfigState;
 use crate::listener::Handler;
-use crate::response::{self, ProxyBody};
+use crate::response;
 
 #[derive(Clone)]
 pub(crate) struct AdminHandler {
@@ -17,7 +18,7 @@ pub(crate) struct AdminHandler {
 }
 
 impl Handler for AdminHandler {
-    async fn handle(&self, _peer: SocketAddr, request: Request<Incoming>) -> Response<ProxyBody> {
+    async fn handle(&self, _peer: SocketAddr, request: Request<Incoming>) -> Response<Body> {
         if request.method() != Method::GET {
             return response::error(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", "use GET");
         }
@@ -31,14 +32,16 @@ impl Handler for AdminHandler {
                     format!("not ready: {reason}\n"),
                 ),
             },
+            "/metrics" => {
+                let (content_type, text) = self.state.telemetry().encode_metrics();
+                response::with_body(StatusCode::OK, content_type, text)
+            }
             "/status" => {
                 let snapshot = self.state.current();
                 let listeners: Vec<serde_json::Value> = snapshot
                     .listeners
                     .iter()
-                    .map(
-                        |(name, address)| serde_json::json!({ "name": name, "address": address.to_string() }),
-                    )
+                    .map(|entry| serde_json::json!({ "name": entry.name, "address": entry.address.to_string() }))
                     .collect();
                 let status = serde_json::json!({
                     "proxyId": &*self.proxy_id,

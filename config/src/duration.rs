@@ -1,0 +1,36 @@
+use std::fmt;
+use std::time::Duration;
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+/// A duration written as text (`500ms`, `30s`, `1m 30s`), parsed when the object is
+/// decoded so a typo is reported with its field path.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct HumanDuration(pub Duration);
+
+impl HumanDuration {
+    pub const fn secs(secs: u64) -> HumanDuration {
+        HumanDuration(Duration::from_secs(secs))
+    }
+}
+
+impl fmt::Debug for HumanDuration {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", humantime::format_duration(self.0))
+    }
+}
+
+impl Serialize for HumanDuration {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(&humantime::format_duration(self.0).to_string())
+    }
+}
+
+impl<'de> Deserialize<'de> for HumanDuration {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<HumanDuration, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        humantime::parse_duration(&text)
+            .map(HumanDuration)
+            .map_err(|error| serde::de::Error::custom(format!("invalid duration {text:?}: {error}")))
+    }
+}

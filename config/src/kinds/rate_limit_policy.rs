@@ -1,0 +1,91 @@
+use serde::{Deserialize, Serialize};
+
+use crate::error::Checker;
+use crate::kind::{KindInfo, KindSpec};
+use crate::kinds::header_policy::{retain_targets, POLICY_TARGET_KINDS};
+use crate::reference::{target_refs, Reference, TargetRef};
+
+/// A local token bucket per target (and per client key): each proxy replica enforces it
+/// on its own traffic. Requests over the limit get 429 with `Retry-After`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct RateLimitPolicySpec {
+    pub target_refs: Vec<TargetRef>,
+    /// Refill rate of each bucket; may be fractional (`0.5` = one request per 2 s).
+    pub requests_per_second: f64,
+    /// Bucket size: the burst allowed after a quiet period. Default: one second's worth.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub burst: Option<u32>,
+    /// Which requests share a bucket.
+    #[serde(default, skip_serializing_if = "RateLimitKey::is_target")]
+    pub key: RateLimitKey,
+    /// Buckets kept per target (each client key is one); beyond it, idle ones are dropped
+    /// and, if none is idle, new keys share one overflow bucket. Default 100,000.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_keys: Option<u32>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub enum RateLimitKey {
+    /// One bucket for everything the policy targets (a Route, or a whole Listener).
+    #[default]
+    Target,
+    /// One bucket per client IP address (as the proxy sees it: the TCP peer, or the
+    /// first untrusted address of `X-Forwarded-For` behind a trusted proxy).
+    ClientAddress,
+    /// One bucket per value of this request header; requests without it share one.
+    Header(String),
+}
+
+impl RateLimitKey {
+    fn is_target(&self) -> bool {
+        *self == RateLimitKey::Target
+    }
+}
+
+pub const DEFAULT_MAX_KEYS: u32 = 100_000;
+
+impl RateLimitPolicySpec {
+    pub fn burst(&self) -> u32 {
+        self.burst
+            .unwrap_or_else(|| self.requests_per_second.ceil().clamp(1.0, f64::from(u32::MAX)) as u32)
+    }
+
+    pub fn max_keys(&self) -> u32 {
+        self.max_keys.unwrap_or(DEFAULT_MAX_KEYS)
+    }
+}
+
+impl KindSpec for RateLimitPolicySpec {
+    const INFO: &'static KindInfo =
+        &KindInfo::of::<RateLimitPolicySpec>("RateLimitPolicy", "ratelimitpolicies", &["rlp"]);
+
+    fn check(&self, checker: &mut Checker<'_>) {
+        if self.target_refs.is_empty() {
+            checker.fail("spec.targetRefs", "at least one target is required");
+        }
+        if !(self.requests_per_second.is_finite() && self.requests_per_second > 0.0) {
+            checker.fail("spec.requestsPerSecond", "must be a number above 0");
+        }
+        if self.burst == Some(0) {
+            checker.fail("spec.burst", "must be at least 1");
+        }
+        if self.max_keys == Some(0) {
+            checker.fail("spec.maxKeys", "must be at least 1");
+        }
+        if let RateLimitKey::Header(name) = &self.key {
+            if http::HeaderName::from_bytes(name.as_bytes()).is_err() {
+                checker.fail("spec.key.header", format!("invalid header name {name:?}"));
+            }
+        }
+    }
+
+    fn references(&self) -> Vec<Reference> {
+        target_refs(&self.target_refs, POLICY_TARGET_KINDS)
+    }
+
+    fn retain_attachments(&mut self, keep: &dyn Fn(&crate::ObjectKey) -> bool) {
+        retain_targets(&mut self.target_refs, keep);
+    }
+}

@@ -1,0 +1,84 @@
+//! References between objects: typed, checked at apply, and the edges shard slicing follows.
+
+use serde::{Deserialize, Serialize};
+
+use crate::kind::Kind;
+
+/// A reference to another object by kind and name, as policies write it Gateway-API style:
+/// `targetRefs: [{kind: Route, name: web}]`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct TargetRef {
+    pub kind: String,
+    pub name: String,
+}
+
+/// What a reference means for the object holding it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// The holder attaches to the target (a Route to a Listener, a policy to a Route): it is
+    /// part of every shard the target is in.
+    AttachTo,
+    /// The holder uses the target (a Route sends to a Backend): the target is part of every
+    /// shard the holder is in.
+    Uses,
+}
+
+/// One reference found in a spec.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reference {
+    /// Path of the referencing field, e.g. `spec.targetRefs[0]`.
+    pub field: String,
+    /// The kind as written; checked against `allowed`.
+    pub kind: String,
+    pub name: String,
+    pub role: Role,
+    /// Kinds this field may name.
+    pub allowed: &'static [&'static str],
+}
+
+impl Reference {
+    pub fn new(
+        field: impl Into<String>,
+        kind: impl Into<String>,
+        name: impl Into<String>,
+        role: Role,
+        allowed: &'static [&'static str],
+    ) -> Reference {
+        Reference {
+            field: field.into(),
+            kind: kind.into(),
+            name: name.into(),
+            role,
+            allowed,
+        }
+    }
+
+    /// The kind named, if it is one this field may name.
+    pub fn target_kind(&self) -> Result<Kind, String> {
+        if !self.allowed.contains(&self.kind.as_str()) {
+            return Err(format!(
+                "kind {:?} cannot be referenced here, expected {}",
+                self.kind,
+                self.allowed.join(" or ")
+            ));
+        }
+        Kind::from_name(&self.kind).ok_or_else(|| crate::kind::unknown_kind(&self.kind))
+    }
+}
+
+/// Attachment references of a `targetRefs` list.
+pub fn target_refs(refs: &[TargetRef], allowed: &'static [&'static str]) -> Vec<Reference> {
+    refs.iter()
+        .enumerate()
+        .map(|(index, target)| {
+            Reference::new(
+                format!("spec.targetRefs[{index}]"),
+                &target.kind,
+                &target.name,
+                Role::AttachTo,
+                allowed,
+            )
+        })
+        .collect()
+}

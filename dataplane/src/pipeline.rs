@@ -1,0 +1,310 @@
+//! The request path, stage by stage: normalize → route → policy chain (listener's, then
+//! route's) → target → upstream, and back through the policies in reverse. Every request
+//! ends in exactly one telemetry record, written when its response body has ended.
+
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use arc_swap::ArcSwap;
+use bytes::Bytes;
+use http::header::CONTENT_LENGTH;
+use http::{HeaderName, Request, Response, StatusCode};
+use http_body::{Body as HttpBody, Frame, SizeHint};
+use hyper::body::Incoming;
+
+use crate::body::{self, Body, BoxError, IdleTimeout};
+use crate::config_state::{ListenerTable, Snapshot};
+use crate::listener::Handler;
+use crate::normalize;
+use crate::policy::{Decision, RequestContext};
+use crate::response::{self, ProxyError};
+use crate::route::request_host;
+use crate::telemetry::{RequestRecord, Telemetry};
+use crate::upstream::Upstream;
+
+const TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
+const TRACESTATE: HeaderName = HeaderName::from_static("tracestate");
+
+/// Serves the requests arriving on one listener, always against the latest config.
+#[derive(Clone)]
+pub(crate) struct Pipeline {
+    pub(crate) snapshots: Arc<ArcSwap<Snapshot>>,
+    pub(crate) upstream: Arc<Upstream>,
+    pub(crate) telemetry: Arc<Telemetry>,
+    /// The listener's configured address: its key in the snapshot's tables.
+    pub(crate) listener: SocketAddr,
+}
+
+impl Handler for Pipeline {
+    async fn handle(&self, peer: SocketAddr, request: Request<Incoming>) -> Response<Body> {
+        let start = Instant::now();
+        let trace = self.telemetry.start(
+            request.headers().get(&TRACEPARENT),
+            request.headers().get(&TRACESTATE),
+        );
+        // Loaded once: the request completes on the version it started on.
+        let snapshot = self.snapshots.load_full();
+        let (parts, incoming) = request.into_parts();
+        let received = Arc::new(AtomicU64::new(0));
+        let mut record = RequestRecord {
+            trace,
+            client: peer,
+            listener: Arc::from(""),
+            method: parts.method.clone(),
+            path: parts.uri.path().to_string(),
+            host: None,
+            route: None,
+            target: None,
+            endpoint: None,
+            attempts: 0,
+            status: 0,
+            error: None,
+            decisions: Vec::new(),
+            start,
+            upstream_headers: None,
+            bytes_received: 0,
+            bytes_sent: 0,
+            completed: false,
+        };
+        let response = match snapshot.tables.get(&self.listener) {
+            // A request that slipped onto a connection of a listener the new version removed.
+            None => response::error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "listener_draining",
+                "this listener was removed from the config and is draining",
+            ),
+            Some(table) => {
+                record.listener = table.name.clone();
+                self.serve(table, peer, parts, incoming, &received, &mut record)
+                    .await
+            }
+        };
+        self.finish(response, record, received)
+    }
+}
+
+impl Pipeline {
+    async fn serve(
+        &self,
+        table: &ListenerTable,
+        peer: SocketAddr,
+        mut parts: http::request::Parts,
+        incoming: Incoming,
+        received: &Arc<AtomicU64>,
+        record: &mut RequestRecord,
+    ) -> Response<Body> {
+        let client_ip = match normalize::request(&mut parts, table.merge_slashes, &table.forwarding, peer) {
+            Ok(client_ip) => client_ip,
+            Err(answer) => return *answer,
+        };
+        record.path = parts.uri.path().to_string();
+        let probe = Request::from_parts(parts, ());
+        record.host = request_host(&probe);
+        let Some(route) = table.routes.find(&probe).cloned() else {
+            return response::error(
+                StatusCode::NOT_FOUND,
+                "route_not_found",
+                format!(
+                    "no route for {} {}{}",
+                    probe.method(),
+                    record.host.as_deref().unwrap_or_default(),
+                    probe.uri().path()
+                ),
+            );
+        };
+        let (parts, ()) = probe.into_parts();
+        record.route = Some(route.name.clone());
+
+        let declared = parts
+            .headers
+            .get(CONTENT_LENGTH)
+            .and_then(|value| value.to_str().ok())
+            .and_then(|value| value.parse::<u64>().ok());
+        if declared.is_some_and(|length| length > route.max_request_body_bytes) {
+            return too_large(route.max_request_body_bytes);
+        }
+        let limit = usize::try_from(route.max_request_body_bytes).unwrap_or(usize::MAX);
+        let body = Counted {
+            inner: http_body_util::Limited::new(IdleTimeout::new(incoming, route.body_idle_timeout), limit),
+            count: received.clone(),
+        };
+        let mut request = Request::from_parts(parts, body::boxed(body));
+
+        let mut ctx = RequestContext {
+            route: route.name.clone(),
+            client_ip,
+            trace: std::mem::take(&mut record.trace),
+            decisions: Vec::new(),
+            max_body_bytes: route.max_request_body_bytes,
+            target: None,
+            endpoint: None,
+            attempts: 0,
+            upstream_headers: None,
+        };
+        let policies: Vec<_> = table.policies.iter().chain(&route.policies).cloned().collect();
+        let mut ran = 0;
+        let mut answer = None;
+        for policy in &policies {
+            ran += 1;
+            if let Decision::Respond(response) = policy.on_request(&mut ctx, &mut request).await {
+                answer = Some(response);
+                break;
+            }
+        }
+        let mut response = match answer {
+            Some(response) => response,
+            None => match route.targets.pick() {
+                None => response::error(
+                    StatusCode::BAD_GATEWAY,
+                    "no_backend",
+                    format!("Route/{} has no backend with a weight above 0", route.name),
+                ),
+                Some(target) => {
+                    ctx.target = Some(target.name().clone());
+                    target.forward(&mut ctx, &route, &self.upstream, request).await
+                }
+            },
+        };
+        for policy in policies[..ran].iter().rev() {
+            if let Decision::Respond(replacement) = policy.on_response(&mut ctx, &mut response).await {
+                response = replacement;
+            }
+        }
+        record.trace = ctx.trace;
+        record.decisions = ctx.decisions;
+        record.target = ctx.target;
+        record.endpoint = ctx.endpoint;
+        record.attempts = ctx.attempts;
+        record.upstream_headers = ctx.upstream_headers;
+        response
+    }
+
+    /// Hands the response to the client with a body that writes the record when it ends.
+    fn finish(
+        &self,
+        response: Response<Body>,
+        mut record: RequestRecord,
+        received: Arc<AtomicU64>,
+    ) -> Response<Body> {
+        record.status = response.status().as_u16();
+        record.error = response.extensions().get::<ProxyError>().map(|error| error.0);
+        let (parts, inner) = response.into_parts();
+        let body = Recorded {
+            inner,
+            sent: 0,
+            received,
+            finish: Some((record, self.telemetry.clone())),
+        };
+        Response::from_parts(parts, body::boxed(body))
+    }
+}
+
+fn too_large(limit: u64) -> Response<Body> {
+    response::error(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "request_too_large",
+        format!("the request body exceeds this route's limit of {limit} bytes"),
+    )
+}
+
+/// Counts the request body bytes the client sent.
+struct Counted<B> {
+    inner: B,
+    count: Arc<AtomicU64>,
+}
+
+impl<B> HttpBody for Counted<B>
+where
+    B: HttpBody<Data = Bytes> + Unpin,
+{
+    type Data = Bytes;
+    type Error = B::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
+        let this = &mut *self;
+        let polled = Pin::new(&mut this.inner).poll_frame(cx);
+        if let Poll::Ready(Some(Ok(frame))) = &polled {
+            if let Some(data) = frame.data_ref() {
+                this.count.fetch_add(data.len() as u64, Ordering::Relaxed);
+            }
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// The response body on its way to the client; writes the request's record once, when
+/// the body ends, fails, or is dropped unfinished (client gone).
+struct Recorded {
+    inner: Body,
+    sent: u64,
+    received: Arc<AtomicU64>,
+    finish: Option<(RequestRecord, Arc<Telemetry>)>,
+}
+
+impl Recorded {
+    fn complete(&mut self, completed: bool) {
+        if let Some((mut record, telemetry)) = self.finish.take() {
+            record.bytes_sent = self.sent;
+            record.bytes_received = self.received.load(Ordering::Relaxed);
+            record.completed = completed;
+            telemetry.finish(record);
+        }
+    }
+}
+
+impl HttpBody for Recorded {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = &mut *self;
+        let polled = Pin::new(&mut this.inner).poll_frame(cx);
+        match &polled {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let Some(data) = frame.data_ref() {
+                    this.sent += data.len() as u64;
+                }
+                if this.inner.is_end_stream() {
+                    this.complete(true);
+                }
+            }
+            Poll::Ready(Some(Err(_))) => this.complete(false),
+            Poll::Ready(None) => this.complete(true),
+            Poll::Pending => {}
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+impl Drop for Recorded {
+    fn drop(&mut self) {
+        let finished = self.inner.is_end_stream();
+        self.complete(finished);
+    }
+}

@@ -1,0 +1,176 @@
+//! Targets: where a route sends a request, and how. A target kind is one file here plus
+//! one arm in [`compile`]; the plain [`Backend`](backend::BackendTarget) is the first.
+//! A target may answer by itself (an MCP target fanning out to several servers) or hand
+//! [`Upstream`] an ordered list of endpoints to try.
+
+mod backend;
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use http::{Request, Response};
+use portcullis_config::{BackendRef, BackendSpec, ConfigSet, Kind, ObjectKey};
+use rand::Rng;
+
+use crate::body::Body;
+use crate::policy::RequestContext;
+use crate::route::Route;
+use crate::upstream::Upstream;
+
+pub(crate) type ResponseFuture<'a> = Pin<Box<dyn Future<Output = Response<Body>> + Send + 'a>>;
+
+pub(crate) trait Target: Send + Sync {
+    /// `Kind/name`, as in logs and metrics.
+    fn name(&self) -> &Arc<str>;
+
+    fn forward<'a>(
+        &'a self,
+        ctx: &'a mut RequestContext,
+        route: &'a Route,
+        upstream: &'a Upstream,
+        request: Request<Body>,
+    ) -> ResponseFuture<'a>;
+}
+
+/// Compiles every target object of the config, keyed by its object key.
+pub(crate) fn compile(
+    config: &ConfigSet,
+    upstream: &Upstream,
+) -> Result<HashMap<ObjectKey, Arc<dyn Target>>, String> {
+    let mut targets: HashMap<ObjectKey, Arc<dyn Target>> = HashMap::new();
+    for (metadata, spec) in config.specs::<BackendSpec>() {
+        let target = backend::BackendTarget::compile(&metadata.name, spec, upstream)?;
+        targets.insert(
+            ObjectKey::new(Kind::of::<BackendSpec>(), metadata.name.as_str()),
+            Arc::new(target),
+        );
+    }
+    Ok(targets)
+}
+
+/// A route's targets with their weights.
+#[derive(Default)]
+pub(crate) struct WeightedTargets {
+    choices: Vec<(Arc<dyn Target>, u64)>,
+    total_weight: u64,
+}
+
+impl WeightedTargets {
+    pub(crate) fn resolve(
+        refs: &[BackendRef],
+        targets: &HashMap<ObjectKey, Arc<dyn Target>>,
+    ) -> Result<WeightedTargets, String> {
+        let choices: Vec<(Arc<dyn Target>, u64)> = refs
+            .iter()
+            .map(|reference| {
+                let kind = Kind::from_name(&reference.kind)
+                    .ok_or_else(|| format!("unknown kind {:?}", reference.kind))?;
+                targets
+                    .get(&ObjectKey::new(kind, reference.name.as_str()))
+                    .map(|target| (target.clone(), u64::from(reference.weight)))
+                    .ok_or_else(|| format!("unknown {kind} {:?}", reference.name))
+            })
+            .collect::<Result<_, String>>()?;
+        let total_weight = choices.iter().map(|(_, weight)| weight).sum();
+        Ok(WeightedTargets {
+            choices,
+            total_weight,
+        })
+    }
+
+    /// `None` only when every weight is 0, which validation rejects.
+    pub(crate) fn pick(&self) -> Option<&Arc<dyn Target>> {
+        match self.choices.as_slice() {
+            [] => None,
+            [(only, weight)] => (*weight > 0).then_some(only),
+            choices => {
+                if self.total_weight == 0 {
+                    return None;
+                }
+                let mut ticket = rand::rng().random_range(0..self.total_weight);
+                // A weight-0 target owns an empty range of tickets, so it is never chosen.
+                choices.iter().find_map(|(target, weight)| {
+                    if ticket < *weight {
+                        Some(target)
+                    } else {
+                        ticket -= weight;
+                        None
+                    }
+                })
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Named(Arc<str>);
+
+    impl Target for Named {
+        fn name(&self) -> &Arc<str> {
+            &self.0
+        }
+
+        fn forward<'a>(
+            &'a self,
+            _ctx: &'a mut RequestContext,
+            _route: &'a Route,
+            _upstream: &'a Upstream,
+            _request: Request<Body>,
+        ) -> ResponseFuture<'a> {
+            Box::pin(async { Response::new(crate::body::empty()) })
+        }
+    }
+
+    fn weighted(weights: &[(&str, u32)]) -> WeightedTargets {
+        let targets: HashMap<ObjectKey, Arc<dyn Target>> = weights
+            .iter()
+            .map(|(name, _)| {
+                let target: Arc<dyn Target> = Arc::new(Named(Arc::from(*name)));
+                (ObjectKey::new(Kind::of::<BackendSpec>(), *name), target)
+            })
+            .collect();
+        let refs: Vec<BackendRef> = weights
+            .iter()
+            .map(|(name, weight)| BackendRef {
+                kind: "Backend".into(),
+                name: name.to_string(),
+                weight: *weight,
+            })
+            .collect();
+        WeightedTargets::resolve(&refs, &targets).unwrap()
+    }
+
+    #[test]
+    fn weighted_choice_follows_weights_and_never_picks_zero() {
+        let targets = weighted(&[("heavy", 3), ("never", 0), ("light", 1)]);
+        let mut counts: HashMap<String, u32> = HashMap::new();
+        for _ in 0..20_000 {
+            let chosen = targets.pick().unwrap();
+            *counts.entry(chosen.name().to_string()).or_default() += 1;
+        }
+        assert_eq!(counts.get("never"), None);
+        let heavy = f64::from(counts["heavy"]) / 20_000.0;
+        assert!((0.72..0.78).contains(&heavy), "heavy share {heavy}");
+    }
+
+    #[test]
+    fn all_zero_weights_pick_nothing() {
+        assert!(weighted(&[("a", 0)]).pick().is_none());
+        assert!(weighted(&[("a", 0), ("b", 0)]).pick().is_none());
+    }
+
+    #[test]
+    fn unknown_target_is_an_error() {
+        let refs = [BackendRef {
+            kind: "Backend".into(),
+            name: "ghost".into(),
+            weight: 1,
+        }];
+        assert!(WeightedTargets::resolve(&refs, &HashMap::new()).is_err());
+    }
+}

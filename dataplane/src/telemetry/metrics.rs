@@ -1,0 +1,346 @@
+//! The proxy's Prometheus metrics (`portcullis_proxy_*`).
+//!
+//! The per-request path does one `Family` lookup per metric (a shared read lock and a hash of
+//! the labels) and atomic adds; label sets are built by moving the record's `Arc<str>`s in and
+//! back out, so not even a reference count moves. The request-duration histogram is our own
+//! lock-free one: prometheus-client's takes a mutex per observation.
+
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use prometheus_client::encoding::{EncodeLabelSet, EncodeMetric, MetricEncoder, NoLabelSet};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::{MetricType, TypedMetric};
+use prometheus_client::registry::{Registry, Unit};
+
+use super::RequestRecord;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RequestLabels {
+    listener: Arc<str>,
+    route: Option<Arc<str>>,
+    target: Option<Arc<str>>,
+    status: u16,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RouteTargetLabels {
+    route: Option<Arc<str>>,
+    target: Option<Arc<str>>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RouteLabels {
+    route: Option<Arc<str>>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct UpstreamErrorLabels {
+    route: Arc<str>,
+    target: Arc<str>,
+    kind: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PolicyLabels {
+    policy: Arc<str>,
+    decision: &'static str,
+}
+
+/// Every metric of one proxy, and the registry that exposes them.
+pub(super) struct Metrics {
+    registry: Registry,
+    requests: Family<RequestLabels, Counter>,
+    duration: Family<RouteTargetLabels, DurationHistogram>,
+    request_bytes: Family<RouteLabels, Counter>,
+    response_bytes: Family<RouteLabels, Counter>,
+    upstream_errors: Family<UpstreamErrorLabels, Counter>,
+    policy_decisions: Family<PolicyLabels, Counter>,
+    config_version: Gauge,
+    config_last_apply_ok: Gauge,
+    config_last_apply_version: Gauge,
+    pub(super) access_log_dropped: Counter,
+    pub(super) access_log_write_errors: Counter,
+}
+
+impl Metrics {
+    pub(super) fn new() -> Metrics {
+        let mut registry = Registry::with_prefix("portcullis_proxy");
+        let metrics = Metrics {
+            requests: Family::default(),
+            duration: Family::default(),
+            request_bytes: Family::default(),
+            response_bytes: Family::default(),
+            upstream_errors: Family::default(),
+            policy_decisions: Family::default(),
+            config_version: Gauge::default(),
+            config_last_apply_ok: Gauge::default(),
+            config_last_apply_version: Gauge::default(),
+            access_log_dropped: Counter::default(),
+            access_log_write_errors: Counter::default(),
+            registry: Registry::default(),
+        };
+        // prometheus-client appends `_total` to counters and the unit to the name, and ends
+        // each help text with a period.
+        registry.register(
+            "requests",
+            "Requests answered, by listener, route and target (empty when none matched) and \
+             response status",
+            metrics.requests.clone(),
+        );
+        registry.register_with_unit(
+            "request_duration",
+            "Time from the request's arrival to the end of its response body, by route and \
+             target",
+            Unit::Seconds,
+            metrics.duration.clone(),
+        );
+        registry.register(
+            "request_bytes",
+            "Request body bytes received from clients, by route",
+            metrics.request_bytes.clone(),
+        );
+        registry.register(
+            "response_bytes",
+            "Response body bytes sent to clients, by route",
+            metrics.response_bytes.clone(),
+        );
+        registry.register(
+            "upstream_errors",
+            "Failed upstream attempts, by route, target and kind (connect, timeout, reset, ...)",
+            metrics.upstream_errors.clone(),
+        );
+        registry.register(
+            "policy_decisions",
+            "Policy decisions taken on requests, by policy and decision",
+            metrics.policy_decisions.clone(),
+        );
+        registry.register(
+            "config_version",
+            "Config version the proxy is enforcing",
+            metrics.config_version.clone(),
+        );
+        registry.register(
+            "config_last_apply_ok",
+            "Result of the last config apply: 1 applied (ACK), 0 rejected (NACK)",
+            metrics.config_last_apply_ok.clone(),
+        );
+        registry.register(
+            "config_last_apply_version",
+            "Config version the last apply was for, applied or rejected",
+            metrics.config_last_apply_version.clone(),
+        );
+        registry.register(
+            "access_log_dropped",
+            "Access-log lines dropped because the writer was behind",
+            metrics.access_log_dropped.clone(),
+        );
+        registry.register(
+            "access_log_write_errors",
+            "Access-log writes that failed",
+            metrics.access_log_write_errors.clone(),
+        );
+        Metrics { registry, ..metrics }
+    }
+
+    /// Counts one finished request. Takes the record and gives it back, so that its `Arc<str>`
+    /// labels are moved in and out of the label sets rather than cloned.
+    pub(super) fn request(&self, mut record: RequestRecord, duration: Duration) -> RequestRecord {
+        let labels = RequestLabels {
+            listener: record.listener,
+            route: record.route,
+            target: record.target,
+            status: record.status,
+        };
+        self.requests.get_or_create(&labels).inc();
+        record.listener = labels.listener;
+
+        let labels = RouteTargetLabels {
+            route: labels.route,
+            target: labels.target,
+        };
+        self.duration.get_or_create(&labels).observe(duration);
+        record.target = labels.target;
+
+        let labels = RouteLabels { route: labels.route };
+        let received = self.request_bytes.get_or_create(&labels);
+        if record.bytes_received > 0 {
+            received.inc_by(record.bytes_received);
+        }
+        drop(received);
+        let sent = self.response_bytes.get_or_create(&labels);
+        if record.bytes_sent > 0 {
+            sent.inc_by(record.bytes_sent);
+        }
+        drop(sent);
+        record.route = labels.route;
+
+        for &(ref policy, decision) in &record.decisions {
+            let labels = PolicyLabels {
+                policy: policy.clone(),
+                decision,
+            };
+            self.policy_decisions.get_or_create(&labels).inc();
+        }
+        record
+    }
+
+    pub(super) fn upstream_error(&self, route: &str, target: &str, kind: &'static str) {
+        let labels = UpstreamErrorLabels {
+            route: Arc::from(route),
+            target: Arc::from(target),
+            kind,
+        };
+        self.upstream_errors.get_or_create(&labels).inc();
+    }
+
+    pub(super) fn config_applied(&self, version: u64) {
+        let version = gauge_value(version);
+        self.config_version.set(version);
+        self.config_last_apply_version.set(version);
+        self.config_last_apply_ok.set(1);
+    }
+
+    pub(super) fn config_rejected(&self, version: u64) {
+        self.config_last_apply_version.set(gauge_value(version));
+        self.config_last_apply_ok.set(0);
+    }
+
+    pub(super) fn encode(&self) -> String {
+        let mut body = String::with_capacity(8 * 1024);
+        if let Err(error) = prometheus_client::encoding::prometheus_text::encode(&mut body, &self.registry) {
+            tracing::warn!(%error, "encoding the metrics failed");
+        }
+        body
+    }
+}
+
+fn gauge_value(version: u64) -> i64 {
+    i64::try_from(version).unwrap_or(i64::MAX)
+}
+
+/// Upper bounds of the request-duration buckets, in seconds: 100 µs to 60 s, 1-2.5-5 steps.
+const DURATION_BUCKETS: [f64; 18] = [
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+    30.0, 60.0,
+];
+
+/// The same bounds in nanoseconds (an observation `<=` a bound falls in its bucket).
+const DURATION_BUCKETS_NANOS: [u64; 18] = {
+    let mut nanos = [0u64; 18];
+    let mut i = 0;
+    while i < 18 {
+        // Every bound is a whole number of microseconds.
+        nanos[i] = (DURATION_BUCKETS[i] * 1e6 + 0.5) as u64 * 1_000;
+        i += 1;
+    }
+    nanos
+};
+
+/// A histogram of durations with fixed buckets, lock-free: two atomic adds per observation.
+/// The count is the sum of the buckets, so a scrape always sees them agree.
+#[derive(Default)]
+pub(super) struct DurationHistogram {
+    /// Per-bucket (not cumulative) counts; the last one is `+Inf`.
+    buckets: [AtomicU64; DURATION_BUCKETS.len() + 1],
+    sum_nanos: AtomicU64,
+}
+
+impl DurationHistogram {
+    pub(super) fn observe(&self, duration: Duration) {
+        let nanos = u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX);
+        let bucket = DURATION_BUCKETS_NANOS.partition_point(|&bound| bound < nanos);
+        self.buckets[bucket].fetch_add(1, Ordering::Relaxed);
+        self.sum_nanos.fetch_add(nanos, Ordering::Relaxed);
+    }
+}
+
+impl fmt::Debug for DurationHistogram {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DurationHistogram").finish_non_exhaustive()
+    }
+}
+
+impl TypedMetric for DurationHistogram {
+    const TYPE: MetricType = MetricType::Histogram;
+}
+
+impl EncodeMetric for DurationHistogram {
+    fn encode(&self, mut encoder: MetricEncoder) -> Result<(), fmt::Error> {
+        let mut buckets = [(0.0, 0u64); DURATION_BUCKETS.len() + 1];
+        let mut count = 0;
+        for (i, (bucket, counter)) in buckets.iter_mut().zip(&self.buckets).enumerate() {
+            let n = counter.load(Ordering::Relaxed);
+            *bucket = (DURATION_BUCKETS.get(i).copied().unwrap_or(f64::INFINITY), n);
+            count += n;
+        }
+        let sum = self.sum_nanos.load(Ordering::Relaxed) as f64 / 1e9;
+        encoder.encode_histogram::<NoLabelSet>(sum, count, &buckets, None)
+    }
+
+    fn metric_type(&self) -> MetricType {
+        Self::TYPE
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bucket_bounds_in_nanos() {
+        assert_eq!(DURATION_BUCKETS_NANOS[0], 100_000);
+        assert_eq!(DURATION_BUCKETS_NANOS[1], 250_000);
+        assert_eq!(DURATION_BUCKETS_NANOS[17], 60_000_000_000);
+        assert!(DURATION_BUCKETS_NANOS.windows(2).all(|w| w[0] < w[1]));
+    }
+
+    #[test]
+    fn histogram_buckets_are_inclusive_upper_bounds() {
+        let h = DurationHistogram::default();
+        h.observe(Duration::from_micros(50)); // <= 0.0001
+        h.observe(Duration::from_micros(100)); // <= 0.0001 (inclusive)
+        h.observe(Duration::from_micros(101)); // <= 0.00025
+        h.observe(Duration::from_millis(1500)); // <= 2.5
+        h.observe(Duration::from_secs(120)); // +Inf
+        let counts: Vec<u64> = h.buckets.iter().map(|b| b.load(Ordering::Relaxed)).collect();
+        assert_eq!(counts[0], 2);
+        assert_eq!(counts[1], 1);
+        assert_eq!(counts[13], 1);
+        assert_eq!(counts[18], 1);
+        assert_eq!(counts.iter().sum::<u64>(), 5);
+    }
+
+    #[test]
+    fn histogram_exposition() {
+        let mut registry = Registry::with_prefix("portcullis_proxy");
+        let family = Family::<RouteTargetLabels, DurationHistogram>::default();
+        registry.register_with_unit("request_duration", "Duration", Unit::Seconds, family.clone());
+        let labels = RouteTargetLabels {
+            route: Some(Arc::from("Route/a")),
+            target: None,
+        };
+        family.get_or_create(&labels).observe(Duration::from_millis(3));
+        family.get_or_create(&labels).observe(Duration::from_millis(7));
+        let mut text = String::new();
+        prometheus_client::encoding::prometheus_text::encode(&mut text, &registry).unwrap();
+        assert!(
+            text.contains("# TYPE portcullis_proxy_request_duration_seconds histogram"),
+            "{text}"
+        );
+        let bucket =
+            r#"portcullis_proxy_request_duration_seconds_bucket{route="Route/a",target="",le="0.005"} 1"#;
+        assert!(text.contains(bucket), "{text}");
+        let bucket =
+            r#"portcullis_proxy_request_duration_seconds_bucket{route="Route/a",target="",le="+Inf"} 2"#;
+        assert!(text.contains(bucket), "{text}");
+        let count = r#"portcullis_proxy_request_duration_seconds_count{route="Route/a",target=""} 2"#;
+        assert!(text.contains(count), "{text}");
+        let sum = r#"portcullis_proxy_request_duration_seconds_sum{route="Route/a",target=""} 0.01"#;
+        assert!(text.contains(sum), "{text}");
+    }
+}

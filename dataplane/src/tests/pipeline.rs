@@ -1,0 +1,329 @@
+//! The pipeline's stages through real sockets: normalization, policies, limits, retries.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::Request;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use super::support::*;
+
+/// An upstream answering with the path and the headers it saw.
+async fn path_echo() -> std::net::SocketAddr {
+    spawn_upstream(|request: Request<hyper::body::Incoming>| async move {
+        let header = |name: &str| {
+            request
+                .headers()
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("-")
+                .to_string()
+        };
+        text(format!(
+            "path={}\nx-added={}\nx-removed={}\nxff={}\n",
+            request.uri().path(),
+            header("x-added"),
+            header("x-removed"),
+            header("x-forwarded-for"),
+        ))
+    })
+    .await
+}
+
+/// Sends raw bytes and returns everything the proxy answers until it closes.
+async fn raw(port: u16, request: &[u8]) -> String {
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+    stream.write_all(request).await.unwrap();
+    let mut answer = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut answer)).await;
+    String::from_utf8_lossy(&answer).into_owned()
+}
+
+#[tokio::test]
+async fn path_bypass_attempts_route_on_the_normalized_path() {
+    let public = path_echo().await;
+    let admin = spawn_upstream(|_| async { text("admin") }).await;
+    let port = free_port();
+    let config = objects(
+        &(listener("web", port)
+            + &backend("public", public, false)
+            + &backend("admin", admin, false)
+            + &route("public", "web", "public", "matches: [{path: {prefix: /public}}]")
+            + &route("admin", "web", "admin", "matches: [{path: {prefix: /admin}}]")),
+    );
+    let proxy = start_proxy(None, Duration::from_secs(1)).await;
+    proxy.state.apply(1, config).await.unwrap();
+    // Each resolves to /admin: the admin route, never the public upstream with an admin path.
+    for attack in [
+        "/public/../admin",
+        "/public/%2e%2e/admin",
+        "/public/.%2E/admin",
+        "//admin",
+        "/public//..//admin",
+        "/%61dmin",
+    ] {
+        let (status, body) = get(port, attack).await;
+        assert_eq!((status, body.as_str()), (200, "admin"), "{attack}");
+    }
+    // Double encoding stays encoded: a public path, forwarded as it was normalized.
+    let (status, body) = get(port, "/public/%252e%252e/admin").await;
+    assert_eq!(status, 200);
+    assert!(body.contains("path=/public/%252e%252e/admin\n"), "{body}");
+    let (status, body) = get(port, "/public/a%2fb").await;
+    assert_eq!(status, 200);
+    assert!(body.contains("path=/public/a%2Fb\n"), "{body}");
+    // Invalid percent-encoding is refused, not forwarded.
+    let answer = raw(
+        port,
+        b"GET /public/%zz HTTP/1.1\r\nhost: h\r\nconnection: close\r\n\r\n",
+    )
+    .await;
+    assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
+    assert!(answer.contains("invalid request path"), "{answer}");
+    proxy.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn header_policy_edits_requests_and_responses() {
+    let upstream = path_echo().await;
+    let port = free_port();
+    let policy = "apiVersion: portcullis.dev/v1alpha1\nkind: HeaderPolicy\nmetadata: {name: tag}\nspec: {targetRefs: [{kind: Route, name: all}], request: {set: [{name: x-added, value: 'yes'}], remove: [x-removed]}, response: {add: [{name: x-served-by, value: portcullis}]}}\n";
+    let mut config = simple_config(port, upstream, "");
+    config.extend(objects(policy));
+    let proxy = start_proxy(None, Duration::from_secs(1)).await;
+    proxy.state.apply(1, config).await.unwrap();
+    let request = Request::get(format!("http://127.0.0.1:{port}/x"))
+        .header("x-removed", "secret")
+        .body(http_body_util::Full::default())
+        .unwrap();
+    let response = http1_client().request(request).await.unwrap();
+    assert_eq!(response.headers()["x-served-by"], "portcullis");
+    let body = http_body_util::BodyExt::collect(response.into_body())
+        .await
+        .unwrap()
+        .to_bytes();
+    let body = String::from_utf8_lossy(&body);
+    assert!(body.contains("x-added=yes\n"), "{body}");
+    assert!(body.contains("x-removed=-\n"), "{body}");
+    proxy.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn rate_limit_answers_429_with_retry_after_per_client_key() {
+    let upstream = path_echo().await;
+    let port = free_port();
+    let policy = "apiVersion: portcullis.dev/v1alpha1\nkind: RateLimitPolicy\nmetadata: {name: per-tenant}\nspec: {targetRefs: [{kind: Listener, name: web}], requestsPerSecond: 0.5, burst: 2, key: {header: x-tenant}}\n";
+    let mut config = simple_config(port, upstream, "");
+    config.extend(objects(policy));
+    let proxy = start_proxy(None, Duration::from_secs(1)).await;
+    proxy.state.apply(1, config).await.unwrap();
+    let send = |tenant: &'static str| async move {
+        let request = Request::get(format!("http://127.0.0.1:{port}/x"))
+            .header("x-tenant", tenant)
+            .body(http_body_util::Full::default())
+            .unwrap();
+        http1_client().request(request).await.unwrap()
+    };
+    assert_eq!(send("a").await.status(), 200);
+    assert_eq!(send("a").await.status(), 200);
+    let limited = send("a").await;
+    assert_eq!(limited.status(), 429);
+    assert_eq!(limited.headers()["retry-after"], "2");
+    let body = http_body_util::BodyExt::collect(limited.into_body())
+        .await
+        .unwrap()
+        .to_bytes();
+    let error: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(error["error"]["type"], "rate_limited");
+    // Another tenant has its own bucket.
+    assert_eq!(send("b").await.status(), 200);
+    // An unrelated config change keeps the buckets: tenant a is still limited.
+    let mut changed = simple_config(port, upstream, "timeout: 5s");
+    changed.extend(objects(policy));
+    proxy.state.apply(2, changed).await.unwrap();
+    assert_eq!(send("a").await.status(), 429);
+    proxy.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn listener_limits_answer_with_documented_errors_and_keep_serving() {
+    let upstream = path_echo().await;
+    let port = free_port();
+    let listener = format!("apiVersion: portcullis.dev/v1alpha1\nkind: Listener\nmetadata: {{name: web}}\nspec: {{address: 127.0.0.1, port: {port}, limits: {{maxConnections: 2, headerReadTimeout: 300ms, maxHeaderBytes: 8192}}}}\n---\n");
+    let config = objects(
+        &(listener
+            + &backend("up", upstream, false)
+            + &route(
+                "all",
+                "web",
+                "up",
+                "limits: {maxRequestBodyBytes: 16, bodyIdleTimeout: 300ms}",
+            )),
+    );
+    let proxy = start_proxy(None, Duration::from_secs(1)).await;
+    proxy.state.apply(1, config).await.unwrap();
+
+    // Oversized headers: 431.
+    let big = format!(
+        "GET / HTTP/1.1\r\nhost: h\r\nx-big: {}\r\n\r\n",
+        "a".repeat(10_000)
+    );
+    assert!(raw(port, big.as_bytes()).await.starts_with("HTTP/1.1 431"));
+    // Slowloris: headers never finished, the connection is closed after the timeout.
+    let started = std::time::Instant::now();
+    let answer = raw(port, b"GET / HTTP/1.1\r\nhost: h\r\nx-slow: ").await;
+    assert!(!answer.contains("200 OK"), "{answer}");
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "closed by the header timeout"
+    );
+    // A declared body over the route's limit: 413 before anything is forwarded.
+    let answer = raw(
+        port,
+        b"POST / HTTP/1.1\r\nhost: h\r\ncontent-length: 17\r\nconnection: close\r\n\r\n12345678901234567",
+    )
+    .await;
+    assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+    // A chunked body that grows over the limit: 413 too.
+    let answer = raw(port, b"POST / HTTP/1.1\r\nhost: h\r\ntransfer-encoding: chunked\r\nconnection: close\r\n\r\n20\r\n0123456789abcdef0123456789abcdef\r\n0\r\n\r\n").await;
+    assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+    // A body that stalls: 408.
+    let answer = raw(
+        port,
+        b"POST / HTTP/1.1\r\nhost: h\r\ncontent-length: 10\r\nconnection: close\r\n\r\n123",
+    )
+    .await;
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    // A truncated body (the client half-closes) is refused.
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+    stream
+        .write_all(b"POST / HTTP/1.1\r\nhost: h\r\ncontent-length: 10\r\n\r\n123")
+        .await
+        .unwrap();
+    stream.shutdown().await.unwrap();
+    let mut answer = String::new();
+    let _ = tokio::time::timeout(Duration::from_secs(5), stream.read_to_string(&mut answer)).await;
+    assert!(!answer.contains("200 OK"), "{answer}");
+
+    // Connection limit: two open connections, the third gets 503 and is closed.
+    let first = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+    let second = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let answer = raw(port, b"GET / HTTP/1.1\r\nhost: h\r\n\r\n").await;
+    assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
+    assert!(answer.contains("too_many_connections"), "{answer}");
+    drop((first, second));
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    // And it keeps serving once they are gone.
+    assert_eq!(get(port, "/ok").await.0, 200);
+    proxy.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn trusted_proxies_keep_forwarding_headers_others_are_replaced() {
+    let upstream = path_echo().await;
+    let port = free_port();
+    let listener = format!("apiVersion: portcullis.dev/v1alpha1\nkind: Listener\nmetadata: {{name: web}}\nspec: {{address: 127.0.0.1, port: {port}, trustedProxies: [127.0.0.0/8]}}\n---\n");
+    let config = objects(&(listener + &backend("up", upstream, false) + &route("all", "web", "up", "")));
+    let proxy = start_proxy(None, Duration::from_secs(1)).await;
+    proxy.state.apply(1, config).await.unwrap();
+    let request = Request::get(format!("http://127.0.0.1:{port}/x"))
+        .header("x-forwarded-for", "203.0.113.9")
+        .body(http_body_util::Full::default())
+        .unwrap();
+    let response = http1_client().request(request).await.unwrap();
+    let body = http_body_util::BodyExt::collect(response.into_body())
+        .await
+        .unwrap()
+        .to_bytes();
+    let body = String::from_utf8_lossy(&body);
+    assert!(body.contains("xff=203.0.113.9, 127.0.0.1\n"), "{body}");
+    proxy.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn failed_connects_are_retried_on_another_endpoint_and_the_endpoint_ejected() {
+    let served = Arc::new(AtomicUsize::new(0));
+    let counter = served.clone();
+    let alive = spawn_upstream(move |_| {
+        let counter = counter.clone();
+        async move {
+            counter.fetch_add(1, Ordering::Relaxed);
+            text("alive")
+        }
+    })
+    .await;
+    let dead = format!("127.0.0.1:{}", free_port());
+    let port = free_port();
+    let backend = format!("apiVersion: portcullis.dev/v1alpha1\nkind: Backend\nmetadata: {{name: up}}\nspec: {{endpoints: ['{dead}', '{alive}'], ejection: {{consecutiveFailures: 2, duration: 30s}}}}\n---\n");
+    let config = objects(&(listener("web", port) + &backend + &route("all", "web", "up", "")));
+    let proxy = start_proxy(None, Duration::from_secs(1)).await;
+    proxy.state.apply(1, config).await.unwrap();
+    // Every request succeeds, POSTs too: nothing reached the dead endpoint.
+    for index in 0..10 {
+        let request = Request::post(format!("http://127.0.0.1:{port}/x"))
+            .body(http_body_util::Full::new(bytes::Bytes::from("payload")))
+            .unwrap();
+        let response = http1_client().request(request).await.unwrap();
+        assert_eq!(response.status(), 200, "request {index}");
+    }
+    assert_eq!(served.load(Ordering::Relaxed), 10);
+    proxy.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn retries_on_configured_status_only_for_idempotent_requests() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let counter = calls.clone();
+    let flaky = spawn_upstream(move |_| {
+        let counter = counter.clone();
+        async move {
+            // Every other call fails.
+            if counter.fetch_add(1, Ordering::Relaxed).is_multiple_of(2) {
+                let mut response = text("busy");
+                *response.status_mut() = http::StatusCode::SERVICE_UNAVAILABLE;
+                response
+            } else {
+                text("ok")
+            }
+        }
+    })
+    .await;
+    let port = free_port();
+    let config = simple_config(port, flaky, "retry: {attempts: 1, onStatus: [503]}");
+    let proxy = start_proxy(None, Duration::from_secs(1)).await;
+    proxy.state.apply(1, config).await.unwrap();
+    assert_eq!(get(port, "/x").await, (200, "ok".to_string()));
+    assert_eq!(calls.load(Ordering::Relaxed), 2, "one retry");
+    let request = Request::post(format!("http://127.0.0.1:{port}/x"))
+        .body(http_body_util::Full::default())
+        .unwrap();
+    let response = http1_client().request(request).await.unwrap();
+    assert_eq!(
+        response.status(),
+        503,
+        "a POST that reached the upstream is not retried"
+    );
+    assert_eq!(calls.load(Ordering::Relaxed), 3);
+    proxy.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn moving_a_listener_to_another_address_on_the_same_port_applies() {
+    let upstream = path_echo().await;
+    let port = free_port();
+    let proxy = start_proxy(None, Duration::from_secs(1)).await;
+    proxy
+        .state
+        .apply(1, simple_config(port, upstream, ""))
+        .await
+        .unwrap();
+    assert_eq!(get(port, "/x").await.0, 200);
+    let moved = format!("apiVersion: portcullis.dev/v1alpha1\nkind: Listener\nmetadata: {{name: web}}\nspec: {{address: 0.0.0.0, port: {port}}}\n---\n");
+    let config = objects(&(moved + &backend("up", upstream, false) + &route("all", "web", "up", "")));
+    proxy.state.apply(2, config).await.unwrap();
+    assert_eq!(get(port, "/x").await.0, 200);
+    proxy.shutdown().await.unwrap();
+}

@@ -1,0 +1,282 @@
+//! The last stage: sending a request to one of a target's endpoints, over pooled
+//! connections shared by every config version, with retries where they are safe.
+
+mod health;
+mod http2;
+mod request;
+mod retry;
+
+use std::error::Error as _;
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+use portcullis_config::EjectionSpec;
+
+pub(crate) use health::{Endpoint, HealthRegistry};
+pub(crate) use retry::RetryPolicy;
+
+use crate::body::{self, caused_by, Body, BodyIdle, IdleTimeout};
+use crate::policy::RequestContext;
+use crate::response;
+use crate::route::Route;
+use crate::telemetry::Telemetry;
+
+/// Request bodies up to this size are kept so a failed connect can be retried.
+const REPLAYABLE_BODY_BYTES: u64 = 64 * 1024;
+
+/// How a target's endpoints are reached.
+pub(crate) struct Dispatch<'a> {
+    pub(crate) target: &'a Arc<str>,
+    /// In the order to try them.
+    pub(crate) endpoints: Vec<&'a Endpoint>,
+    pub(crate) http2: bool,
+    pub(crate) ejection: &'a EjectionSpec,
+}
+
+/// Upstream connections live as long as the proxy, so pools survive config changes.
+pub(crate) struct Upstream {
+    http1: Client<HttpConnector, Body>,
+    http2: http2::Connections,
+    pub(crate) health: HealthRegistry,
+    telemetry: Arc<Telemetry>,
+}
+
+enum Failure {
+    /// Nothing of the request left the proxy.
+    Connect(String),
+    Exchange(hyper::Error),
+    Http1(hyper_util::client::legacy::Error),
+}
+
+impl Upstream {
+    pub(crate) fn new(telemetry: Arc<Telemetry>) -> Upstream {
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        let http1 = Client::builder(TokioExecutor::new())
+            .timer(TokioTimer::new())
+            .pool_timer(TokioTimer::new())
+            .build(connector);
+        Upstream {
+            http1,
+            http2: http2::Connections::default(),
+            health: HealthRegistry::default(),
+            telemetry,
+        }
+    }
+
+    /// Sends `request` to the first endpoint of `dispatch`, moving on to the next one on a
+    /// retryable failure. Always answers: proxy errors come back as error responses.
+    pub(crate) async fn send(
+        &self,
+        ctx: &mut RequestContext,
+        route: &Route,
+        dispatch: Dispatch<'_>,
+        request: Request<Body>,
+    ) -> Response<Body> {
+        if dispatch.endpoints.is_empty() {
+            return response::error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "no_endpoint",
+                format!("{} has no endpoints", dispatch.target),
+            );
+        }
+        route.retry.deposit();
+        let deadline = tokio::time::Instant::now() + route.timeout;
+        let (parts, body) = request.into_parts();
+        let (replay, mut body) = match replayable(&parts, body).await {
+            Ok(split) => split,
+            Err(answer) => return answer,
+        };
+        let max_attempts = 1 + route.retry.attempts as usize;
+        let mut attempt = 0;
+        loop {
+            let endpoint = dispatch.endpoints[attempt % dispatch.endpoints.len()];
+            attempt += 1;
+            ctx.attempts = attempt as u32;
+            ctx.endpoint = Some(endpoint.authority.to_string());
+            let attempt_body = match &replay {
+                Some(bytes) => body::full(bytes.clone()),
+                None => std::mem::replace(&mut body, body::empty()),
+            };
+            let upstream_request = match request::for_upstream(
+                &parts,
+                attempt_body,
+                &endpoint.authority,
+                dispatch.http2,
+                &ctx.trace,
+            ) {
+                Ok(upstream_request) => upstream_request,
+                Err(error) => {
+                    return response::error(StatusCode::BAD_REQUEST, "invalid_request", error.to_string());
+                }
+            };
+            let may_retry = attempt < max_attempts && replay.is_some();
+            let started = Instant::now();
+            let outcome = tokio::time::timeout_at(
+                deadline,
+                self.exchange(endpoint, dispatch.http2, upstream_request),
+            )
+            .await;
+            match outcome {
+                Err(_) => {
+                    self.telemetry
+                        .upstream_error(&ctx.route, dispatch.target, "timeout");
+                    tracing::warn!(route = %ctx.route, endpoint = %endpoint.authority, timeout = ?route.timeout, "upstream timed out");
+                    return response::error(
+                        StatusCode::GATEWAY_TIMEOUT,
+                        "upstream_timeout",
+                        format!(
+                            "{} sent no response headers within {:?} (Route/{} timeout)",
+                            dispatch.target, route.timeout, ctx.route
+                        ),
+                    );
+                }
+                Ok(Ok(upstream_response)) => {
+                    endpoint.health.record_success();
+                    ctx.upstream_headers = Some(started.elapsed());
+                    let status = upstream_response.status();
+                    if may_retry
+                        && route.retry.retries_status(&parts.method, status)
+                        && route.retry.try_spend()
+                    {
+                        tracing::debug!(route = %ctx.route, endpoint = %endpoint.authority, %status, "retrying on status");
+                        continue;
+                    }
+                    return finish_response(upstream_response, route);
+                }
+                Ok(Err(Failure::Connect(message))) => {
+                    if let Some(ejected_for) = endpoint.health.record_connect_failure(dispatch.ejection) {
+                        tracing::warn!(target = %dispatch.target, endpoint = %endpoint.authority, ?ejected_for, "endpoint ejected after repeated connect failures");
+                    }
+                    self.telemetry
+                        .upstream_error(&ctx.route, dispatch.target, "connect");
+                    if may_retry && route.retry.try_spend() {
+                        tracing::debug!(route = %ctx.route, endpoint = %endpoint.authority, %message, "connect failed, retrying");
+                        continue;
+                    }
+                    tracing::warn!(route = %ctx.route, endpoint = %endpoint.authority, %message, "upstream connect failed");
+                    return response::error(
+                        StatusCode::BAD_GATEWAY,
+                        "upstream_connect_error",
+                        format!("{}: could not connect to an endpoint: {message}", dispatch.target),
+                    );
+                }
+                Ok(Err(failure)) => return self.exchange_failed(ctx, &dispatch, endpoint, failure),
+            }
+        }
+    }
+
+    fn exchange_failed(
+        &self,
+        ctx: &RequestContext,
+        dispatch: &Dispatch<'_>,
+        endpoint: &Endpoint,
+        failure: Failure,
+    ) -> Response<Body> {
+        let error: Box<dyn std::error::Error + Send + Sync> = match failure {
+            Failure::Exchange(error) => Box::new(error),
+            Failure::Http1(error) => Box::new(error),
+            Failure::Connect(message) => message.into(),
+        };
+        if caused_by::<http_body_util::LengthLimitError>(error.as_ref()) {
+            return response::error(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "request_too_large",
+                format!("the request body exceeds the limit of Route/{}", ctx.route),
+            );
+        }
+        if caused_by::<BodyIdle>(error.as_ref()) {
+            return response::error(
+                StatusCode::REQUEST_TIMEOUT,
+                "request_body_timeout",
+                "the request body stalled longer than this route allows",
+            );
+        }
+        let mut message = error.to_string();
+        let mut source = error.source();
+        while let Some(cause) = source {
+            message.push_str(&format!(": {cause}"));
+            source = cause.source();
+        }
+        self.telemetry
+            .upstream_error(&ctx.route, dispatch.target, "exchange");
+        // The endpoint goes to the log only: clients need not learn internal addresses.
+        tracing::warn!(route = %ctx.route, endpoint = %endpoint.authority, %message, "upstream request failed");
+        response::error(
+            StatusCode::BAD_GATEWAY,
+            "upstream_error",
+            format!("{}: {message}", dispatch.target),
+        )
+    }
+
+    async fn exchange(
+        &self,
+        endpoint: &Endpoint,
+        http2: bool,
+        request: Request<Body>,
+    ) -> Result<Response<Incoming>, Failure> {
+        if http2 {
+            self.http2.send(&endpoint.authority, request).await
+        } else {
+            self.http1.request(request).await.map_err(|error| {
+                if error.is_connect() {
+                    let cause = error
+                        .source()
+                        .map(ToString::to_string)
+                        .unwrap_or_else(|| error.to_string());
+                    Failure::Connect(cause)
+                } else {
+                    Failure::Http1(error)
+                }
+            })
+        }
+    }
+}
+
+/// Splits off a copy of the body when it is small enough to resend.
+async fn replayable(
+    parts: &http::request::Parts,
+    body: Body,
+) -> Result<(Option<Bytes>, Body), Response<Body>> {
+    use http_body::Body as _;
+    if body.is_end_stream() {
+        return Ok((Some(Bytes::new()), body::empty()));
+    }
+    let declared = parts
+        .headers
+        .get(http::header::CONTENT_LENGTH)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.parse::<u64>().ok());
+    match declared {
+        Some(length) if length <= REPLAYABLE_BODY_BYTES => match body.collect().await {
+            Ok(collected) => Ok((Some(collected.to_bytes()), body::empty())),
+            Err(error) if caused_by::<BodyIdle>(error.as_ref()) => Err(response::error(
+                StatusCode::REQUEST_TIMEOUT,
+                "request_body_timeout",
+                "the request body stalled longer than this route allows",
+            )),
+            Err(error) => Err(response::error(
+                StatusCode::BAD_REQUEST,
+                "invalid_request",
+                format!("could not read the request body: {error}"),
+            )),
+        },
+        _ => Ok((None, body)),
+    }
+}
+
+fn finish_response(upstream_response: Response<Incoming>, route: &Route) -> Response<Body> {
+    let (mut parts, body) = upstream_response.into_parts();
+    request::strip_hop_by_hop(&mut parts.headers);
+    Response::from_parts(
+        parts,
+        body::boxed(IdleTimeout::new(body, route.body_idle_timeout)),
+    )
+}
