@@ -199,7 +199,7 @@ async fn bad_config_is_rejected_and_changes_nothing() {
         .await
         .unwrap_err();
     assert!(
-        error.message().contains("Route/api: spec.backends[0]"),
+        error.message() == "Backend/api: still referenced by Route/api at spec.backends[0]",
         "{}",
         error.message()
     );

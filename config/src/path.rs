@@ -114,7 +114,10 @@ pub(crate) fn check_route_path(path: &str) -> Result<(), String> {
         return Err("contains characters a request path cannot have".into());
     }
     if path.contains("//") {
-        return Err("contains '//', which requests never carry after slashes are merged".into());
+        return Err(
+            "contains '//': routes name paths with single slashes (listeners merge slashes by default)"
+                .into(),
+        );
     }
     match normalize(path, true) {
         Err(error) => Err(error.to_string()),

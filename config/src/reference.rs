@@ -67,6 +67,13 @@ impl Reference {
     }
 }
 
+/// Names a target that appears twice in a `targetRefs` list: a policy attaches once.
+pub fn duplicate_target(refs: &[TargetRef]) -> Option<(usize, &TargetRef)> {
+    refs.iter()
+        .enumerate()
+        .find(|(index, target)| refs[..*index].contains(target))
+}
+
 /// Attachment references of a `targetRefs` list.
 pub fn target_refs(refs: &[TargetRef], allowed: &'static [&'static str]) -> Vec<Reference> {
     refs.iter()

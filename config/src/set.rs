@@ -378,6 +378,15 @@ spec: { listeners: [internal], backends: [{ name: admin }] }
             error,
             "RateLimitPolicy/limit: spec.targetRefs[0]: kind \"Backend\" cannot be referenced here, expected Listener or Route"
         );
+        let error = apply_yaml(
+            &base(),
+            &policy("[{kind: Route, name: web}, {kind: Route, name: web}]"),
+        )
+        .unwrap_err();
+        assert_eq!(
+            error,
+            "RateLimitPolicy/limit: spec.targetRefs[1]: Route/web is already a target"
+        );
         let error = apply_yaml(&base(), &policy("[{kind: Route, name: nope}]")).unwrap_err();
         assert_eq!(
             error,

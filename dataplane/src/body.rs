@@ -34,6 +34,12 @@ where
     body.map_err(Into::into).boxed_unsync()
 }
 
+/// The client's request body failed (cut off, malformed chunking): marks the error so it
+/// is not blamed on the upstream the body was being sent to.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub(crate) struct ClientBodyError(#[source] pub(crate) BoxError);
+
 /// A body that went quiet for longer than allowed.
 #[derive(Debug, thiserror::Error)]
 #[error("no body data for {0:?}")]

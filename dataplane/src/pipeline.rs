@@ -16,7 +16,7 @@ use http::{HeaderName, Request, Response, StatusCode};
 use http_body::{Body as HttpBody, Frame, SizeHint};
 use hyper::body::Incoming;
 
-use crate::body::{self, Body, BoxError, IdleTimeout};
+use crate::body::{self, Body, BoxError, ClientBodyError, IdleTimeout};
 use crate::config_state::{ListenerTable, Snapshot};
 use crate::listener::Handler;
 use crate::normalize;
@@ -132,6 +132,7 @@ impl Pipeline {
             inner: http_body_util::Limited::new(IdleTimeout::new(incoming, route.body_idle_timeout), limit),
             count: received.clone(),
         };
+        let body = http_body_util::BodyExt::map_err(body, |error| ClientBodyError(error));
         let mut request = Request::from_parts(parts, body::boxed(body));
 
         let mut ctx = RequestContext {
@@ -145,7 +146,13 @@ impl Pipeline {
             attempts: 0,
             upstream_headers: None,
         };
-        let policies: Vec<_> = table.policies.iter().chain(&route.policies).cloned().collect();
+        // A policy attached to both the listener and the route runs once, as the
+        // listener's.
+        let route_only = route
+            .policies
+            .iter()
+            .filter(|policy| !table.policies.iter().any(|other| other.name() == policy.name()));
+        let policies: Vec<_> = table.policies.iter().chain(route_only).cloned().collect();
         let mut ran = 0;
         let mut answer = None;
         for policy in &policies {

@@ -95,6 +95,12 @@ impl KindSpec for HeaderPolicySpec {
         if self.target_refs.is_empty() {
             checker.fail("spec.targetRefs", "at least one target is required");
         }
+        if let Some((index, target)) = crate::reference::duplicate_target(&self.target_refs) {
+            checker.fail(
+                format!("spec.targetRefs[{index}]"),
+                format!("{}/{} is already a target", target.kind, target.name),
+            );
+        }
         if self.request.is_empty() && self.response.is_empty() {
             checker.fail("spec", "changes nothing: give request or response edits");
         }

@@ -5,8 +5,10 @@ use crate::kind::{KindInfo, KindSpec};
 use crate::kinds::header_policy::{retain_targets, POLICY_TARGET_KINDS};
 use crate::reference::{target_refs, Reference, TargetRef};
 
-/// A local token bucket per target (and per client key): each proxy replica enforces it
-/// on its own traffic. Requests over the limit get 429 with `Retry-After`.
+/// A local token bucket per target (and per client key): each target in `targetRefs` has
+/// its own buckets, and each proxy replica enforces the limit on its own traffic. Requests
+/// over the limit get 429 with `Retry-After`. Attached to a Listener, the buckets are
+/// shared by every route of that listener; a Route attached to as well is not limited twice.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct RateLimitPolicySpec {
@@ -19,8 +21,9 @@ pub struct RateLimitPolicySpec {
     /// Which requests share a bucket.
     #[serde(default, skip_serializing_if = "RateLimitKey::is_target")]
     pub key: RateLimitKey,
-    /// Buckets kept per target (each client key is one); beyond it, idle ones are dropped
-    /// and, if none is idle, new keys share one overflow bucket. Default 100,000.
+    /// At most this many buckets per target (each client key is one); beyond it, idle ones
+    /// are dropped and, if none is idle, new keys share one overflow bucket. Keys are
+    /// spread over up to 16 shards, each holding its share. Default 100,000.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_keys: Option<u32>,
 }
@@ -32,7 +35,7 @@ pub enum RateLimitKey {
     #[default]
     Target,
     /// One bucket per client IP address (as the proxy sees it: the TCP peer, or the
-    /// first untrusted address of `X-Forwarded-For` behind a trusted proxy).
+    /// nearest untrusted address of `X-Forwarded-For` behind a trusted proxy).
     ClientAddress,
     /// One bucket per value of this request header; requests without it share one.
     Header(String),
@@ -64,6 +67,12 @@ impl KindSpec for RateLimitPolicySpec {
     fn check(&self, checker: &mut Checker<'_>) {
         if self.target_refs.is_empty() {
             checker.fail("spec.targetRefs", "at least one target is required");
+        }
+        if let Some((index, target)) = crate::reference::duplicate_target(&self.target_refs) {
+            checker.fail(
+                format!("spec.targetRefs[{index}]"),
+                format!("{}/{} is already a target", target.kind, target.name),
+            );
         }
         if !(self.requests_per_second.is_finite() && self.requests_per_second > 0.0) {
             checker.fail("spec.requestsPerSecond", "must be a number above 0");

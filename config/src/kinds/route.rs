@@ -91,13 +91,16 @@ fn default_weight() -> u32 {
     1
 }
 
-/// Further attempts on another endpoint. A request is retried only when nothing of it
-/// reached the upstream (failed connect), or when its method is idempotent and the
-/// upstream answered one of `onStatus`; never beyond the retry budget.
+/// Further attempts, each on the next endpoint in turn (the same one when there is only
+/// one). A request is retried only when its body can be sent again (empty, or at most
+/// 64 KiB with a `content-length`), and only when nothing of it reached the upstream
+/// (failed connect) or its method is idempotent and the upstream answered one of
+/// `onStatus`; never beyond the retry budget, which is per route and starts afresh with
+/// each config version.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct RetrySpec {
-    /// Retries after the first attempt (1–5). Default 1.
+    /// Retries after the first attempt (0–5; 0 turns retries off). Default 1.
     #[serde(default = "default_attempts")]
     pub attempts: u32,
     /// Upstream statuses that cause a retry of an idempotent request (500–599).
@@ -269,8 +272,8 @@ impl KindSpec for RouteSpec {
             checker.fail("spec.timeout", "timeout must be above 0");
         }
         if let Some(retry) = &self.retry {
-            if !(1..=5).contains(&retry.attempts) {
-                checker.fail("spec.retry.attempts", "must be between 1 and 5");
+            if retry.attempts > 5 {
+                checker.fail("spec.retry.attempts", "must be between 0 and 5");
             }
             for (index, status) in retry.on_status.iter().enumerate() {
                 if !(500..=599).contains(status) {

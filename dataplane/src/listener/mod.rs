@@ -4,7 +4,7 @@
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -31,6 +31,9 @@ pub(crate) trait Handler: Clone + Send + Sync + 'static {
         request: Request<Incoming>,
     ) -> impl Future<Output = Response<Body>> + Send;
 }
+
+const HTTP2_KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(30);
+const HTTP2_KEEP_ALIVE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The limits a listener enforces; swapped in place when a new version changes them, so
 /// the socket (and its connections) survive the change.
@@ -62,10 +65,14 @@ impl Limits {
             .timer(TokioTimer::new())
             .header_read_timeout(self.header_read_timeout)
             .max_buf_size(self.max_header_bytes as usize);
+        // Pings find HTTP/2 peers that vanished without closing; an idle but live HTTP/2
+        // connection stays open until the client closes it (bounded by maxConnections).
         builder
             .http2()
             .timer(TokioTimer::new())
-            .max_header_list_size(self.max_header_bytes);
+            .max_header_list_size(self.max_header_bytes)
+            .keep_alive_interval(HTTP2_KEEP_ALIVE_INTERVAL)
+            .keep_alive_timeout(HTTP2_KEEP_ALIVE_TIMEOUT);
         builder
     }
 }
@@ -159,8 +166,11 @@ async fn serve<H: Handler>(
                     // Small writes such as single SSE events must not wait for Nagle.
                     let _ = stream.set_nodelay(true);
                     let handler = handler.clone();
+                    let first_request = Arc::new(AtomicBool::new(false));
+                    let seen = first_request.clone();
                     let service = service_fn(move |request| {
                         let handler = handler.clone();
+                        seen.store(true, Ordering::Relaxed);
                         async move { Ok::<_, Infallible>(handler.handle(peer, request).await) }
                     });
                     let connection = limits
@@ -169,8 +179,25 @@ async fn serve<H: Handler>(
                         .into_owned();
                     let connection = graceful.watch(connection);
                     let open = open.clone();
+                    let first_request_within = limits.header_read_timeout;
                     connections.spawn(async move {
-                        if let Err(error) = connection.await {
+                        let mut connection = std::pin::pin!(connection);
+                        // A connection must start its first request in time, whatever the
+                        // protocol: hyper's header timeout starts only once a connection is
+                        // known to be HTTP/1.1, so a silent or half-preface connection would
+                        // otherwise hold a slot of the connection limit for ever.
+                        let result = tokio::select! {
+                            result = &mut connection => Some(result),
+                            () = tokio::time::sleep(first_request_within) => {
+                                if first_request.load(Ordering::Relaxed) {
+                                    Some(connection.await)
+                                } else {
+                                    tracing::debug!(%peer, "no request within the header read timeout, closing");
+                                    None
+                                }
+                            }
+                        };
+                        if let Some(Err(error)) = result {
                             tracing::debug!(%peer, %error, "connection ended with an error");
                         }
                         open.fetch_sub(1, Ordering::Relaxed);

@@ -1,5 +1,5 @@
 //! The policy chain: what runs between route match and target, on the request and on
-//! the response. A policy is one file here plus one arm in [`compile`].
+//! the response. A policy is one file here plus one call in [`PolicyIndex::compile`].
 //!
 //! Order: the listener's policies, then the route's; within each, by kind (admission
 //! before transformation: rate limits, then header changes), then by name. Request hooks
@@ -17,7 +17,9 @@ use std::sync::Arc;
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body_util::BodyExt;
-use portcullis_config::{ConfigSet, HeaderPolicySpec, ObjectKey, RateLimitPolicySpec};
+use portcullis_config::{
+    ConfigSet, HeaderPolicySpec, Kind, KindSpec, ObjectKey, RateLimitPolicySpec, TargetRef,
+};
 
 use crate::body::{self, Body};
 use crate::response;
@@ -57,8 +59,8 @@ pub(crate) trait Policy: Send + Sync {
 /// What a policy knows about the request besides the request itself.
 pub(crate) struct RequestContext {
     pub(crate) route: Arc<str>,
-    /// The client as far as trusted proxies tell: the peer, or the first untrusted
-    /// address in `X-Forwarded-For` behind a trusted proxy.
+    /// The client as far as trusted proxies tell: the peer, or the nearest
+    /// (right-most) untrusted address in `X-Forwarded-For` behind a trusted proxy.
     pub(crate) client_ip: IpAddr,
     pub(crate) trace: RequestTrace,
     /// Each policy's decision so far, for the access log and metrics.
@@ -125,40 +127,37 @@ pub(crate) fn replace_body(request: &mut Request<Body>, bytes: Bytes) {
     *request.body_mut() = body::full(bytes);
 }
 
-/// Compiled policies by the object they target; kept across versions when unchanged, so
-/// a rate limiter's buckets survive an unrelated config change.
 /// Policies attached to one object, each with its kind's rank in the chain.
 type Attached = Vec<(u8, Arc<dyn Policy>)>;
 
+/// Compiled policies by the object they target: one instance per (policy, target), so a
+/// rate limit attached to two routes gives each its own buckets. Instances are kept
+/// across versions while their spec is unchanged, so buckets survive unrelated changes.
 #[derive(Default)]
 pub(crate) struct PolicyIndex {
     by_target: std::collections::HashMap<ObjectKey, Attached>,
-    compiled: Vec<CompiledPolicy>,
-}
-
-/// A compiled policy with the spec it came from, to reuse it when the spec is unchanged.
-pub(crate) struct CompiledPolicy {
-    key: ObjectKey,
-    spec: serde_json::Value,
-    policy: Arc<dyn Policy>,
+    compiled: std::collections::HashMap<(ObjectKey, ObjectKey), (serde_json::Value, Arc<dyn Policy>)>,
 }
 
 impl PolicyIndex {
-    /// Compiles every policy of the config. Each kind of policy is one arm here.
+    /// Compiles every policy of the config. Each kind of policy is one call here; the
+    /// first argument is its rank: admission (rate limits) before transformation.
     pub(crate) fn compile(config: &ConfigSet, previous: &PolicyIndex) -> Result<PolicyIndex, String> {
         let mut index = PolicyIndex::default();
-        for (metadata, spec) in config.specs::<RateLimitPolicySpec>() {
-            let policy = index.reuse_or(previous, &metadata.name, spec, || {
-                Ok(Arc::new(rate_limit::RateLimit::compile(&metadata.name, spec)?))
-            })?;
-            index.attach(0, &spec.target_refs, policy);
-        }
-        for (metadata, spec) in config.specs::<HeaderPolicySpec>() {
-            let policy = index.reuse_or(previous, &metadata.name, spec, || {
-                Ok(Arc::new(headers::HeaderPolicy::compile(&metadata.name, spec)?))
-            })?;
-            index.attach(1, &spec.target_refs, policy);
-        }
+        index.add_kind::<RateLimitPolicySpec>(
+            0,
+            config,
+            previous,
+            |spec| &spec.target_refs,
+            |name, spec| Ok(Arc::new(rate_limit::RateLimit::compile(name, spec)?)),
+        )?;
+        index.add_kind::<HeaderPolicySpec>(
+            1,
+            config,
+            previous,
+            |spec| &spec.target_refs,
+            |name, spec| Ok(Arc::new(headers::HeaderPolicy::compile(name, spec)?)),
+        )?;
         for policies in index.by_target.values_mut() {
             policies
                 .sort_by(|(a_rank, a), (b_rank, b)| a_rank.cmp(b_rank).then_with(|| a.name().cmp(b.name())));
@@ -166,40 +165,32 @@ impl PolicyIndex {
         Ok(index)
     }
 
-    fn reuse_or<T: portcullis_config::KindSpec>(
+    fn add_kind<T: KindSpec>(
         &mut self,
+        rank: u8,
+        config: &ConfigSet,
         previous: &PolicyIndex,
-        name: &str,
-        spec: &T,
-        compile: impl FnOnce() -> Result<Arc<dyn Policy>, String>,
-    ) -> Result<Arc<dyn Policy>, String> {
-        let key = ObjectKey::new(portcullis_config::Kind::of::<T>(), name);
-        let value = serde_json::to_value(spec).map_err(|error| error.to_string())?;
-        let policy = match previous
-            .compiled
-            .iter()
-            .find(|compiled| compiled.key == key && compiled.spec == value)
-        {
-            Some(compiled) => compiled.policy.clone(),
-            None => compile()?,
-        };
-        self.compiled.push(CompiledPolicy {
-            key,
-            spec: value,
-            policy: policy.clone(),
-        });
-        Ok(policy)
-    }
-
-    fn attach(&mut self, rank: u8, targets: &[portcullis_config::TargetRef], policy: Arc<dyn Policy>) {
-        for target in targets {
-            if let Some(kind) = portcullis_config::Kind::from_name(&target.kind) {
-                self.by_target
-                    .entry(ObjectKey::new(kind, target.name.as_str()))
-                    .or_default()
-                    .push((rank, policy.clone()));
+        targets: impl Fn(&T) -> &Vec<TargetRef>,
+        compile: impl Fn(&str, &T) -> Result<Arc<dyn Policy>, String>,
+    ) -> Result<(), String> {
+        for (metadata, spec) in config.specs::<T>() {
+            let key = ObjectKey::new(Kind::of::<T>(), metadata.name.as_str());
+            let value = serde_json::to_value(spec).map_err(|error| error.to_string())?;
+            for target in targets(spec) {
+                let Some(kind) = Kind::from_name(&target.kind) else {
+                    continue;
+                };
+                let target = ObjectKey::new(kind, target.name.as_str());
+                let pair = (key.clone(), target.clone());
+                let policy = match previous.compiled.get(&pair) {
+                    Some((spec, policy)) if *spec == value => policy.clone(),
+                    _ => compile(&metadata.name, spec)?,
+                };
+                self.compiled.insert(pair, (value.clone(), policy.clone()));
+                self.by_target.entry(target).or_default().push((rank, policy));
             }
         }
+        Ok(())
     }
 
     /// The ordered chain of policies attached to one object.

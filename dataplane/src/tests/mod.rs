@@ -7,3 +7,4 @@ mod property;
 mod proxying;
 mod subscription;
 mod support;
+mod telemetry;

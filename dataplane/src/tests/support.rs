@@ -80,6 +80,14 @@ pub async fn get(port: u16, path: &str) -> (u16, String) {
 }
 
 pub async fn start_proxy(cache_dir: Option<PathBuf>, drain_grace: Duration) -> Proxy {
+    start_proxy_with(cache_dir, drain_grace, quiet_telemetry()).await
+}
+
+pub async fn start_proxy_with(
+    cache_dir: Option<PathBuf>,
+    drain_grace: Duration,
+    telemetry: crate::TelemetryConfig,
+) -> Proxy {
     Proxy::start(ProxyConfig {
         proxy_id: "test-proxy".into(),
         // Nothing listens there: these proxies get their config applied directly.
@@ -88,7 +96,7 @@ pub async fn start_proxy(cache_dir: Option<PathBuf>, drain_grace: Duration) -> P
         admin_listen: "127.0.0.1:0".parse().unwrap(),
         cache_dir,
         drain_grace,
-        telemetry: quiet_telemetry(),
+        telemetry,
     })
     .await
     .unwrap()

@@ -22,7 +22,7 @@ use portcullis_config::EjectionSpec;
 pub(crate) use health::{Endpoint, HealthRegistry};
 pub(crate) use retry::RetryPolicy;
 
-use crate::body::{self, caused_by, Body, BodyIdle, IdleTimeout};
+use crate::body::{self, caused_by, Body, BodyIdle, ClientBodyError, IdleTimeout};
 use crate::policy::RequestContext;
 use crate::response;
 use crate::route::Route;
@@ -88,12 +88,14 @@ impl Upstream {
             );
         }
         route.retry.deposit();
-        let deadline = tokio::time::Instant::now() + route.timeout;
         let (parts, body) = request.into_parts();
         let (replay, mut body) = match replayable(&parts, body).await {
             Ok(split) => split,
             Err(answer) => return answer,
         };
+        // The upstream's time starts once it can have the whole request: reading a small
+        // body from a slow client is the body idle timeout's business.
+        let deadline = tokio::time::Instant::now() + route.timeout;
         let max_attempts = 1 + route.retry.attempts as usize;
         let mut attempt = 0;
         loop {
@@ -199,6 +201,14 @@ impl Upstream {
                 "the request body stalled longer than this route allows",
             );
         }
+        if caused_by::<ClientBodyError>(error.as_ref()) {
+            // The client broke off its own upload: not the upstream's fault.
+            return response::error(
+                StatusCode::BAD_REQUEST,
+                "client_body_error",
+                format!("the request body could not be read: {error}"),
+            );
+        }
         let mut message = error.to_string();
         let mut source = error.source();
         while let Some(cause) = source {
@@ -262,10 +272,17 @@ async fn replayable(
                 "request_body_timeout",
                 "the request body stalled longer than this route allows",
             )),
+            Err(error) if caused_by::<http_body_util::LengthLimitError>(error.as_ref()) => {
+                Err(response::error(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    "request_too_large",
+                    "the request body exceeds this route's limit",
+                ))
+            }
             Err(error) => Err(response::error(
                 StatusCode::BAD_REQUEST,
-                "invalid_request",
-                format!("could not read the request body: {error}"),
+                "client_body_error",
+                format!("the request body could not be read: {error}"),
             )),
         },
         _ => Ok((None, body)),
