@@ -8,7 +8,10 @@
 #   origin      nginx, 1 worker, answers every request with the 2-byte body "ok"
 #   nginx       nginx, 1 worker, reverse proxy to the origin over a keep-alive upstream pool
 #               (keepalive 64, keepalive_requests 1000000, HTTP/1.1, Connection "")
-#   portcullis  `portcullis up` with one Listener/Backend/Route to the origin
+#   portcullis  a control plane and a proxy with one Listener/Backend/Route to the origin
+#               (metrics on, as always)
+#   portcullis-logged  a second proxy of the same control plane, its own listener, with
+#               the JSON access log on (every request, written to a file)
 # then, for each connection count (32 and 256) and each round, runs
 #   wrk -t$WRK_THREADS -c$CONNS -d$DURATION --latency
 # against direct (the origin itself), nginx and portcullis, rotating the order each round,
@@ -23,8 +26,7 @@
 #                              round 1 (fills connection pools); WARMUP=0 skips it
 #   BENCH_JSON=path            also write every round's figures and the summary as JSON
 #   BENCH_RAW=dir              keep the raw wrk outputs in dir (default: deleted on exit)
-#   PORTCULLIS_EXTRA_ARGS=...  appended to `portcullis up`, e.g. to turn on metrics and the
-#                              access log for the "metrics and access log on" variant
+#   PORTCULLIS_EXTRA_ARGS=...  appended to both `portcullis proxy` commands
 #   SKIP_PORTCULLIS=1          no cargo build, no Portcullis: origin and nginx only
 #   SKIP_BUILD=1               use the existing target/release/portcullis
 #
@@ -42,10 +44,11 @@ rounds=${2:-3}
 wrk_threads=${WRK_THREADS:-2}
 connections=${CONNECTIONS:-32 256}
 warmup=${WARMUP:-1s}
-# Appended to `portcullis up` (word-split on purpose): e.g. PORTCULLIS_EXTRA_ARGS="--access-log /dev/null"
+# Appended to both `portcullis proxy` commands (word-split on purpose)
 PORTCULLIS_EXTRA_ARGS=${PORTCULLIS_EXTRA_ARGS:-}
 bin=target/release/portcullis
-origin=19001 gateway=18080 nginx_port=18081 admin=17070 proxy_admin=17071
+origin=19001 gateway=18080 gateway_logged=18082 nginx_port=18081
+admin=17070 proxy_admin=17071 cp_metrics=17072 proxy_admin_logged=17073
 
 # --- tools ---------------------------------------------------------------------------------
 PATH=$PATH:/usr/sbin:/sbin
@@ -138,11 +141,18 @@ declare -A url=(
 )
 
 if [ "${SKIP_PORTCULLIS:-0}" != 1 ]; then
+    # Two proxies of one control plane, each serving its own listener (shards): one as
+    # configured by default (metrics on, access log off), one with the access log on too.
     cat >"$work/bench.yaml" <<YAML
 apiVersion: portcullis.dev/v1alpha1
 kind: Listener
-metadata: { name: bench }
+metadata: { name: bench, labels: { variant: plain } }
 spec: { address: 127.0.0.1, port: $gateway }
+---
+apiVersion: portcullis.dev/v1alpha1
+kind: Listener
+metadata: { name: bench-logged, labels: { variant: logged } }
+spec: { address: 127.0.0.1, port: $gateway_logged }
 ---
 apiVersion: portcullis.dev/v1alpha1
 kind: Backend
@@ -152,17 +162,29 @@ spec: { endpoints: ["127.0.0.1:$origin"] }
 apiVersion: portcullis.dev/v1alpha1
 kind: Route
 metadata: { name: bench }
-spec: { listeners: [bench], backends: [{ name: origin }] }
+spec: { listeners: [bench, bench-logged], backends: [{ name: origin }] }
 YAML
+    PORTCULLIS_LOG=warn "$bin" controlplane --listen 127.0.0.1:$admin --metrics-listen 127.0.0.1:$cp_metrics \
+        --data-dir "$work/data" >"$work/controlplane.log" 2>&1 & pids+=($!)
     # shellcheck disable=SC2086 # PORTCULLIS_EXTRA_ARGS is split into arguments on purpose
-    PORTCULLIS_LOG=warn "$bin" up -f "$work/bench.yaml" --data-dir "$work/data" \
-        --admin-listen 127.0.0.1:$admin --proxy-admin-listen 127.0.0.1:$proxy_admin \
-        $PORTCULLIS_EXTRA_ARGS >"$work/up.log" 2>&1 & pids+=($!)
-    targets+=(portcullis)
-    url[portcullis]="http://127.0.0.1:$gateway/bench"
+    PORTCULLIS_LOG=warn "$bin" proxy --controlplane 127.0.0.1:$admin --id plain --shard variant=plain \
+        --admin-listen 127.0.0.1:$proxy_admin $PORTCULLIS_EXTRA_ARGS >"$work/proxy.log" 2>&1 & pids+=($!)
+    # shellcheck disable=SC2086
+    PORTCULLIS_LOG=warn "$bin" proxy --controlplane 127.0.0.1:$admin --id logged --shard variant=logged \
+        --admin-listen 127.0.0.1:$proxy_admin_logged --access-log "$work/access.log" $PORTCULLIS_EXTRA_ARGS \
+        >"$work/proxy-logged.log" 2>&1 & pids+=($!)
     for _ in $(seq 100); do
-        curl -fsS "http://127.0.0.1:$proxy_admin/readyz" >/dev/null 2>&1 && break
+        "$bin" apply -f "$work/bench.yaml" --controlplane 127.0.0.1:$admin >/dev/null 2>&1 && break
         sleep 0.1
+    done
+    targets+=(portcullis portcullis-logged)
+    url[portcullis]="http://127.0.0.1:$gateway/bench"
+    url[portcullis-logged]="http://127.0.0.1:$gateway_logged/bench"
+    for ready in $proxy_admin $proxy_admin_logged; do
+        for _ in $(seq 100); do
+            curl -fsS "http://127.0.0.1:$ready/readyz" >/dev/null 2>&1 && break
+            sleep 0.1
+        done
     done
 fi
 
@@ -175,7 +197,7 @@ for t in "${targets[@]}"; do
     done
     if [ "$body" != ok ]; then
         echo "$t (${url[$t]}) does not answer \"ok\"" >&2
-        cat "$work"/*-error.log "$work/up.log" 2>/dev/null >&2 || true
+        cat "$work"/*-error.log "$work"/*.log 2>/dev/null >&2 || true
         exit 1
     fi
 done
@@ -184,9 +206,9 @@ done
 nginx_version=$( (nginx -v 2>&1 || true) | sed 's/.*nginx\///')
 wrk_version=$( (wrk -v 2>&1 || true) | awk 'NR == 1 {print $2}') # wrk -v exits 1
 echo "$(nproc) cores; wrk $wrk_version -t$wrk_threads; nginx $nginx_version, origin and proxy 1 worker each;" \
-    "Portcullis: tokio default workers; all share the same cores" >&2
+    "Portcullis: tokio default workers (TOKIO_WORKER_THREADS overrides); all share the same cores" >&2
 echo "targets: ${targets[*]}; connections: $connections; $rounds rounds × $duration, order rotated each round" >&2
-[ -n "$PORTCULLIS_EXTRA_ARGS" ] && echo "portcullis up extra args: $PORTCULLIS_EXTRA_ARGS" >&2
+[ -n "$PORTCULLIS_EXTRA_ARGS" ] && echo "portcullis proxy extra args: $PORTCULLIS_EXTRA_ARGS" >&2
 
 mkdir -p "$work/runs"
 if [ "$warmup" != 0 ]; then

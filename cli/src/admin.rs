@@ -44,7 +44,8 @@ pub enum Format {
 
 #[derive(Args)]
 pub struct GetArgs {
-    /// Listener, Route or Backend (any case, singular or plural).
+    /// A kind: Listener, Route, Backend, HeaderPolicy, RateLimitPolicy; any case, singular,
+    /// plural or short name (li, rt, be, hp, rlp).
     pub kind: String,
     /// Omit to list every object of the kind.
     pub name: Option<String>,
@@ -56,6 +57,7 @@ pub struct GetArgs {
 
 #[derive(Args)]
 pub struct DeleteArgs {
+    /// A kind, written as for `get`.
     pub kind: String,
     pub name: String,
     #[arg(long)]

@@ -29,6 +29,9 @@ use crate::upstream::Upstream;
 const TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
 const TRACESTATE: HeaderName = HeaderName::from_static("tracestate");
 
+/// The listener name recorded for a request on a listener that is being removed.
+static DRAINING: std::sync::LazyLock<Arc<str>> = std::sync::LazyLock::new(|| Arc::from("(removed)"));
+
 /// Serves the requests arriving on one listener, always against the latest config.
 #[derive(Clone)]
 pub(crate) struct Pipeline {
@@ -50,12 +53,14 @@ impl Handler for Pipeline {
         let snapshot = self.snapshots.load_full();
         let (parts, incoming) = request.into_parts();
         let received = Arc::new(AtomicU64::new(0));
+        let table = snapshot.tables.get(&self.listener);
         let mut record = RequestRecord {
             trace,
             client: peer,
-            listener: Arc::from(""),
+            listener: table.map_or_else(|| DRAINING.clone(), |table| table.name.clone()),
             method: parts.method.clone(),
-            path: parts.uri.path().to_string(),
+            // Replaced by the normalized path once there is one.
+            path: String::new(),
             host: None,
             route: None,
             target: None,
@@ -70,15 +75,17 @@ impl Handler for Pipeline {
             bytes_sent: 0,
             completed: false,
         };
-        let response = match snapshot.tables.get(&self.listener) {
+        let response = match table {
             // A request that slipped onto a connection of a listener the new version removed.
-            None => response::error(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "listener_draining",
-                "this listener was removed from the config and is draining",
-            ),
+            None => {
+                record.path = parts.uri.path().to_string();
+                response::error(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "listener_draining",
+                    "this listener was removed from the config and is draining",
+                )
+            }
             Some(table) => {
-                record.listener = table.name.clone();
                 self.serve(table, peer, parts, incoming, &received, &mut record)
                     .await
             }
@@ -99,7 +106,10 @@ impl Pipeline {
     ) -> Response<Body> {
         let client_ip = match normalize::request(&mut parts, table.merge_slashes, &table.forwarding, peer) {
             Ok(client_ip) => client_ip,
-            Err(answer) => return *answer,
+            Err(answer) => {
+                record.path = parts.uri.path().to_string();
+                return *answer;
+            }
         };
         record.path = parts.uri.path().to_string();
         let probe = Request::from_parts(parts, ());

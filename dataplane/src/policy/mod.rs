@@ -70,7 +70,7 @@ pub(crate) struct RequestContext {
     pub(crate) max_body_bytes: u64,
     /// Filled in by the target stage, for the record.
     pub(crate) target: Option<Arc<str>>,
-    pub(crate) endpoint: Option<String>,
+    pub(crate) endpoint: Option<Arc<str>>,
     pub(crate) attempts: u32,
     pub(crate) upstream_headers: Option<std::time::Duration>,
 }

@@ -254,7 +254,7 @@ impl Serialize for Line<'_> {
         map.serialize_entry("path", path_without_query(&r.path))?;
         map.serialize_entry("route", &r.route.as_deref())?;
         map.serialize_entry("target", &r.target.as_deref())?;
-        map.serialize_entry("endpoint", &r.endpoint)?;
+        map.serialize_entry("endpoint", &r.endpoint.as_deref())?;
         map.serialize_entry("attempts", &r.attempts)?;
         map.serialize_entry("status", &r.status)?;
         map.serialize_entry("error", &r.error)?;

@@ -82,7 +82,7 @@ pub(crate) struct RequestRecord {
     /// E.g. `Backend/api`.
     pub(crate) target: Option<Arc<str>>,
     /// `host:port` actually used, last attempt.
-    pub(crate) endpoint: Option<String>,
+    pub(crate) endpoint: Option<Arc<str>>,
     pub(crate) attempts: u32,
     pub(crate) status: u16,
     /// Proxy-generated error type, e.g. `upstream_timeout`, `rate_limited`.

@@ -37,7 +37,7 @@ fn record(trace: RequestTrace, route: Option<&str>, status: u16) -> RequestRecor
         host: Some("api.example.com:8443".to_owned()),
         route: route.map(Arc::from),
         target: route.map(|_| Arc::from("Backend/api")),
-        endpoint: route.map(|_| "127.0.0.1:9001".to_owned()),
+        endpoint: route.map(|_| Arc::from("127.0.0.1:9001")),
         attempts: u32::from(route.is_some()),
         status,
         error: None,

@@ -394,7 +394,7 @@ pub(super) fn end_span(mut span: Box<SdkSpan>, record: &RequestRecord) {
         attributes.push(KeyValue::new(PORTCULLIS_TARGET, Value::from(target.clone())));
     }
     if let Some(endpoint) = &record.endpoint {
-        attributes.push(KeyValue::new(PORTCULLIS_ENDPOINT, endpoint.clone()));
+        attributes.push(KeyValue::new(PORTCULLIS_ENDPOINT, Value::from(endpoint.clone())));
     }
     attributes.push(KeyValue::new(PORTCULLIS_ATTEMPTS, i64::from(record.attempts)));
     attributes.push(KeyValue::new(

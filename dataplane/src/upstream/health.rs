@@ -62,6 +62,8 @@ impl EndpointHealth {
 #[derive(Debug, Clone)]
 pub(crate) struct Endpoint {
     pub(crate) authority: Authority,
+    /// The authority as text, for records: made once, not per request.
+    pub(crate) label: Arc<str>,
     pub(crate) health: Arc<EndpointHealth>,
 }
 
@@ -74,14 +76,23 @@ pub(crate) struct HealthRegistry {
 impl HealthRegistry {
     pub(crate) fn endpoint(&self, authority: Authority) -> Endpoint {
         let mut records = self.records.lock().unwrap_or_else(|poison| poison.into_inner());
+        let label = Arc::from(authority.as_str());
         if let Some(health) = records.get(&authority).and_then(Weak::upgrade) {
-            return Endpoint { authority, health };
+            return Endpoint {
+                authority,
+                label,
+                health,
+            };
         }
         // Addresses no config uses any more are forgotten as they come and go.
         records.retain(|_, record| record.strong_count() > 0);
         let health = Arc::new(EndpointHealth::default());
         records.insert(authority.clone(), Arc::downgrade(&health));
-        Endpoint { authority, health }
+        Endpoint {
+            authority,
+            label,
+            health,
+        }
     }
 }
 

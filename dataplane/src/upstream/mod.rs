@@ -102,7 +102,7 @@ impl Upstream {
             let endpoint = dispatch.endpoints[attempt % dispatch.endpoints.len()];
             attempt += 1;
             ctx.attempts = attempt as u32;
-            ctx.endpoint = Some(endpoint.authority.to_string());
+            ctx.endpoint = Some(endpoint.label.clone());
             let attempt_body = match &replay {
                 Some(bytes) => body::full(bytes.clone()),
                 None => std::mem::replace(&mut body, body::empty()),
