@@ -142,7 +142,7 @@ impl Pipeline {
             inner: http_body_util::Limited::new(IdleTimeout::new(incoming, route.body_idle_timeout), limit),
             count: received.clone(),
         };
-        let body = http_body_util::BodyExt::map_err(body, |error| ClientBodyError(error));
+        let body = http_body_util::BodyExt::map_err(body, ClientBodyError);
         let mut request = Request::from_parts(parts, body::boxed(body));
 
         let mut ctx = RequestContext {
