@@ -59,16 +59,27 @@ applied=$(date +%s.%N)
 for _ in $(seq 600); do [ "$(version)" -gt "$before_version" ] && break; sleep 0.05; done
 served=$(date +%s.%N)
 rss_after=$(rss_kib $proxy_pid)
+# One more route on top: the cost of a small change to a large config.
+printf 'apiVersion: portcullis.dev/v1alpha1\nkind: Route\nmetadata: {name: one-more}\nspec: {listeners: [web], matches: [{path: {prefix: /one-more}}], backends: [{name: b0}]}\n' >"$work/one.yaml"
+large_version=$(version)
+one_start=$(date +%s.%N)
+"$bin" apply -f "$work/one.yaml" --controlplane 127.0.0.1:$admin >/dev/null
+one_applied=$(date +%s.%N)
+for _ in $(seq 600); do [ "$(version)" -gt "$large_version" ] && break; sleep 0.05; done
+one_served=$(date +%s.%N)
 middle=$((routes / 2))
 status=$(curl -s -o /dev/null -w '%{http_code}' -H "host: h$((middle % 50)).example.com" "http://127.0.0.1:$gateway/svc/$middle/x")
 
-python3 - "$routes" "$objects" "$start" "$applied" "$served" "$rss_before" "$rss_after" "$status" "$(wc -c <"$work/config.yaml")" <<'PY'
+python3 - "$routes" "$objects" "$start" "$applied" "$served" "$rss_before" "$rss_after" "$status" "$(wc -c <"$work/config.yaml")" \
+    "$one_start" "$one_applied" "$one_served" <<'PY'
 import sys
 routes, objects = int(sys.argv[1]), int(sys.argv[2])
 start, applied, served = map(float, sys.argv[3:6])
 rss_before, rss_after, status, size = int(sys.argv[6]), int(sys.argv[7]), sys.argv[8], int(sys.argv[9])
-print(f"| routes | objects | file | apply (CLI → committed) | apply → proxy serving | proxy RSS before | proxy RSS after | request to route {routes // 2} |")
-print("|---|---|---|---|---|---|---|---|")
+one_start, one_applied, one_served = map(float, sys.argv[10:13])
+print(f"| routes | objects | file | apply (CLI → committed) | apply → proxy serving | proxy RSS before | proxy RSS after | request to route {routes // 2} | one more route: committed / serving |")
+print("|---|---|---|---|---|---|---|---|---|")
 print(f"| {routes:,} | {objects:,} | {size / 1e6:.1f} MB | {applied - start:.2f} s | {served - applied:.2f} s | "
-      f"{rss_before / 1024:.1f} MiB | {rss_after / 1024:.1f} MiB | {status} |")
+      f"{rss_before / 1024:.1f} MiB | {rss_after / 1024:.1f} MiB | {status} | "
+      f"{one_applied - one_start:.2f} s / {one_served - one_applied:.2f} s |")
 PY

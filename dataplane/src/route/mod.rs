@@ -1,6 +1,7 @@
 //! The per-listener route table: which route a request belongs to, and what a route does
 //! with it (its policy chain, its targets, its limits).
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -108,25 +109,6 @@ impl Route {
             body_idle_timeout: spec.limits.body_idle_timeout(),
         })
     }
-
-    /// How specifically this route's hostnames match `host`, or `None` if they do not:
-    /// an exact name beats a wildcard, a longer wildcard beats a shorter one, and either
-    /// beats a route without hostnames.
-    fn host_rank(&self, host: Option<&str>) -> Option<(u8, usize)> {
-        if self.hostnames.is_empty() {
-            return Some((0, 0));
-        }
-        let host = host?;
-        self.hostnames
-            .iter()
-            .filter_map(|pattern| match pattern {
-                HostPattern::Exact(exact) => (exact == host).then_some((2, exact.len())),
-                HostPattern::Wildcard(suffix) => (host.len() > suffix.len()
-                    && host.ends_with(suffix.as_str()))
-                .then_some((1, suffix.len())),
-            })
-            .max()
-    }
 }
 
 impl Condition {
@@ -205,45 +187,84 @@ impl Condition {
     }
 }
 
-/// One listener's routes, flattened to (route, condition) rules, most specific first.
+/// A route and one of its match conditions.
+type Rule = (Arc<Route>, usize);
+
+/// One listener's routes, flattened to (route, condition) rules and indexed by hostname,
+/// so a lookup among thousands of routes only scans those that can match the host. Each
+/// list is sorted most specific first.
 #[derive(Debug, Default)]
 pub(crate) struct RouteTable {
-    rules: Vec<(Arc<Route>, usize)>,
+    exact: HashMap<String, Vec<Rule>>,
+    /// By suffix (`.example.com`), longest first.
+    wildcards: Vec<(String, Vec<Rule>)>,
+    any_host: Vec<Rule>,
 }
 
 impl RouteTable {
     pub(crate) fn new(routes: Vec<Arc<Route>>) -> RouteTable {
-        let mut rules: Vec<(Arc<Route>, usize)> = routes
-            .into_iter()
-            .flat_map(|route| (0..route.conditions.len()).map(move |index| (route.clone(), index)))
-            .collect();
-        rules.sort_by(|(a, a_index), (b, b_index)| {
-            let a_key = a.conditions[*a_index].specificity();
-            let b_key = b.conditions[*b_index].specificity();
-            b_key.cmp(&a_key).then_with(|| a.name.cmp(&b.name))
-        });
-        RouteTable { rules }
-    }
-
-    /// The most specific matching rule: best hostname match first, then the rule order
-    /// (condition specificity, then route name).
-    pub(crate) fn find<B>(&self, request: &Request<B>) -> Option<&Arc<Route>> {
-        let host = request_host(request);
-        let mut best: Option<((u8, usize), &Arc<Route>)> = None;
-        for (route, index) in &self.rules {
-            let Some(rank) = route.host_rank(host.as_deref()) else {
-                continue;
-            };
-            // Rules are sorted, so an earlier match of an equal host rank already wins.
-            if best.as_ref().is_some_and(|(best_rank, _)| *best_rank >= rank) {
+        let mut table = RouteTable::default();
+        let mut wildcards: HashMap<String, Vec<Rule>> = HashMap::new();
+        for route in routes {
+            let rules = (0..route.conditions.len()).map(|index| (route.clone(), index));
+            if route.hostnames.is_empty() {
+                table.any_host.extend(rules);
                 continue;
             }
-            if route.conditions[*index].matches(request) {
-                best = Some((rank, route));
+            let rules: Vec<Rule> = rules.collect();
+            for pattern in &route.hostnames {
+                let bucket = match pattern {
+                    HostPattern::Exact(host) => table.exact.entry(host.clone()).or_default(),
+                    HostPattern::Wildcard(suffix) => wildcards.entry(suffix.clone()).or_default(),
+                };
+                bucket.extend(rules.iter().cloned());
             }
         }
-        best.map(|(_, route)| route)
+        table.wildcards = wildcards.into_iter().collect();
+        table
+            .wildcards
+            .sort_by(|(a, _), (b, _)| b.len().cmp(&a.len()).then_with(|| a.cmp(b)));
+        let buckets = table
+            .exact
+            .values_mut()
+            .chain(table.wildcards.iter_mut().map(|(_, rules)| rules))
+            .chain(std::iter::once(&mut table.any_host));
+        for rules in buckets {
+            rules.sort_by(|(a, a_index), (b, b_index)| {
+                let a_key = a.conditions[*a_index].specificity();
+                let b_key = b.conditions[*b_index].specificity();
+                b_key.cmp(&a_key).then_with(|| a.name.cmp(&b.name))
+            });
+        }
+        table
     }
+
+    /// The most specific matching rule: best hostname match first (exact, then the longest
+    /// wildcard, then routes without hostnames), then the rule order (condition
+    /// specificity, then route name).
+    pub(crate) fn find<B>(&self, request: &Request<B>) -> Option<&Arc<Route>> {
+        if let Some(host) = request_host(request) {
+            if let Some(route) = self.exact.get(&host).and_then(|rules| first_match(rules, request)) {
+                return Some(route);
+            }
+            let wildcard = self
+                .wildcards
+                .iter()
+                .filter(|(suffix, _)| host.len() > suffix.len() && host.ends_with(suffix.as_str()))
+                .find_map(|(_, rules)| first_match(rules, request));
+            if wildcard.is_some() {
+                return wildcard;
+            }
+        }
+        first_match(&self.any_host, request)
+    }
+}
+
+fn first_match<'a, B>(rules: &'a [Rule], request: &Request<B>) -> Option<&'a Arc<Route>> {
+    rules
+        .iter()
+        .find(|(route, index)| route.conditions[*index].matches(request))
+        .map(|(route, _)| route)
 }
 
 /// The host a request is for, lowercased and without port: from the URI authority
