@@ -3,8 +3,12 @@ use std::time::Duration;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-/// A duration written as text (`500ms`, `30s`, `1m 30s`), parsed when the object is
-/// decoded so a typo is reported with its field path.
+/// The longest duration any field takes: beyond it a timer deadline could overflow, and
+/// no timeout or interval of a gateway needs more.
+pub const MAX_DURATION: Duration = Duration::from_secs(24 * 60 * 60);
+
+/// A duration written as text (`500ms`, `30s`, `1m 30s`), at most [`MAX_DURATION`],
+/// parsed when the object is decoded so a typo is reported with its field path.
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct HumanDuration(pub Duration);
 
@@ -29,8 +33,13 @@ impl Serialize for HumanDuration {
 impl<'de> Deserialize<'de> for HumanDuration {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<HumanDuration, D::Error> {
         let text = String::deserialize(deserializer)?;
-        humantime::parse_duration(&text)
-            .map(HumanDuration)
-            .map_err(|error| serde::de::Error::custom(format!("invalid duration {text:?}: {error}")))
+        let duration = humantime::parse_duration(&text)
+            .map_err(|error| serde::de::Error::custom(format!("invalid duration {text:?}: {error}")))?;
+        if duration > MAX_DURATION {
+            return Err(serde::de::Error::custom(format!(
+                "duration {text:?} is longer than 24h"
+            )));
+        }
+        Ok(HumanDuration(duration))
     }
 }

@@ -13,6 +13,9 @@ use std::borrow::Cow;
 pub enum PathError {
     #[error("invalid percent-encoding at byte {0}")]
     InvalidEncoding(usize),
+    /// Some servers read `\` as `/`: a path with one could mean another path upstream.
+    #[error("backslash in the path")]
+    Backslash,
 }
 
 fn is_unreserved(byte: u8) -> bool {
@@ -29,6 +32,9 @@ fn hex(byte: u8) -> Option<u8> {
 /// almost every request.
 pub fn normalize(path: &str, merge_slashes: bool) -> Result<Cow<'_, str>, PathError> {
     let bytes = path.as_bytes();
+    if bytes.contains(&b'\\') {
+        return Err(PathError::Backslash);
+    }
     let needs_work = bytes.iter().enumerate().any(|(index, &byte)| {
         byte == b'%'
             || (byte == b'/'
@@ -47,7 +53,10 @@ pub fn normalize(path: &str, merge_slashes: bool) -> Result<Cow<'_, str>, PathEr
     let last = parts.len().saturating_sub(1);
     let mut trailing_slash = false;
     for (index, segment) in parts.iter().enumerate() {
-        match *segment {
+        // `..;x` is `..` to servlet containers (path parameters): treat it as one.
+        let bare = segment.split(';').next().unwrap_or_default();
+        let segment = if matches!(bare, "." | "..") { bare } else { segment };
+        match segment {
             "." => trailing_slash = index == last,
             ".." => {
                 segments.pop();
@@ -90,6 +99,9 @@ fn decode_unreserved(path: &str) -> Result<String, PathError> {
             return Err(PathError::InvalidEncoding(index));
         };
         let decoded = high * 16 + low;
+        if decoded == b'\\' {
+            return Err(PathError::Backslash);
+        }
         if is_unreserved(decoded) {
             out.push(decoded);
         } else {
@@ -155,6 +167,9 @@ mod tests {
             ("/a/", true, "/a/"),
             ("/a..b/c", true, "/a..b/c"),
             ("/~user/%7Efile", true, "/~user/~file"),
+            ("/public/..;/admin", true, "/admin"),
+            ("/public/..;jsessionid=x/admin", true, "/admin"),
+            ("/a;b/c", true, "/a;b/c"),
         ];
         for (input, merge, expected) in cases {
             assert_eq!(
@@ -167,7 +182,15 @@ mod tests {
 
     #[test]
     fn invalid_percent_encoding_is_an_error() {
-        for input in ["/a%", "/a%2", "/a%zz", "/%g0"] {
+        for input in [
+            "/a%",
+            "/a%2",
+            "/a%zz",
+            "/%g0",
+            "/a\\..\\admin",
+            "/a/%5c../admin",
+            "/a/%5C",
+        ] {
             assert!(normalize(input, true).is_err(), "{input}");
         }
     }

@@ -34,12 +34,6 @@ where
     body.map_err(Into::into).boxed_unsync()
 }
 
-/// The client's request body failed (cut off, malformed chunking): marks the error so it
-/// is not blamed on the upstream the body was being sent to.
-#[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub(crate) struct ClientBodyError(#[source] pub(crate) BoxError);
-
 /// A body that went quiet for longer than allowed.
 #[derive(Debug, thiserror::Error)]
 #[error("no body data for {0:?}")]
@@ -109,8 +103,121 @@ where
 
 use std::future::Future as _;
 
+/// Why a client's request body failed, recorded where it fails (the wrapper around it)
+/// so every stage that sees the failure — a policy buffering the body, the upstream
+/// exchange, on HTTP/1.1 or HTTP/2 — answers it the same way, and never blames the upstream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum BodyFailure {
+    TooLarge = 1,
+    Stalled = 2,
+    Broken = 3,
+}
+
+/// Shared between the request body wrapper and the stages that read the request.
+#[derive(Debug, Default)]
+pub(crate) struct BodyStatus {
+    failure: std::sync::atomic::AtomicU8,
+    received: std::sync::atomic::AtomicU64,
+}
+
+impl BodyStatus {
+    pub(crate) fn failure(&self) -> Option<BodyFailure> {
+        match self.failure.load(std::sync::atomic::Ordering::Relaxed) {
+            1 => Some(BodyFailure::TooLarge),
+            2 => Some(BodyFailure::Stalled),
+            3 => Some(BodyFailure::Broken),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn received(&self) -> u64 {
+        self.received.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    fn fail(&self, error: &(dyn std::error::Error + 'static)) {
+        let failure = if caused_by::<http_body_util::LengthLimitError>(error) {
+            BodyFailure::TooLarge
+        } else if caused_by::<BodyIdle>(error) {
+            BodyFailure::Stalled
+        } else {
+            BodyFailure::Broken
+        };
+        self.failure
+            .store(failure as u8, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// The client's answer for a request whose body failed.
+    pub(crate) fn answer(failure: Option<BodyFailure>, limit: u64) -> http::Response<Body> {
+        use http::StatusCode;
+        match failure {
+            Some(BodyFailure::TooLarge) => crate::response::error(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "request_too_large",
+                format!("the request body exceeds this route's limit of {limit} bytes"),
+            ),
+            Some(BodyFailure::Stalled) => crate::response::error(
+                StatusCode::REQUEST_TIMEOUT,
+                "request_body_timeout",
+                "the request body stalled longer than this route allows",
+            ),
+            Some(BodyFailure::Broken) | None => crate::response::error(
+                StatusCode::BAD_REQUEST,
+                "client_body_error",
+                "the request body could not be read (cut off or malformed)",
+            ),
+        }
+    }
+}
+
+/// The client's request body: counts its bytes and records why it failed, if it does.
+pub(crate) struct ClientBody<B> {
+    pub(crate) inner: B,
+    pub(crate) status: std::sync::Arc<BodyStatus>,
+}
+
+impl<B> HttpBody for ClientBody<B>
+where
+    B: HttpBody<Data = Bytes> + Unpin,
+    B::Error: Into<BoxError>,
+{
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = &mut *self;
+        match Pin::new(&mut this.inner).poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let Some(data) = frame.data_ref() {
+                    this.status
+                        .received
+                        .fetch_add(data.len() as u64, std::sync::atomic::Ordering::Relaxed);
+                }
+                Poll::Ready(Some(Ok(frame)))
+            }
+            Poll::Ready(Some(Err(error))) => {
+                let error: BoxError = error.into();
+                this.status.fail(error.as_ref());
+                Poll::Ready(Some(Err(error)))
+            }
+            Poll::Ready(None) => Poll::Ready(None),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
 /// Whether an error chain contains an `E`.
-pub(crate) fn caused_by<E: std::error::Error + 'static>(error: &(dyn std::error::Error + 'static)) -> bool {
+fn caused_by<E: std::error::Error + 'static>(error: &(dyn std::error::Error + 'static)) -> bool {
     let mut current = Some(error);
     while let Some(error) = current {
         if error.is::<E>() {

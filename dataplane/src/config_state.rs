@@ -1,12 +1,13 @@
 //! The live config: compiled tables swapped atomically, and the listeners that serve them.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
+use http::uri::Authority;
 use portcullis_config::{
     collect_objects, ConfigError, ConfigSet, Kind, ListenerSpec, Object, ObjectKey, RouteSpec,
 };
@@ -36,6 +37,8 @@ pub(crate) struct Snapshot {
     pub(crate) tables: HashMap<SocketAddr, ListenerTable>,
     /// Kept to reuse unchanged policies (and their state) in the next version.
     policies: PolicyIndex,
+    /// Every upstream address the targets of this version use.
+    endpoints: HashSet<Authority>,
 }
 
 pub(crate) struct ListenerEntry {
@@ -166,68 +169,83 @@ impl ConfigState {
         // Make before break: every new socket is bound before anything changes, and the
         // ones bound so far are closed (dropped) if one fails. A listener moving to another
         // address on the same port may not be bindable while the old socket is open
-        // (0.0.0.0:P and 127.0.0.1:P conflict); then the old one is closed first.
+        // (0.0.0.0:P and 127.0.0.1:P conflict): those moves come last, once everything
+        // else is bound, closing the old socket first and reopening it if the move fails.
         let mut fresh = Vec::new();
-        let mut closed_first = Vec::new();
+        let mut moves = Vec::new();
         for entry in &snapshot.listeners {
             if listeners.running.contains_key(&entry.address) {
                 continue;
             }
-            let socket = match TcpListener::bind(entry.address).await {
-                Ok(socket) => socket,
-                Err(error) if error.kind() == std::io::ErrorKind::AddrInUse => {
-                    let Some(old) =
-                        listeners.running.keys().copied().find(|old| {
-                            old.port() == entry.address.port() && !snapshot.tables.contains_key(old)
+            match TcpListener::bind(entry.address).await {
+                Ok(socket) => fresh.push((entry.address, entry.limits.clone(), socket)),
+                Err(error) => {
+                    let moving_from = (error.kind() == std::io::ErrorKind::AddrInUse)
+                        .then(|| {
+                            listeners.running.keys().copied().find(|old| {
+                                old.port() == entry.address.port() && !snapshot.tables.contains_key(old)
+                            })
                         })
-                    else {
-                        return Err(ApplyError::Bind {
-                            listener: entry.name.clone(),
-                            address: entry.address,
-                            source: error,
-                        });
-                    };
-                    tracing::warn!(
-                        from = %old, to = %entry.address,
-                        "cannot bind the new address while the old one is open: closing the old listener first"
-                    );
-                    if let Some(running) = listeners.running.remove(&old) {
-                        closed_first.push(running.close().await);
+                        .flatten();
+                    match moving_from {
+                        Some(old) => moves.push((old, entry)),
+                        None => {
+                            return Err(ApplyError::Bind {
+                                listener: entry.name.clone(),
+                                address: entry.address,
+                                source: error,
+                            })
+                        }
                     }
-                    TcpListener::bind(entry.address)
-                        .await
-                        .map_err(|source| ApplyError::Bind {
-                            listener: entry.name.clone(),
-                            address: entry.address,
-                            source,
-                        })?
                 }
+            }
+        }
+        for (old, entry) in moves {
+            let Some(running) = listeners.running.remove(&old) else {
+                continue;
+            };
+            tracing::warn!(
+                from = %old, to = %entry.address,
+                "cannot bind the new address while the old one is open: closing the old listener first"
+            );
+            let old_limits = running.limits();
+            let drain = running.close().await;
+            listeners.retiring.push(drain);
+            match TcpListener::bind(entry.address).await {
+                Ok(socket) => fresh.push((entry.address, entry.limits.clone(), socket)),
                 Err(source) => {
+                    // Back to the old address, serving the current version as before.
+                    match TcpListener::bind(old).await {
+                        Ok(socket) => {
+                            let pipeline = self.pipeline(old);
+                            listeners.running.insert(
+                                old,
+                                RunningListener::spawn(socket, pipeline, old_limits, self.drain_grace),
+                            );
+                        }
+                        Err(error) => {
+                            tracing::error!(address = %old, %error, "could not reopen the listener after a failed move")
+                        }
+                    }
                     return Err(ApplyError::Bind {
                         listener: entry.name.clone(),
                         address: entry.address,
                         source,
-                    })
+                    });
                 }
-            };
-            fresh.push((entry.address, entry.limits.clone(), socket));
+            }
         }
-        listeners.retiring.extend(closed_first);
 
         let snapshot = Arc::new(snapshot);
         self.snapshots.store(snapshot.clone());
+        self.upstream.retain_endpoints(&snapshot.endpoints);
         for entry in &snapshot.listeners {
             if let Some(running) = listeners.running.get(&entry.address) {
                 running.set_limits(entry.limits.clone());
             }
         }
         for (address, limits, socket) in fresh {
-            let pipeline = Pipeline {
-                snapshots: self.snapshots.clone(),
-                upstream: self.upstream.clone(),
-                telemetry: self.telemetry.clone(),
-                listener: address,
-            };
+            let pipeline = self.pipeline(address);
             listeners.running.insert(
                 address,
                 RunningListener::spawn(socket, pipeline, limits, self.drain_grace),
@@ -255,6 +273,15 @@ impl ConfigState {
             }
         }
         Ok(())
+    }
+
+    fn pipeline(&self, listener: SocketAddr) -> Pipeline {
+        Pipeline {
+            snapshots: self.snapshots.clone(),
+            upstream: self.upstream.clone(),
+            telemetry: self.telemetry.clone(),
+            listener,
+        }
     }
 
     /// Serves the cached version, if any, so a restart while the control plane is down
@@ -305,6 +332,10 @@ pub(crate) fn compile(
     upstream: &Upstream,
 ) -> Result<Snapshot, String> {
     let targets = target::compile(&config, upstream)?;
+    let endpoints = targets
+        .values()
+        .flat_map(|target| target.endpoints().into_iter().cloned())
+        .collect();
     let policies = PolicyIndex::compile(&config, previous)?;
     let route_kind = Kind::of::<RouteSpec>();
     let listener_kind = Kind::of::<ListenerSpec>();
@@ -357,5 +388,6 @@ pub(crate) fn compile(
         listeners,
         tables,
         policies,
+        endpoints,
     })
 }

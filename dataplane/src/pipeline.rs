@@ -4,7 +4,6 @@
 
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Instant;
@@ -16,7 +15,7 @@ use http::{HeaderName, Request, Response, StatusCode};
 use http_body::{Body as HttpBody, Frame, SizeHint};
 use hyper::body::Incoming;
 
-use crate::body::{self, Body, BoxError, ClientBodyError, IdleTimeout};
+use crate::body::{self, Body, BodyFailure, BodyStatus, BoxError, ClientBody, IdleTimeout};
 use crate::config_state::{ListenerTable, Snapshot};
 use crate::listener::Handler;
 use crate::normalize;
@@ -28,6 +27,9 @@ use crate::upstream::Upstream;
 
 const TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
 const TRACESTATE: HeaderName = HeaderName::from_static("tracestate");
+
+/// Recorded for a request whose client left before the response started.
+const CLIENT_CLOSED: u16 = 499;
 
 /// The listener name recorded for a request on a listener that is being removed.
 static DRAINING: std::sync::LazyLock<Arc<str>> = std::sync::LazyLock::new(|| Arc::from("(removed)"));
@@ -52,9 +54,9 @@ impl Handler for Pipeline {
         // Loaded once: the request completes on the version it started on.
         let snapshot = self.snapshots.load_full();
         let (parts, incoming) = request.into_parts();
-        let received = Arc::new(AtomicU64::new(0));
+        let request_body = Arc::new(BodyStatus::default());
         let table = snapshot.tables.get(&self.listener);
-        let mut record = RequestRecord {
+        let record = RequestRecord {
             trace,
             client: peer,
             listener: table.map_or_else(|| DRAINING.clone(), |table| table.name.clone()),
@@ -75,6 +77,16 @@ impl Handler for Pipeline {
             bytes_sent: 0,
             completed: false,
         };
+        // Written even if the client leaves before the response starts (this future is
+        // then dropped): every request ends in exactly one record.
+        let mut pending = PendingRecord {
+            record: Some(record),
+            telemetry: self.telemetry.clone(),
+            request_body: request_body.clone(),
+        };
+        let Some(record) = pending.record.as_mut() else {
+            return response::error(StatusCode::INTERNAL_SERVER_ERROR, "internal", "no request record");
+        };
         let response = match table {
             // A request that slipped onto a connection of a listener the new version removed.
             None => {
@@ -86,11 +98,34 @@ impl Handler for Pipeline {
                 )
             }
             Some(table) => {
-                self.serve(table, peer, parts, incoming, &received, &mut record)
+                self.serve(table, peer, parts, incoming, &request_body, record)
                     .await
             }
         };
-        self.finish(response, record, received)
+        match pending.record.take() {
+            Some(record) => self.finish(response, record, request_body),
+            None => response,
+        }
+    }
+}
+
+/// The record of a request still being served; written as "client closed" (status 499,
+/// as nginx logs it) if the request is abandoned before its response starts.
+struct PendingRecord {
+    record: Option<RequestRecord>,
+    telemetry: Arc<Telemetry>,
+    request_body: Arc<BodyStatus>,
+}
+
+impl Drop for PendingRecord {
+    fn drop(&mut self) {
+        if let Some(mut record) = self.record.take() {
+            record.status = CLIENT_CLOSED;
+            record.error = Some("client_closed");
+            record.bytes_received = self.request_body.received();
+            record.completed = false;
+            self.telemetry.finish(record);
+        }
     }
 }
 
@@ -101,7 +136,7 @@ impl Pipeline {
         peer: SocketAddr,
         mut parts: http::request::Parts,
         incoming: Incoming,
-        received: &Arc<AtomicU64>,
+        request_body: &Arc<BodyStatus>,
         record: &mut RequestRecord,
     ) -> Response<Body> {
         let client_ip = match normalize::request(&mut parts, table.merge_slashes, &table.forwarding, peer) {
@@ -135,14 +170,13 @@ impl Pipeline {
             .and_then(|value| value.to_str().ok())
             .and_then(|value| value.parse::<u64>().ok());
         if declared.is_some_and(|length| length > route.max_request_body_bytes) {
-            return too_large(route.max_request_body_bytes);
+            return BodyStatus::answer(Some(BodyFailure::TooLarge), route.max_request_body_bytes);
         }
         let limit = usize::try_from(route.max_request_body_bytes).unwrap_or(usize::MAX);
-        let body = Counted {
+        let body = ClientBody {
             inner: http_body_util::Limited::new(IdleTimeout::new(incoming, route.body_idle_timeout), limit),
-            count: received.clone(),
+            status: request_body.clone(),
         };
-        let body = http_body_util::BodyExt::map_err(body, ClientBodyError);
         let mut request = Request::from_parts(parts, body::boxed(body));
 
         let mut ctx = RequestContext {
@@ -151,6 +185,7 @@ impl Pipeline {
             trace: std::mem::take(&mut record.trace),
             decisions: Vec::new(),
             max_body_bytes: route.max_request_body_bytes,
+            request_body: request_body.clone(),
             target: None,
             endpoint: None,
             attempts: 0,
@@ -205,7 +240,7 @@ impl Pipeline {
         &self,
         response: Response<Body>,
         mut record: RequestRecord,
-        received: Arc<AtomicU64>,
+        request_body: Arc<BodyStatus>,
     ) -> Response<Body> {
         record.status = response.status().as_u16();
         record.error = response.extensions().get::<ProxyError>().map(|error| error.0);
@@ -213,54 +248,10 @@ impl Pipeline {
         let body = Recorded {
             inner,
             sent: 0,
-            received,
+            request_body,
             finish: Some((record, self.telemetry.clone())),
         };
         Response::from_parts(parts, body::boxed(body))
-    }
-}
-
-fn too_large(limit: u64) -> Response<Body> {
-    response::error(
-        StatusCode::PAYLOAD_TOO_LARGE,
-        "request_too_large",
-        format!("the request body exceeds this route's limit of {limit} bytes"),
-    )
-}
-
-/// Counts the request body bytes the client sent.
-struct Counted<B> {
-    inner: B,
-    count: Arc<AtomicU64>,
-}
-
-impl<B> HttpBody for Counted<B>
-where
-    B: HttpBody<Data = Bytes> + Unpin,
-{
-    type Data = Bytes;
-    type Error = B::Error;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
-        let this = &mut *self;
-        let polled = Pin::new(&mut this.inner).poll_frame(cx);
-        if let Poll::Ready(Some(Ok(frame))) = &polled {
-            if let Some(data) = frame.data_ref() {
-                this.count.fetch_add(data.len() as u64, Ordering::Relaxed);
-            }
-        }
-        polled
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
     }
 }
 
@@ -269,7 +260,7 @@ where
 struct Recorded {
     inner: Body,
     sent: u64,
-    received: Arc<AtomicU64>,
+    request_body: Arc<BodyStatus>,
     finish: Option<(RequestRecord, Arc<Telemetry>)>,
 }
 
@@ -277,7 +268,7 @@ impl Recorded {
     fn complete(&mut self, completed: bool) {
         if let Some((mut record, telemetry)) = self.finish.take() {
             record.bytes_sent = self.sent;
-            record.bytes_received = self.received.load(Ordering::Relaxed);
+            record.bytes_received = self.request_body.received();
             record.completed = completed;
             telemetry.finish(record);
         }

@@ -48,6 +48,9 @@ impl RateLimitKey {
 }
 
 pub const DEFAULT_MAX_KEYS: u32 = 100_000;
+/// Bounds of `requestsPerSecond`: a wait for the next token always fits a timer.
+const MIN_RATE: f64 = 0.001;
+const MAX_RATE: f64 = 1e9;
 
 impl RateLimitPolicySpec {
     pub fn burst(&self) -> u32 {
@@ -74,8 +77,11 @@ impl KindSpec for RateLimitPolicySpec {
                 format!("{}/{} is already a target", target.kind, target.name),
             );
         }
-        if !(self.requests_per_second.is_finite() && self.requests_per_second > 0.0) {
-            checker.fail("spec.requestsPerSecond", "must be a number above 0");
+        if !(MIN_RATE..=MAX_RATE).contains(&self.requests_per_second) {
+            checker.fail(
+                "spec.requestsPerSecond",
+                format!("must be between {MIN_RATE} (one request in about 17 minutes) and {MAX_RATE}"),
+            );
         }
         if self.burst == Some(0) {
             checker.fail("spec.burst", "must be at least 1");

@@ -161,9 +161,8 @@ impl RouteLimits {
     }
 }
 
-const METHODS: [&str; 9] = [
-    "GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH",
-];
+/// CONNECT is absent: the proxy does not tunnel, so a route for it could never work.
+const METHODS: [&str; 8] = ["GET", "HEAD", "POST", "PUT", "DELETE", "OPTIONS", "TRACE", "PATCH"];
 
 impl RouteSpec {
     pub fn timeout(&self) -> Duration {

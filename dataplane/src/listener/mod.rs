@@ -117,6 +117,10 @@ impl RunningListener {
         }
     }
 
+    pub(crate) fn limits(&self) -> Limits {
+        Limits::clone(&self.limits.load())
+    }
+
     /// New limits apply to connections accepted from now on.
     pub(crate) fn set_limits(&self, limits: Limits) {
         if **self.limits.load() != limits {
@@ -162,7 +166,7 @@ async fn serve<H: Handler>(
                         connections.spawn(refuse(stream));
                         continue;
                     }
-                    open.fetch_add(1, Ordering::Relaxed);
+                    let slot = ConnectionSlot::take(&open);
                     // Small writes such as single SSE events must not wait for Nagle.
                     let _ = stream.set_nodelay(true);
                     let handler = handler.clone();
@@ -178,7 +182,6 @@ async fn serve<H: Handler>(
                         .serve_connection(TokioIo::new(stream), service)
                         .into_owned();
                     let connection = graceful.watch(connection);
-                    let open = open.clone();
                     let first_request_within = limits.header_read_timeout;
                     connections.spawn(async move {
                         let mut connection = std::pin::pin!(connection);
@@ -200,7 +203,7 @@ async fn serve<H: Handler>(
                         if let Some(Err(error)) = result {
                             tracing::debug!(%peer, %error, "connection ended with an error");
                         }
-                        open.fetch_sub(1, Ordering::Relaxed);
+                        drop(slot);
                     });
                 }
                 Err(error) => {
@@ -222,6 +225,23 @@ async fn serve<H: Handler>(
         tracing::warn!(?local, open, "drain grace elapsed, closing remaining connections");
     }
     connections.shutdown().await;
+}
+
+/// One open connection counted against the limit; released when dropped, so a task that
+/// ends early (or panics) still gives its slot back.
+struct ConnectionSlot(Arc<AtomicUsize>);
+
+impl ConnectionSlot {
+    fn take(open: &Arc<AtomicUsize>) -> ConnectionSlot {
+        open.fetch_add(1, Ordering::Relaxed);
+        ConnectionSlot(open.clone())
+    }
+}
+
+impl Drop for ConnectionSlot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 async fn refuse(mut stream: TcpStream) {

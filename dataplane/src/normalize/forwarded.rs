@@ -12,6 +12,15 @@ const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
 
+/// Other ways clients name their origin; from an untrusted peer they are dropped, since
+/// the proxy does not vouch for them.
+const UNVOUCHED: [HeaderName; 4] = [
+    http::header::FORWARDED,
+    HeaderName::from_static("x-forwarded-port"),
+    HeaderName::from_static("x-forwarded-prefix"),
+    HeaderName::from_static("x-real-ip"),
+];
+
 /// A listener's trust in the forwarding headers of its peers.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Forwarding {
@@ -36,6 +45,9 @@ impl Forwarding {
     pub(crate) fn rewrite(&self, headers: &mut HeaderMap, peer: IpAddr) -> IpAddr {
         let peer_text = peer.to_string();
         if !self.trusts(peer) {
+            for name in &UNVOUCHED {
+                headers.remove(name);
+            }
             headers.remove(&X_FORWARDED_FOR);
             headers.insert(X_FORWARDED_FOR, header_value(&peer_text));
             headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static("http"));
@@ -105,12 +117,15 @@ mod tests {
             ("x-forwarded-for", "1.2.3.4"),
             ("x-forwarded-proto", "https"),
             ("x-forwarded-host", "evil.example"),
+            ("forwarded", "for=1.2.3.4"),
+            ("x-real-ip", "1.2.3.4"),
         ]);
         let client = forwarding.rewrite(&mut map, "192.0.2.7".parse().unwrap());
         assert_eq!(client.to_string(), "192.0.2.7");
         assert_eq!(map["x-forwarded-for"], "192.0.2.7");
         assert_eq!(map["x-forwarded-proto"], "http");
         assert_eq!(map["x-forwarded-host"], "api.example.com");
+        assert!(!map.contains_key("forwarded") && !map.contains_key("x-real-ip"));
     }
 
     #[test]

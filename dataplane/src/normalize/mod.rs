@@ -2,6 +2,7 @@
 //! policy and the upstream all see, or a 400 for a request that has none.
 
 mod forwarded;
+mod headers;
 
 use std::net::{IpAddr, SocketAddr};
 
@@ -10,6 +11,7 @@ use http::{HeaderValue, StatusCode, Uri, Version};
 use portcullis_config::path;
 
 pub(crate) use forwarded::Forwarding;
+pub(crate) use headers::strip_hop_by_hop;
 
 use crate::body::Body;
 use crate::response;
@@ -29,9 +31,18 @@ pub(crate) fn request(
             message,
         ))
     };
+    headers::strip_hop_by_hop(&mut parts.headers, true);
     if let Some(problem) = conflicting_host(parts) {
         return Err(invalid(problem));
     }
+    // One place for the host from here on: the Host header (HTTP/2 carries it as
+    // :authority; an absolute-form HTTP/1 target wins over Host, RFC 9112 §3.2.2).
+    if let Some(authority) = parts.uri.authority() {
+        let host = HeaderValue::from_str(authority.as_str())
+            .map_err(|_| invalid("invalid :authority".to_string()))?;
+        parts.headers.insert(HOST, host);
+    }
+    headers::checked_host(&parts.headers).map_err(invalid)?;
     // Route on, and forward, the path the upstream will resolve: otherwise
     // `/public/%2e%2e/admin` matches a `/public` route and reaches `/admin` upstream.
     match path::normalize(parts.uri.path(), merge_slashes) {
@@ -51,13 +62,6 @@ pub(crate) fn request(
             parts.uri =
                 Uri::from_parts(uri).map_err(|error| invalid(format!("invalid request target: {error}")))?;
         }
-    }
-    // One place for the host from here on: the Host header (HTTP/2 carries it as
-    // :authority; an absolute-form HTTP/1 target wins over Host, RFC 9112 §3.2.2).
-    if let Some(authority) = parts.uri.authority() {
-        let host = HeaderValue::from_str(authority.as_str())
-            .map_err(|_| invalid("invalid :authority".to_string()))?;
-        parts.headers.insert(HOST, host);
     }
     Ok(forwarding.rewrite(&mut parts.headers, peer.ip()))
 }

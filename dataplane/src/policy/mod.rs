@@ -15,14 +15,13 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use http::{Request, Response, StatusCode};
+use http::{Request, Response};
 use http_body_util::BodyExt;
 use portcullis_config::{
     ConfigSet, HeaderPolicySpec, Kind, KindSpec, ObjectKey, RateLimitPolicySpec, TargetRef,
 };
 
-use crate::body::{self, Body};
-use crate::response;
+use crate::body::{self, Body, BodyFailure, BodyStatus};
 use crate::telemetry::RequestTrace;
 
 pub(crate) type PolicyFuture<'a> = Pin<Box<dyn Future<Output = Decision> + Send + 'a>>;
@@ -68,6 +67,8 @@ pub(crate) struct RequestContext {
     /// Largest request body a policy may buffer (the route's body limit).
     #[allow(dead_code)]
     pub(crate) max_body_bytes: u64,
+    /// How reading the request body went, whoever reads it.
+    pub(crate) request_body: Arc<BodyStatus>,
     /// Filled in by the target stage, for the record.
     pub(crate) target: Option<Arc<str>>,
     pub(crate) endpoint: Option<Arc<str>>,
@@ -94,20 +95,10 @@ pub(crate) async fn buffer_body(
     let mut taken = std::mem::replace(request.body_mut(), body::empty());
     let mut buffer = bytes::BytesMut::new();
     while let Some(frame) = taken.frame().await {
-        let frame = frame.map_err(|error| {
-            response::error(
-                StatusCode::BAD_REQUEST,
-                "invalid_request",
-                format!("could not read the request body: {error}"),
-            )
-        })?;
+        let frame = frame.map_err(|_| BodyStatus::answer(ctx.request_body.failure(), limit))?;
         if let Ok(data) = frame.into_data() {
             if (buffer.len() + data.len()) as u64 > limit {
-                return Err(response::error(
-                    StatusCode::PAYLOAD_TOO_LARGE,
-                    "request_too_large",
-                    format!("the request body exceeds this route's limit of {limit} bytes"),
-                ));
+                return Err(BodyStatus::answer(Some(BodyFailure::TooLarge), limit));
             }
             buffer.extend_from_slice(&data);
         }

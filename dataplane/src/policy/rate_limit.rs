@@ -2,6 +2,7 @@
 //! `Retry-After` when empty. Local to this proxy replica.
 
 use std::collections::HashMap;
+use std::hash::{BuildHasher, RandomState};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -22,7 +23,10 @@ pub(crate) struct RateLimit {
     rate: f64,
     burst: f64,
     max_keys_per_shard: usize,
-    shards: Vec<Mutex<HashMap<String, Bucket>>>,
+    shards: Vec<Mutex<Shard>>,
+    /// Keys are stored as a keyed 128-bit hash of the header value or address: bounded in
+    /// size whatever a client sends, and not forgeable into another client's bucket.
+    hashers: (RandomState, RandomState),
     /// Shared by new keys when every shard is full of busy buckets.
     overflow: Mutex<Bucket>,
 }
@@ -31,6 +35,13 @@ enum Key {
     Target,
     ClientAddress,
     Header(HeaderName),
+}
+
+#[derive(Default)]
+struct Shard {
+    buckets: HashMap<(u64, u64), Bucket>,
+    /// Sweeping a full shard scans it: at most once a second, not once per new key.
+    last_sweep: Option<Instant>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -56,7 +67,8 @@ impl Bucket {
             self.tokens -= 1.0;
             Ok(())
         } else {
-            Err(Duration::from_secs_f64((1.0 - self.tokens) / rate))
+            // Validation bounds the rate, so the wait fits; saturate rather than panic anyway.
+            Err(Duration::try_from_secs_f64((1.0 - self.tokens) / rate).unwrap_or(Duration::MAX))
         }
     }
 
@@ -87,54 +99,62 @@ impl RateLimit {
             rate: spec.requests_per_second,
             burst,
             max_keys_per_shard: (max_keys / shard_count).max(1),
-            shards: (0..shard_count).map(|_| Mutex::new(HashMap::new())).collect(),
+            shards: (0..shard_count).map(|_| Mutex::new(Shard::default())).collect(),
+            hashers: (RandomState::new(), RandomState::new()),
             overflow: Mutex::new(Bucket::full(burst, now)),
         })
     }
 
-    fn key_of(&self, ctx: &RequestContext, request: &Request<Body>) -> String {
+    fn key_of(&self, ctx: &RequestContext, request: &Request<Body>) -> (u64, u64) {
+        let hash = |bytes: &[u8]| (self.hashers.0.hash_one(bytes), self.hashers.1.hash_one(bytes));
         match &self.key {
-            Key::Target => String::new(),
-            Key::ClientAddress => ctx.client_ip.to_string(),
-            // Requests without the header share the bucket of the empty key.
-            Key::Header(name) => request
-                .headers()
-                .get(name)
-                .map(|value| String::from_utf8_lossy(value.as_bytes()).into_owned())
-                .unwrap_or_default(),
+            Key::Target => (0, 0),
+            Key::ClientAddress => match ctx.client_ip {
+                std::net::IpAddr::V4(v4) => hash(&v4.octets()),
+                std::net::IpAddr::V6(v6) => hash(&v6.octets()),
+            },
+            // Requests without the header share the bucket of the empty value.
+            Key::Header(name) => hash(
+                request
+                    .headers()
+                    .get(name)
+                    .map_or(&[][..], |value| value.as_bytes()),
+            ),
         }
     }
 
-    fn take(&self, key: String, now: Instant) -> Result<(), Duration> {
-        let shard = &self.shards[shard_of(&key) % self.shards.len()];
+    fn take(&self, key: (u64, u64), now: Instant) -> Result<(), Duration> {
+        let index = usize::try_from(key.0 % self.shards.len() as u64).unwrap_or_default();
         // A poisoned lock only means another request panicked mid-update; the bucket
         // values are still plain numbers, so keep going.
-        let mut buckets = shard.lock().unwrap_or_else(|poison| poison.into_inner());
-        if let Some(bucket) = buckets.get_mut(&key) {
+        let mut shard = self.shards[index]
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner());
+        if let Some(bucket) = shard.buckets.get_mut(&key) {
             return bucket.take(self.rate, self.burst, now);
         }
-        if buckets.len() >= self.max_keys_per_shard {
-            buckets.retain(|_, bucket| !bucket.is_idle(self.rate, self.burst, now));
+        if shard.buckets.len() >= self.max_keys_per_shard
+            && shard
+                .last_sweep
+                .is_none_or(|last| now.saturating_duration_since(last) >= Duration::from_secs(1))
+        {
+            shard.last_sweep = Some(now);
+            let (rate, burst) = (self.rate, self.burst);
+            shard
+                .buckets
+                .retain(|_, bucket| !bucket.is_idle(rate, burst, now));
         }
-        if buckets.len() >= self.max_keys_per_shard {
-            drop(buckets);
+        if shard.buckets.len() >= self.max_keys_per_shard {
+            drop(shard);
             let mut overflow = self.overflow.lock().unwrap_or_else(|poison| poison.into_inner());
             return overflow.take(self.rate, self.burst, now);
         }
-        buckets
+        shard
+            .buckets
             .entry(key)
             .or_insert_with(|| Bucket::full(self.burst, now))
             .take(self.rate, self.burst, now)
     }
-}
-
-fn shard_of(key: &str) -> usize {
-    use std::hash::Hasher;
-    // Fixed keys: a key must land in the same shard every time. Each shard's map keeps
-    // its own random keys, so crafted keys can only make one lock busier.
-    let mut hasher = std::hash::DefaultHasher::new();
-    hasher.write(key.as_bytes());
-    hasher.finish() as usize
 }
 
 impl Policy for RateLimit {
@@ -199,14 +219,12 @@ mod tests {
         let limit = RateLimit::compile("t", &spec).unwrap();
         let now = Instant::now();
         // 64 busy keys cannot all have buckets: some share the overflow bucket.
-        let allowed = (0..64)
-            .filter(|i| limit.take(format!("10.0.0.{i}"), now).is_ok())
-            .count();
+        let allowed = (0..64u64).filter(|i| limit.take((*i, *i), now).is_ok()).count();
         assert!(allowed < 64, "{allowed}");
-        let kept: usize = limit.shards.iter().map(|s| s.lock().unwrap().len()).sum();
+        let kept: usize = limit.shards.iter().map(|s| s.lock().unwrap().buckets.len()).sum();
         assert!(kept <= 16, "{kept}");
         // A second later every bucket is full again, so new keys replace them.
         let later = now + Duration::from_secs(2);
-        assert!(limit.take("10.1.0.1".into(), later).is_ok());
+        assert!(limit.take((1_000, 1_000), later).is_ok());
     }
 }

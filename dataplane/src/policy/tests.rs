@@ -19,6 +19,7 @@ fn context(max_body_bytes: u64) -> RequestContext {
         trace: RequestTrace::default(),
         decisions: Vec::new(),
         max_body_bytes,
+        request_body: Arc::default(),
         target: None,
         endpoint: None,
         attempts: 0,

@@ -244,7 +244,11 @@ impl RouteTable {
     /// specificity, then route name).
     pub(crate) fn find<B>(&self, request: &Request<B>) -> Option<&Arc<Route>> {
         if let Some(host) = request_host(request) {
-            if let Some(route) = self.exact.get(&host).and_then(|rules| first_match(rules, request)) {
+            if let Some(route) = self
+                .exact
+                .get(&host)
+                .and_then(|rules| first_match(rules, request))
+            {
                 return Some(route);
             }
             let wildcard = self

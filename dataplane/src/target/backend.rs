@@ -83,4 +83,11 @@ impl Target for BackendTarget {
         };
         Box::pin(upstream.send(ctx, route, dispatch, request))
     }
+
+    fn endpoints(&self) -> Vec<&Authority> {
+        self.endpoints
+            .iter()
+            .map(|endpoint| &endpoint.authority)
+            .collect()
+    }
 }

@@ -10,6 +10,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
+use http::uri::Authority;
 use http::{Request, Response};
 use portcullis_config::{BackendRef, BackendSpec, ConfigSet, Kind, ObjectKey};
 use rand::Rng;
@@ -32,6 +33,9 @@ pub(crate) trait Target: Send + Sync {
         upstream: &'a Upstream,
         request: Request<Body>,
     ) -> ResponseFuture<'a>;
+
+    /// Every address this target may connect to (pooled connections to others close).
+    fn endpoints(&self) -> Vec<&Authority>;
 }
 
 /// Compiles every target object of the config, keyed by its object key.
@@ -123,6 +127,10 @@ mod tests {
             _request: Request<Body>,
         ) -> ResponseFuture<'a> {
             Box::pin(async { Response::new(crate::body::empty()) })
+        }
+
+        fn endpoints(&self) -> Vec<&Authority> {
+            Vec::new()
         }
     }
 

@@ -115,10 +115,11 @@ impl AccessLog {
         }))
     }
 
-    /// Hands the record to the writer if it is sampled: errors (status >= 500 or a
-    /// proxy-generated error) always are.
+    /// Hands the record to the writer if it is sampled: server errors (status >= 500)
+    /// always are. Client-side refusals (404, 429, 413…) are sampled like successes, so a
+    /// scan or a flood cannot turn every request into a line.
     pub(super) fn log(&self, record: RequestRecord, duration: Duration) {
-        let error = record.status >= 500 || record.error.is_some();
+        let error = record.status >= 500;
         if !error && !self.sampling.sampled() {
             return;
         }

@@ -52,8 +52,8 @@ pub struct TelemetryConfig {
 #[derive(Debug, Clone, PartialEq)]
 pub struct AccessLogConfig {
     pub destination: AccessLogDestination,
-    /// Fraction of requests logged, 0.0..=1.0 (errors, i.e. status >= 500 or proxy-generated
-    /// errors, are always logged).
+    /// Fraction of requests logged, 0.0..=1.0 (server errors, status >= 500, are always
+    /// logged).
     pub sample: f64,
 }
 

@@ -367,7 +367,7 @@ async fn access_log_has_one_json_line_per_request() {
 }
 
 #[tokio::test]
-async fn sampling_zero_logs_only_errors() {
+async fn sampling_zero_logs_only_server_errors() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("access.log");
     let telemetry = Telemetry::new(config(AccessLogDestination::File(path.clone()), 0.0, None)).unwrap();
@@ -383,8 +383,9 @@ async fn sampling_zero_logs_only_errors() {
 
     let lines = read_lines(&path);
     let statuses: Vec<_> = lines.iter().map(|l| l["status"].as_u64().unwrap()).collect();
-    assert_eq!(statuses, [502, 429]);
-    assert_eq!(lines[1]["error"], "rate_limited");
+    // A refusal the proxy answered itself (429) is sampled like any request: a flood of
+    // them must not become a flood of lines.
+    assert_eq!(statuses, [502]);
 }
 
 #[tokio::test]

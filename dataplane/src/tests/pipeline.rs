@@ -273,6 +273,16 @@ async fn failed_connects_are_retried_on_another_endpoint_and_the_endpoint_ejecte
         assert_eq!(response.status(), 200, "request {index}");
     }
     assert_eq!(served.load(Ordering::Relaxed), 10);
+    // Two failed connects ejected the dead endpoint: it was not tried again.
+    let (_, metrics) = get(proxy.admin_addr().port(), "/metrics").await;
+    let connect_errors = metrics
+        .lines()
+        .find(|line| {
+            line.starts_with("portcullis_proxy_upstream_errors_total{") && line.contains("kind=\"connect\"")
+        })
+        .and_then(|line| line.rsplit(' ').next())
+        .and_then(|count| count.parse::<u64>().ok());
+    assert_eq!(connect_errors, Some(2), "{metrics}");
     proxy.shutdown().await.unwrap();
 }
 
@@ -336,7 +346,8 @@ async fn a_policy_on_a_listener_and_its_route_runs_once_and_each_target_has_its_
     let upstream = path_echo().await;
     let port = free_port();
     let policy = "apiVersion: portcullis.dev/v1alpha1\nkind: RateLimitPolicy\nmetadata: {name: two}\nspec: {targetRefs: [{kind: Listener, name: web}, {kind: Route, name: a}, {kind: Route, name: b}], requestsPerSecond: 0.1, burst: 2}\n---\n";
-    let other = format!("apiVersion: portcullis.dev/v1alpha1\nkind: Listener\nmetadata: {{name: other}}\nspec: {{address: 127.0.0.1, port: {}}}\n---\n", free_port());
+    let other_port = free_port();
+    let other = format!("apiVersion: portcullis.dev/v1alpha1\nkind: Listener\nmetadata: {{name: other}}\nspec: {{address: 127.0.0.1, port: {other_port}}}\n---\n");
     let config = objects(
         &(listener("web", port)
             + &other
@@ -347,10 +358,27 @@ async fn a_policy_on_a_listener_and_its_route_runs_once_and_each_target_has_its_
     );
     let proxy = start_proxy(None, Duration::from_secs(1)).await;
     proxy.state.apply(1, config).await.unwrap();
-    // Route a is on the limited listener: its burst of 2 is spent once per request, not twice.
+    // Route a is on the limited listener: the policy decides once per request, not twice.
     assert_eq!(get(port, "/a").await.0, 200);
     assert_eq!(get(port, "/a").await.0, 200);
     assert_eq!(get(port, "/a").await.0, 429);
+    let (_, metrics) = get(proxy.admin_addr().port(), "/metrics").await;
+    let decisions = |decision: &str| {
+        metrics
+            .lines()
+            .find(|line| {
+                line.starts_with("portcullis_proxy_policy_decisions_total{")
+                    && line.contains(&format!("decision=\"{decision}\""))
+            })
+            .and_then(|line| line.rsplit(' ').next())
+            .and_then(|count| count.parse::<u64>().ok())
+    };
+    assert_eq!(decisions("allow"), Some(2), "{metrics}");
+    assert_eq!(decisions("deny"), Some(1), "{metrics}");
+    // Route b, on the other listener, has buckets of its own, still full.
+    assert_eq!(get(other_port, "/b").await.0, 200);
+    assert_eq!(get(other_port, "/b").await.0, 200);
+    assert_eq!(get(other_port, "/b").await.0, 429);
     proxy.shutdown().await.unwrap();
 }
 
@@ -383,5 +411,41 @@ async fn a_client_that_breaks_off_its_upload_is_not_counted_against_the_upstream
         "{metrics}"
     );
     assert_eq!(get(port, "/still-serving").await.0, 200);
+    proxy.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn clients_cannot_strip_or_smuggle_the_headers_the_proxy_vouches_for() {
+    let upstream = path_echo().await;
+    let port = free_port();
+    let proxy = start_proxy(None, Duration::from_secs(1)).await;
+    proxy
+        .state
+        .apply(1, simple_config(port, upstream, ""))
+        .await
+        .unwrap();
+    // `Connection` naming X-Forwarded-For must not remove what the proxy sets.
+    let answer = raw(
+        port,
+        b"GET /x HTTP/1.1\r\nhost: h\r\nconnection: close, x-forwarded-for, host\r\nx-forwarded-for: 6.6.6.6\r\n\r\n",
+    )
+    .await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(answer.contains("xff=127.0.0.1\n"), "{answer}");
+    // Two Host headers, user info, or a path in Host: refused before routing.
+    for request in [
+        &b"GET /x HTTP/1.1\r\nhost: a.example\r\nhost: b.example\r\nconnection: close\r\n\r\n"[..],
+        b"GET http://user:pw@h/x HTTP/1.1\r\nhost: h\r\nconnection: close\r\n\r\n",
+        b"GET /x HTTP/1.1\r\nhost: evil.com/x.example.com\r\nconnection: close\r\n\r\n",
+        b"GET /public/a\\..\\admin HTTP/1.1\r\nhost: h\r\nconnection: close\r\n\r\n",
+    ] {
+        let answer = raw(port, request).await;
+        assert!(
+            answer.starts_with("HTTP/1.1 400"),
+            "{}: {answer}",
+            String::from_utf8_lossy(request)
+        );
+        assert!(!answer.contains("xff="), "nothing was forwarded: {answer}");
+    }
     proxy.shutdown().await.unwrap();
 }

@@ -3,8 +3,9 @@
 //! on HTTP/1.1, RFC 9113 §8.3.1), while the TCP connection goes to the chosen endpoint. A
 //! client keyed by URI could not separate the two.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
+use std::time::Duration;
 
 use http::uri::Authority;
 use http::{Request, Response};
@@ -16,6 +17,11 @@ use tokio::net::TcpStream;
 use super::Failure;
 use crate::body::Body;
 
+const KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(20);
+const KEEP_ALIVE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Concurrent first requests to an endpoint may each open a connection; the last one
+/// stays in the map and the others close when their requests end.
 #[derive(Default)]
 pub(super) struct Connections {
     open: Mutex<HashMap<Authority, SendRequest<Body>>>,
@@ -26,6 +32,7 @@ impl Connections {
         &self,
         endpoint: &Authority,
         request: Request<Body>,
+        connect_timeout: Duration,
     ) -> Result<Response<Incoming>, Failure> {
         let existing = {
             let open = self.open.lock().unwrap_or_else(|poison| poison.into_inner());
@@ -34,7 +41,9 @@ impl Connections {
         let mut sender = match existing {
             Some(sender) => sender,
             None => {
-                let sender = connect(endpoint).await?;
+                let sender = tokio::time::timeout(connect_timeout, connect(endpoint))
+                    .await
+                    .map_err(|_| Failure::Connect(format!("no connection within {connect_timeout:?}")))??;
                 let mut open = self.open.lock().unwrap_or_else(|poison| poison.into_inner());
                 open.insert(endpoint.clone(), sender.clone());
                 sender
@@ -44,7 +53,23 @@ impl Connections {
             .ready()
             .await
             .map_err(|error| Failure::Connect(format!("HTTP/2 connection not ready: {error}")))?;
-        sender.send_request(request).await.map_err(Failure::Exchange)
+        let result = sender.send_request(request).await;
+        if result.is_err() {
+            // The next request gets a fresh connection; streams still open on this one
+            // keep their own handle to it.
+            self.forget(endpoint);
+        }
+        result.map_err(Failure::Exchange)
+    }
+
+    pub(super) fn forget(&self, endpoint: &Authority) {
+        let mut open = self.open.lock().unwrap_or_else(|poison| poison.into_inner());
+        open.remove(endpoint);
+    }
+
+    pub(super) fn retain(&self, in_use: &HashSet<Authority>) {
+        let mut open = self.open.lock().unwrap_or_else(|poison| poison.into_inner());
+        open.retain(|endpoint, sender| in_use.contains(endpoint) && !sender.is_closed());
     }
 }
 
@@ -53,8 +78,13 @@ async fn connect(endpoint: &Authority) -> Result<SendRequest<Body>, Failure> {
         .await
         .map_err(|error| Failure::Connect(error.to_string()))?;
     let _ = stream.set_nodelay(true);
+    // Pings find a peer that vanished without closing, so its connection is dropped
+    // rather than handed requests that can only time out.
     let (sender, connection) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
         .timer(TokioTimer::new())
+        .keep_alive_interval(KEEP_ALIVE_INTERVAL)
+        .keep_alive_timeout(KEEP_ALIVE_TIMEOUT)
+        .keep_alive_while_idle(true)
         .handshake(TokioIo::new(stream))
         .await
         .map_err(|error| Failure::Connect(format!("HTTP/2 handshake: {error}")))?;

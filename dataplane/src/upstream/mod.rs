@@ -22,7 +22,7 @@ use portcullis_config::EjectionSpec;
 pub(crate) use health::{Endpoint, HealthRegistry};
 pub(crate) use retry::RetryPolicy;
 
-use crate::body::{self, caused_by, Body, BodyIdle, ClientBodyError, IdleTimeout};
+use crate::body::{self, Body, BodyStatus, IdleTimeout};
 use crate::policy::RequestContext;
 use crate::response;
 use crate::route::Route;
@@ -30,6 +30,9 @@ use crate::telemetry::Telemetry;
 
 /// Request bodies up to this size are kept so a failed connect can be retried.
 const REPLAYABLE_BODY_BYTES: u64 = 64 * 1024;
+/// A connect that takes longer is a failed connect (retried elsewhere, counted toward
+/// ejection): an endpoint that silently drops SYNs must not eat whole route timeouts.
+const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3);
 
 /// How a target's endpoints are reached.
 pub(crate) struct Dispatch<'a> {
@@ -59,6 +62,7 @@ impl Upstream {
     pub(crate) fn new(telemetry: Arc<Telemetry>) -> Upstream {
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
+        connector.set_connect_timeout(Some(CONNECT_TIMEOUT));
         let http1 = Client::builder(TokioExecutor::new())
             .timer(TokioTimer::new())
             .pool_timer(TokioTimer::new())
@@ -69,6 +73,11 @@ impl Upstream {
             health: HealthRegistry::default(),
             telemetry,
         }
+    }
+
+    /// Closes HTTP/2 connections to endpoints no target of the live config uses.
+    pub(crate) fn retain_endpoints(&self, in_use: &std::collections::HashSet<http::uri::Authority>) {
+        self.http2.retain(in_use);
     }
 
     /// Sends `request` to the first endpoint of `dispatch`, moving on to the next one on a
@@ -89,7 +98,7 @@ impl Upstream {
         }
         route.retry.deposit();
         let (parts, body) = request.into_parts();
-        let (replay, mut body) = match replayable(&parts, body).await {
+        let (replay, mut body) = match replayable(&parts, body, ctx, route).await {
             Ok(split) => split,
             Err(answer) => return answer,
         };
@@ -128,6 +137,10 @@ impl Upstream {
             .await;
             match outcome {
                 Err(_) => {
+                    if dispatch.http2 {
+                        // A connection that lets a request time out may be half dead.
+                        self.http2.forget(&endpoint.authority);
+                    }
                     self.telemetry
                         .upstream_error(&ctx.route, dispatch.target, "timeout");
                     tracing::warn!(route = %ctx.route, endpoint = %endpoint.authority, timeout = ?route.timeout, "upstream timed out");
@@ -170,7 +183,7 @@ impl Upstream {
                         format!("{}: could not connect to an endpoint: {message}", dispatch.target),
                     );
                 }
-                Ok(Err(failure)) => return self.exchange_failed(ctx, &dispatch, endpoint, failure),
+                Ok(Err(failure)) => return self.exchange_failed(ctx, route, &dispatch, endpoint, failure),
             }
         }
     }
@@ -178,6 +191,7 @@ impl Upstream {
     fn exchange_failed(
         &self,
         ctx: &RequestContext,
+        route: &Route,
         dispatch: &Dispatch<'_>,
         endpoint: &Endpoint,
         failure: Failure,
@@ -187,27 +201,10 @@ impl Upstream {
             Failure::Http1(error) => Box::new(error),
             Failure::Connect(message) => message.into(),
         };
-        if caused_by::<http_body_util::LengthLimitError>(error.as_ref()) {
-            return response::error(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "request_too_large",
-                format!("the request body exceeds the limit of Route/{}", ctx.route),
-            );
-        }
-        if caused_by::<BodyIdle>(error.as_ref()) {
-            return response::error(
-                StatusCode::REQUEST_TIMEOUT,
-                "request_body_timeout",
-                "the request body stalled longer than this route allows",
-            );
-        }
-        if caused_by::<ClientBodyError>(error.as_ref()) {
-            // The client broke off its own upload: not the upstream's fault.
-            return response::error(
-                StatusCode::BAD_REQUEST,
-                "client_body_error",
-                format!("the request body could not be read: {error}"),
-            );
+        // The client's own body failed (too large, stalled, cut off): its fault, not the
+        // upstream's, whatever error the exchange surfaced.
+        if let Some(failure) = ctx.request_body.failure() {
+            return BodyStatus::answer(Some(failure), route.max_request_body_bytes);
         }
         let mut message = error.to_string();
         let mut source = error.source();
@@ -233,7 +230,9 @@ impl Upstream {
         request: Request<Body>,
     ) -> Result<Response<Incoming>, Failure> {
         if http2 {
-            self.http2.send(&endpoint.authority, request).await
+            self.http2
+                .send(&endpoint.authority, request, CONNECT_TIMEOUT)
+                .await
         } else {
             self.http1.request(request).await.map_err(|error| {
                 if error.is_connect() {
@@ -254,6 +253,8 @@ impl Upstream {
 async fn replayable(
     parts: &http::request::Parts,
     body: Body,
+    ctx: &RequestContext,
+    route: &Route,
 ) -> Result<(Option<Bytes>, Body), Response<Body>> {
     use http_body::Body as _;
     if body.is_end_stream() {
@@ -267,22 +268,9 @@ async fn replayable(
     match declared {
         Some(length) if length <= REPLAYABLE_BODY_BYTES => match body.collect().await {
             Ok(collected) => Ok((Some(collected.to_bytes()), body::empty())),
-            Err(error) if caused_by::<BodyIdle>(error.as_ref()) => Err(response::error(
-                StatusCode::REQUEST_TIMEOUT,
-                "request_body_timeout",
-                "the request body stalled longer than this route allows",
-            )),
-            Err(error) if caused_by::<http_body_util::LengthLimitError>(error.as_ref()) => {
-                Err(response::error(
-                    StatusCode::PAYLOAD_TOO_LARGE,
-                    "request_too_large",
-                    "the request body exceeds this route's limit",
-                ))
-            }
-            Err(error) => Err(response::error(
-                StatusCode::BAD_REQUEST,
-                "client_body_error",
-                format!("the request body could not be read: {error}"),
+            Err(_) => Err(BodyStatus::answer(
+                ctx.request_body.failure(),
+                route.max_request_body_bytes,
             )),
         },
         _ => Ok((None, body)),
@@ -291,7 +279,7 @@ async fn replayable(
 
 fn finish_response(upstream_response: Response<Incoming>, route: &Route) -> Response<Body> {
     let (mut parts, body) = upstream_response.into_parts();
-    request::strip_hop_by_hop(&mut parts.headers);
+    crate::normalize::strip_hop_by_hop(&mut parts.headers, false);
     Response::from_parts(
         parts,
         body::boxed(IdleTimeout::new(body, route.body_idle_timeout)),

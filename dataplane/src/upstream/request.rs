@@ -1,28 +1,14 @@
 //! Turning the client's request into the upstream's.
 
-use http::header::{CONNECTION, HOST, TE};
+use http::header::{HOST, TE};
 use http::uri::{Authority, PathAndQuery, Scheme};
-use http::{HeaderMap, HeaderName, HeaderValue, Request, Uri, Version};
+use http::{HeaderName, Request, Uri, Version};
 
 use crate::body::Body;
 use crate::telemetry::RequestTrace;
 
 const TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
 const TRACESTATE: HeaderName = HeaderName::from_static("tracestate");
-
-/// Meaningful only for one connection (RFC 9110 §7.6.1), so never forwarded. `upgrade`
-/// too: an upgraded connection would need byte splicing, which the proxy does not do.
-const HOP_BY_HOP: [HeaderName; 9] = [
-    CONNECTION,
-    HeaderName::from_static("keep-alive"),
-    HeaderName::from_static("proxy-connection"),
-    http::header::PROXY_AUTHENTICATE,
-    http::header::PROXY_AUTHORIZATION,
-    TE,
-    http::header::TRAILER,
-    http::header::TRANSFER_ENCODING,
-    http::header::UPGRADE,
-];
 
 /// The upstream request for one attempt. The client's host goes in `Host` (HTTP/1.1) or
 /// `:authority` (HTTP/2, with no `Host` beside it); the connection goes to `endpoint`.
@@ -38,17 +24,11 @@ pub(super) fn for_upstream(
         .path_and_query()
         .cloned()
         .unwrap_or_else(|| PathAndQuery::from_static("/"));
+    // Hop-by-hop headers went at normalization, except `TE: trailers`, which gRPC needs
+    // and HTTP/2 allows as the only TE value; HTTP/1.1 upstreams do not get it.
     let mut headers = parts.headers.clone();
-    let keep_te_trailers = headers
-        .get(TE)
-        .is_some_and(|te| te.as_bytes().eq_ignore_ascii_case(b"trailers"));
-    strip_hop_by_hop(&mut headers);
     let client_host = headers.get(HOST).cloned();
     let authority = if http2 {
-        // gRPC needs it and HTTP/2 allows exactly this value.
-        if keep_te_trailers {
-            headers.insert(TE, HeaderValue::from_static("trailers"));
-        }
         headers.remove(HOST);
         match client_host
             .as_ref()
@@ -58,6 +38,7 @@ pub(super) fn for_upstream(
             None => endpoint.clone(),
         }
     } else {
+        headers.remove(TE);
         endpoint.clone()
     };
     // Our span continues the trace; an invalid incoming traceparent is not passed on.
@@ -80,40 +61,4 @@ pub(super) fn for_upstream(
     *request.version_mut() = if http2 { Version::HTTP_2 } else { Version::HTTP_11 };
     *request.headers_mut() = headers;
     Ok(request)
-}
-
-pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    if headers.contains_key(CONNECTION) {
-        let named_by_connection: Vec<HeaderName> = headers
-            .get_all(CONNECTION)
-            .iter()
-            .filter_map(|value| value.to_str().ok())
-            .flat_map(|value| value.split(','))
-            .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
-            .collect();
-        for name in named_by_connection {
-            headers.remove(name);
-        }
-    }
-    for name in &HOP_BY_HOP {
-        headers.remove(name);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn hop_by_hop_headers_and_those_named_by_connection_are_removed() {
-        let mut headers = HeaderMap::new();
-        headers.insert(CONNECTION, HeaderValue::from_static("keep-alive, X-Secret"));
-        headers.insert("keep-alive", HeaderValue::from_static("timeout=5"));
-        headers.insert("x-secret", HeaderValue::from_static("1"));
-        headers.insert("transfer-encoding", HeaderValue::from_static("chunked"));
-        headers.insert("x-kept", HeaderValue::from_static("1"));
-        strip_hop_by_hop(&mut headers);
-        let names: Vec<&str> = headers.keys().map(HeaderName::as_str).collect();
-        assert_eq!(names, ["x-kept"]);
-    }
 }

@@ -1,0 +1,128 @@
+//! Header hygiene before anything reads the headers: hop-by-hop headers go first, so a
+//! client cannot use `Connection: x-forwarded-for` to strip what the proxy sets later, and
+//! the host must be one well-formed authority.
+
+use http::header::{CONNECTION, HOST, TE};
+use http::uri::Authority;
+use http::{HeaderMap, HeaderName, HeaderValue};
+
+/// Meaningful only for one connection (RFC 9110 §7.6.1), so never forwarded. `upgrade`
+/// too: an upgraded connection would need byte splicing, which the proxy does not do.
+const HOP_BY_HOP: [HeaderName; 8] = [
+    CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+    http::header::PROXY_AUTHENTICATE,
+    http::header::PROXY_AUTHORIZATION,
+    http::header::TRAILER,
+    http::header::TRANSFER_ENCODING,
+    http::header::UPGRADE,
+];
+
+/// Removes hop-by-hop headers and those `Connection` names. `TE` goes too, unless it is
+/// exactly `trailers` and `keep_te_trailers` (requests: HTTP/2 upstreams may take it).
+pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap, keep_te_trailers: bool) {
+    if headers.contains_key(CONNECTION) {
+        let named: Vec<HeaderName> = headers
+            .get_all(CONNECTION)
+            .iter()
+            .filter_map(|value| value.to_str().ok())
+            .flat_map(|value| value.split(','))
+            .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+            // Host is end-to-end whatever a client says; it is checked, not dropped.
+            .filter(|name| *name != HOST)
+            .collect();
+        for name in named {
+            headers.remove(name);
+        }
+    }
+    for name in &HOP_BY_HOP {
+        headers.remove(name);
+    }
+    let te_trailers_only = headers
+        .get_all(TE)
+        .iter()
+        .all(|te| te.as_bytes().eq_ignore_ascii_case(b"trailers"));
+    if !(keep_te_trailers && te_trailers_only) {
+        headers.remove(TE);
+    }
+}
+
+/// The one host of a request, checked: exactly one `Host` (RFC 9112 §3.2), parsing as an
+/// authority with no user info and only host characters, so it routes and forwards as the
+/// same thing.
+pub(crate) fn checked_host(headers: &HeaderMap) -> Result<Option<HeaderValue>, String> {
+    let mut hosts = headers.get_all(HOST).iter();
+    let Some(host) = hosts.next() else {
+        return Ok(None);
+    };
+    if hosts.next().is_some() {
+        return Err("more than one Host header".to_string());
+    }
+    let authority = Authority::try_from(host.as_bytes())
+        .map_err(|_| "the Host header is not a valid authority".to_string())?;
+    let name = authority.host();
+    let valid_name = !name.is_empty()
+        && (name.starts_with('[')
+            || name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_')));
+    if authority.as_str().contains('@') || !valid_name {
+        return Err("the Host header must be a host name or address, with an optional port".to_string());
+    }
+    Ok(Some(host.clone()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn map(pairs: &[(&str, &str)]) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        for (name, value) in pairs {
+            headers.append(
+                HeaderName::from_bytes(name.as_bytes()).unwrap(),
+                HeaderValue::from_str(value).unwrap(),
+            );
+        }
+        headers
+    }
+
+    #[test]
+    fn hop_by_hop_headers_and_those_named_by_connection_are_removed() {
+        let mut headers = map(&[
+            ("connection", "keep-alive, X-Secret, host"),
+            ("keep-alive", "timeout=5"),
+            ("x-secret", "1"),
+            ("transfer-encoding", "chunked"),
+            ("te", "trailers"),
+            ("host", "a.example"),
+            ("x-kept", "1"),
+        ]);
+        strip_hop_by_hop(&mut headers, true);
+        let mut names: Vec<&str> = headers.keys().map(HeaderName::as_str).collect();
+        names.sort_unstable();
+        assert_eq!(names, ["host", "te", "x-kept"]);
+        strip_hop_by_hop(&mut headers, false);
+        assert!(!headers.contains_key(TE));
+        let mut gzip = map(&[("te", "gzip, trailers")]);
+        strip_hop_by_hop(&mut gzip, true);
+        assert!(gzip.is_empty(), "only `TE: trailers` may pass");
+    }
+
+    #[test]
+    fn hosts_must_be_single_and_well_formed() {
+        assert!(checked_host(&map(&[("host", "api.example.com:8080")])).is_ok());
+        assert!(checked_host(&map(&[("host", "[::1]:80")])).is_ok());
+        assert_eq!(checked_host(&HeaderMap::new()), Ok(None));
+        for bad in [
+            &[("host", "a.example"), ("host", "b.example")][..],
+            &[("host", "user:pw@api.example.com")],
+            &[("host", "evil.com/x.example.com")],
+            &[("host", "a b")],
+            &[("host", "")],
+        ] {
+            assert!(checked_host(&map(bad)).is_err(), "{bad:?}");
+        }
+    }
+}
