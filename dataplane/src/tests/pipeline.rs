@@ -449,3 +449,54 @@ async fn clients_cannot_strip_or_smuggle_the_headers_the_proxy_vouches_for() {
     }
     proxy.shutdown().await.unwrap();
 }
+
+#[tokio::test]
+async fn a_response_body_that_stalls_is_cut_after_the_idle_timeout() {
+    let upstream = spawn_upstream(|_request| async {
+        // One chunk, then silence for longer than the route allows.
+        let chunks = futures::stream::unfold(0, |sent| async move {
+            match sent {
+                0 => Some((
+                    Ok::<_, std::convert::Infallible>(hyper::body::Frame::data(bytes::Bytes::from("first"))),
+                    1,
+                )),
+                _ => {
+                    tokio::time::sleep(Duration::from_secs(30)).await;
+                    None
+                }
+            }
+        });
+        http::Response::new(http_body_util::BodyExt::boxed(http_body_util::StreamBody::new(
+            chunks,
+        )))
+    })
+    .await;
+    let port = free_port();
+    let proxy = start_proxy(None, Duration::from_secs(1)).await;
+    proxy
+        .state
+        .apply(
+            1,
+            simple_config(port, upstream, "limits: {bodyIdleTimeout: 300ms}"),
+        )
+        .await
+        .unwrap();
+    let started = std::time::Instant::now();
+    let response = http1_client()
+        .request(
+            Request::get(format!("http://127.0.0.1:{port}/stream"))
+                .body(http_body_util::Full::default())
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let mut body = response.into_body();
+    let first = http_body_util::BodyExt::frame(&mut body).await.unwrap().unwrap();
+    assert_eq!(first.into_data().unwrap(), "first");
+    // The stream ends in an error (the proxy cut it), long before the upstream's 30 s.
+    let rest = tokio::time::timeout(Duration::from_secs(5), http_body_util::BodyExt::collect(body)).await;
+    assert!(matches!(rest, Ok(Err(_))), "the stalled body was not cut");
+    assert!(started.elapsed() < Duration::from_secs(5));
+    proxy.shutdown().await.unwrap();
+}
