@@ -42,7 +42,7 @@ pub struct TelemetryArgs {
     /// One JSON line per request: `off`, `stdout`, or a file path (appended to).
     #[arg(long, default_value = "off")]
     pub access_log: String,
-    /// Fraction of requests logged (0–1); failed requests are always logged.
+    /// Fraction of requests logged (0–1); server errors (5xx) are always logged.
     #[arg(long, default_value_t = 1.0)]
     pub access_log_sample: f64,
     /// OTLP/gRPC collector for request spans, e.g. http://127.0.0.1:4317; none: no export.

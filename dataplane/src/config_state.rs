@@ -200,6 +200,7 @@ impl ConfigState {
                 }
             }
         }
+        let mut moved_from = Vec::new();
         for (old, entry) in moves {
             let Some(running) = listeners.running.remove(&old) else {
                 continue;
@@ -208,23 +209,27 @@ impl ConfigState {
                 from = %old, to = %entry.address,
                 "cannot bind the new address while the old one is open: closing the old listener first"
             );
-            let old_limits = running.limits();
+            moved_from.push((old, running.limits()));
             let drain = running.close().await;
             listeners.retiring.push(drain);
             match TcpListener::bind(entry.address).await {
                 Ok(socket) => fresh.push((entry.address, entry.limits.clone(), socket)),
                 Err(source) => {
-                    // Back to the old address, serving the current version as before.
-                    match TcpListener::bind(old).await {
-                        Ok(socket) => {
-                            let pipeline = self.pipeline(old);
-                            listeners.running.insert(
-                                old,
-                                RunningListener::spawn(socket, pipeline, old_limits, self.drain_grace),
-                            );
-                        }
-                        Err(error) => {
-                            tracing::error!(address = %old, %error, "could not reopen the listener after a failed move")
+                    // Back to every old address, serving the current version as before;
+                    // the new sockets bound so far close as `fresh` is dropped.
+                    drop(fresh);
+                    for (old, limits) in moved_from {
+                        match TcpListener::bind(old).await {
+                            Ok(socket) => {
+                                let pipeline = self.pipeline(old);
+                                listeners.running.insert(
+                                    old,
+                                    RunningListener::spawn(socket, pipeline, limits, self.drain_grace),
+                                );
+                            }
+                            Err(error) => {
+                                tracing::error!(address = %old, %error, "could not reopen the listener after a failed move")
+                            }
                         }
                     }
                     return Err(ApplyError::Bind {

@@ -36,9 +36,10 @@ pub struct ListenerLimits {
     /// Open connections at once; further ones get a 503 and are closed. Default 10,000.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_connections: Option<u32>,
-    /// Time a client has to send a request's headers (HTTP/1.1), also the longest a
-    /// keep-alive connection may sit idle between requests; then the connection is closed.
-    /// Default 10s.
+    /// Time a new connection has to start its first request (any protocol), and an
+    /// HTTP/1.1 client to send each request's headers, which is also the longest an
+    /// HTTP/1.1 keep-alive connection may sit idle; then the connection is closed without
+    /// an answer. Default 10s.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub header_read_timeout: Option<HumanDuration>,
     /// Size of a request's header section (HTTP/1.1: with the request line; HTTP/2: the

@@ -111,7 +111,7 @@ impl Metrics {
         );
         registry.register(
             "upstream_errors",
-            "Failed upstream attempts, by route, target and kind (connect, timeout, reset, ...)",
+            "Failed upstream attempts, by route, target and kind (connect, timeout, exchange)",
             metrics.upstream_errors.clone(),
         );
         registry.register(

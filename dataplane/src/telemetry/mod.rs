@@ -162,7 +162,7 @@ impl Telemetry {
         }
     }
 
-    /// Counts a proxy-level upstream error by kind (connect, timeout, reset, ...), labelled by
+    /// Counts a proxy-level upstream error by kind (connect, timeout, exchange), labelled by
     /// route and backend (`target` label: pass the same string as [`RequestRecord::target`],
     /// e.g. `Backend/api`).
     pub(crate) fn upstream_error(&self, route: &str, backend: &str, kind: &'static str) {

@@ -500,3 +500,39 @@ async fn a_response_body_that_stalls_is_cut_after_the_idle_timeout() {
     assert!(started.elapsed() < Duration::from_secs(5));
     proxy.shutdown().await.unwrap();
 }
+
+#[tokio::test]
+async fn a_stalled_upload_is_the_clients_timeout_not_the_upstreams() {
+    let upstream = spawn_upstream(|request: Request<hyper::body::Incoming>| async move {
+        let _ = http_body_util::BodyExt::collect(request.into_body()).await;
+        text("read")
+    })
+    .await;
+    let port = free_port();
+    let proxy = start_proxy(None, Duration::from_secs(1)).await;
+    proxy
+        .state
+        .apply(1, simple_config(port, upstream, "timeout: 300ms"))
+        .await
+        .unwrap();
+    // Too large to replay, so it streams; the client stops after 1 KiB and waits.
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+    stream
+        .write_all(b"POST / HTTP/1.1\r\nhost: h\r\ncontent-length: 102400\r\n\r\n")
+        .await
+        .unwrap();
+    stream.write_all(&[b'x'; 1024]).await.unwrap();
+    let mut answer = vec![0; 1024];
+    let read = tokio::time::timeout(Duration::from_secs(5), stream.read(&mut answer))
+        .await
+        .unwrap()
+        .unwrap();
+    let answer = String::from_utf8_lossy(&answer[..read]);
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    let (_, metrics) = get(proxy.admin_addr().port(), "/metrics").await;
+    assert!(
+        !metrics.contains("portcullis_proxy_upstream_errors_total{"),
+        "{metrics}"
+    );
+    proxy.shutdown().await.unwrap();
+}

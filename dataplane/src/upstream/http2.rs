@@ -38,21 +38,33 @@ impl Connections {
             let open = self.open.lock().unwrap_or_else(|poison| poison.into_inner());
             open.get(endpoint).filter(|sender| !sender.is_closed()).cloned()
         };
-        let mut sender = match existing {
+        // A pooled connection that died since its last use is replaced, not counted as a
+        // failed connect: nothing was sent on it.
+        let reusable = match existing {
+            Some(mut sender) => match sender.ready().await {
+                Ok(()) => Some(sender),
+                Err(_) => {
+                    self.forget(endpoint);
+                    None
+                }
+            },
+            None => None,
+        };
+        let mut sender = match reusable {
             Some(sender) => sender,
             None => {
-                let sender = tokio::time::timeout(connect_timeout, connect(endpoint))
+                let mut sender = tokio::time::timeout(connect_timeout, connect(endpoint))
                     .await
                     .map_err(|_| Failure::Connect(format!("no connection within {connect_timeout:?}")))??;
+                sender
+                    .ready()
+                    .await
+                    .map_err(|error| Failure::Connect(format!("HTTP/2 connection not ready: {error}")))?;
                 let mut open = self.open.lock().unwrap_or_else(|poison| poison.into_inner());
                 open.insert(endpoint.clone(), sender.clone());
                 sender
             }
         };
-        sender
-            .ready()
-            .await
-            .map_err(|error| Failure::Connect(format!("HTTP/2 connection not ready: {error}")))?;
         let result = sender.send_request(request).await;
         if result.is_err() {
             // The next request gets a fresh connection; streams still open on this one
