@@ -118,7 +118,6 @@ pub(crate) enum BodyFailure {
 pub(crate) struct BodyStatus {
     failure: std::sync::atomic::AtomicU8,
     received: std::sync::atomic::AtomicU64,
-    complete: std::sync::atomic::AtomicBool,
 }
 
 impl BodyStatus {
@@ -129,11 +128,6 @@ impl BodyStatus {
             3 => Some(BodyFailure::Broken),
             _ => None,
         }
-    }
-
-    /// Whether the client has sent its whole body.
-    pub(crate) fn is_complete(&self) -> bool {
-        self.complete.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     pub(crate) fn received(&self) -> u64 {
@@ -201,11 +195,6 @@ where
                         .received
                         .fetch_add(data.len() as u64, std::sync::atomic::Ordering::Relaxed);
                 }
-                if this.inner.is_end_stream() {
-                    this.status
-                        .complete
-                        .store(true, std::sync::atomic::Ordering::Relaxed);
-                }
                 Poll::Ready(Some(Ok(frame)))
             }
             Poll::Ready(Some(Err(error))) => {
@@ -213,12 +202,7 @@ where
                 this.status.fail(error.as_ref());
                 Poll::Ready(Some(Err(error)))
             }
-            Poll::Ready(None) => {
-                this.status
-                    .complete
-                    .store(true, std::sync::atomic::Ordering::Relaxed);
-                Poll::Ready(None)
-            }
+            Poll::Ready(None) => Poll::Ready(None),
             Poll::Pending => Poll::Pending,
         }
     }

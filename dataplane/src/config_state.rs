@@ -160,7 +160,13 @@ impl ConfigState {
         // Compare content too: a control plane rebuilt from empty storage counts versions
         // from 1 again, and the same number must not hide a different config.
         let current = self.current();
-        if current.version == Some(version) && current.config == config {
+        // And every listener of it must be open: a failed move may have lost one, and the
+        // same version sent again is the chance to reopen it.
+        let all_open = current
+            .listeners
+            .iter()
+            .all(|entry| listeners.running.contains_key(&entry.address));
+        if current.version == Some(version) && current.config == config && all_open {
             return Ok(());
         }
         let snapshot =
@@ -202,16 +208,16 @@ impl ConfigState {
         }
         let mut moved_from = Vec::new();
         for (old, entry) in moves {
-            let Some(running) = listeners.running.remove(&old) else {
-                continue;
-            };
-            tracing::warn!(
-                from = %old, to = %entry.address,
-                "cannot bind the new address while the old one is open: closing the old listener first"
-            );
-            moved_from.push((old, running.limits()));
-            let drain = running.close().await;
-            listeners.retiring.push(drain);
+            // Several new addresses may replace one old socket: it is closed once.
+            if let Some(running) = listeners.running.remove(&old) {
+                tracing::warn!(
+                    from = %old, to = %entry.address,
+                    "cannot bind the new address while the old one is open: closing the old listener first"
+                );
+                moved_from.push((old, running.limits()));
+                let drain = running.close().await;
+                listeners.retiring.push(drain);
+            }
             match TcpListener::bind(entry.address).await {
                 Ok(socket) => fresh.push((entry.address, entry.limits.clone(), socket)),
                 Err(source) => {

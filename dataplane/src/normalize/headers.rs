@@ -2,7 +2,7 @@
 //! client cannot use `Connection: x-forwarded-for` to strip what the proxy sets later, and
 //! the host must be one well-formed authority.
 
-use http::header::{CONNECTION, HOST, TE};
+use http::header::{CONNECTION, CONTENT_LENGTH, HOST, TE};
 use http::uri::Authority;
 use http::{HeaderMap, HeaderName, HeaderValue};
 
@@ -29,8 +29,9 @@ pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap, keep_te_trailers: bool) 
             .filter_map(|value| value.to_str().ok())
             .flat_map(|value| value.split(','))
             .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
-            // Host is end-to-end whatever a client says; it is checked, not dropped.
-            .filter(|name| *name != HOST)
+            // Host and Content-Length are end-to-end whatever a client says: the host is
+            // checked, the length already framed the body hyper is reading.
+            .filter(|name| *name != HOST && *name != CONTENT_LENGTH)
             .collect();
         for name in named {
             headers.remove(name);
@@ -61,13 +62,27 @@ pub(crate) fn checked_host(headers: &HeaderMap) -> Result<Option<HeaderValue>, S
     }
     let authority = Authority::try_from(host.as_bytes())
         .map_err(|_| "the Host header is not a valid authority".to_string())?;
-    let name = authority.host();
-    let valid_name = !name.is_empty()
-        && (name.starts_with('[')
-            || name
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_')));
-    if authority.as_str().contains('@') || !valid_name {
+    let text = authority.as_str();
+    // `name[:port]` or `[v6][:port]`, nothing else, the port all digits when present.
+    let (name_ok, rest) = match text.strip_prefix('[') {
+        Some(bracketed) => match bracketed.split_once(']') {
+            Some((v6, rest)) => (v6.parse::<std::net::Ipv6Addr>().is_ok(), rest),
+            None => (false, ""),
+        },
+        None => {
+            let (name, rest) = text.find(':').map_or((text, ""), |colon| text.split_at(colon));
+            let name_ok = !name.is_empty()
+                && name
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_'));
+            (name_ok, rest)
+        }
+    };
+    let port_ok = rest.is_empty()
+        || rest
+            .strip_prefix(':')
+            .is_some_and(|port| !port.is_empty() && port.bytes().all(|b| b.is_ascii_digit()));
+    if !(name_ok && port_ok) {
         return Err("the Host header must be a host name or address, with an optional port".to_string());
     }
     Ok(Some(host.clone()))
@@ -121,6 +136,10 @@ mod tests {
             &[("host", "evil.com/x.example.com")],
             &[("host", "a b")],
             &[("host", "")],
+            &[("host", "[x]evil.com")],
+            &[("host", "[::1]evil.com")],
+            &[("host", "h:abc")],
+            &[("host", "h:")],
         ] {
             assert!(checked_host(&map(bad)).is_err(), "{bad:?}");
         }

@@ -176,7 +176,7 @@ impl Policy for RateLimit {
             Err(wait) => {
                 ctx.decide(&self.name, "deny");
                 // Whole seconds, rounded up: `Retry-After: 0` would invite a retry storm.
-                let seconds = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
+                let seconds = wait.as_secs().saturating_add(u64::from(wait.subsec_nanos() > 0));
                 let mut answer = response::error(
                     StatusCode::TOO_MANY_REQUESTS,
                     "rate_limited",

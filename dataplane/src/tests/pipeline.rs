@@ -437,7 +437,9 @@ async fn clients_cannot_strip_or_smuggle_the_headers_the_proxy_vouches_for() {
         &b"GET /x HTTP/1.1\r\nhost: a.example\r\nhost: b.example\r\nconnection: close\r\n\r\n"[..],
         b"GET http://user:pw@h/x HTTP/1.1\r\nhost: h\r\nconnection: close\r\n\r\n",
         b"GET /x HTTP/1.1\r\nhost: evil.com/x.example.com\r\nconnection: close\r\n\r\n",
-        b"GET /public/a\\..\\admin HTTP/1.1\r\nhost: h\r\nconnection: close\r\n\r\n",
+        b"GET /public/%5c../admin HTTP/1.1\r\nhost: h\r\nconnection: close\r\n\r\n",
+        b"GET /x HTTP/1.1\r\nhost: [x]evil.com\r\nconnection: close\r\n\r\n",
+        b"GET /x HTTP/1.1\r\nhost: h:abc\r\nconnection: close\r\n\r\n",
     ] {
         let answer = raw(port, request).await;
         assert!(
@@ -502,7 +504,7 @@ async fn a_response_body_that_stalls_is_cut_after_the_idle_timeout() {
 }
 
 #[tokio::test]
-async fn a_stalled_upload_is_the_clients_timeout_not_the_upstreams() {
+async fn an_upload_that_stalls_longer_than_the_idle_timeout_is_answered_408() {
     let upstream = spawn_upstream(|request: Request<hyper::body::Incoming>| async move {
         let _ = http_body_util::BodyExt::collect(request.into_body()).await;
         text("read")
@@ -512,7 +514,10 @@ async fn a_stalled_upload_is_the_clients_timeout_not_the_upstreams() {
     let proxy = start_proxy(None, Duration::from_secs(1)).await;
     proxy
         .state
-        .apply(1, simple_config(port, upstream, "timeout: 300ms"))
+        .apply(
+            1,
+            simple_config(port, upstream, "timeout: 5s, limits: {bodyIdleTimeout: 300ms}"),
+        )
         .await
         .unwrap();
     // Too large to replay, so it streams; the client stops after 1 KiB and waits.
@@ -534,5 +539,33 @@ async fn a_stalled_upload_is_the_clients_timeout_not_the_upstreams() {
         !metrics.contains("portcullis_proxy_upstream_errors_total{"),
         "{metrics}"
     );
+    proxy.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn one_listener_split_into_two_on_the_same_port_serves_on_both() {
+    let upstream = path_echo().await;
+    let port = free_port();
+    let listener_at = |name: &str, address: &str| {
+        format!("apiVersion: portcullis.dev/v1alpha1\nkind: Listener\nmetadata: {{name: {name}}}\nspec: {{address: {address}, port: {port}}}\n---\n")
+    };
+    let proxy = start_proxy(None, Duration::from_secs(1)).await;
+    let wide =
+        listener_at("web", "0.0.0.0") + &backend("up", upstream, false) + &route("all", "web", "up", "");
+    proxy.state.apply(1, objects(&wide)).await.unwrap();
+    let split = listener_at("web", "127.0.0.1")
+        + &listener_at("web-2", "127.0.0.2")
+        + &backend("up", upstream, false)
+        + "apiVersion: portcullis.dev/v1alpha1\nkind: Route\nmetadata: {name: all}\nspec: {listeners: [web, web-2], backends: [{name: up}]}\n";
+    proxy.state.apply(2, objects(&split)).await.unwrap();
+    assert_eq!(get(port, "/x").await.0, 200);
+    let mut stream = TcpStream::connect(("127.0.0.2", port)).await.unwrap();
+    stream
+        .write_all(b"GET /x HTTP/1.1\r\nhost: h\r\nconnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).await.unwrap();
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
     proxy.shutdown().await.unwrap();
 }

@@ -38,45 +38,53 @@ impl Connections {
             let open = self.open.lock().unwrap_or_else(|poison| poison.into_inner());
             open.get(endpoint).filter(|sender| !sender.is_closed()).cloned()
         };
-        // A pooled connection that died since its last use is replaced, not counted as a
-        // failed connect: nothing was sent on it.
-        let reusable = match existing {
-            Some(mut sender) => match sender.ready().await {
-                Ok(()) => Some(sender),
-                Err(_) => {
-                    self.forget(endpoint);
-                    None
-                }
+        let request = match existing {
+            Some(mut sender) => match sender.try_send_request(request).await {
+                Ok(response) => return Ok(response),
+                Err(mut error) => match error.take_message() {
+                    // The pooled connection died before the request left: nothing was
+                    // sent, so it goes on a fresh connection, not counted as a failure.
+                    Some(request) => {
+                        self.forget_if_closed(endpoint, &sender);
+                        request
+                    }
+                    None => {
+                        self.forget_if_closed(endpoint, &sender);
+                        return Err(Failure::Exchange(error.into_error()));
+                    }
+                },
             },
-            None => None,
+            None => request,
         };
-        let mut sender = match reusable {
-            Some(sender) => sender,
-            None => {
-                let mut sender = tokio::time::timeout(connect_timeout, connect(endpoint))
-                    .await
-                    .map_err(|_| Failure::Connect(format!("no connection within {connect_timeout:?}")))??;
-                sender
-                    .ready()
-                    .await
-                    .map_err(|error| Failure::Connect(format!("HTTP/2 connection not ready: {error}")))?;
-                let mut open = self.open.lock().unwrap_or_else(|poison| poison.into_inner());
-                open.insert(endpoint.clone(), sender.clone());
-                sender
-            }
-        };
+        let mut sender = tokio::time::timeout(connect_timeout, connect(endpoint))
+            .await
+            .map_err(|_| Failure::Connect(format!("no connection within {connect_timeout:?}")))??;
+        sender
+            .ready()
+            .await
+            .map_err(|error| Failure::Connect(format!("HTTP/2 connection not ready: {error}")))?;
+        {
+            let mut open = self.open.lock().unwrap_or_else(|poison| poison.into_inner());
+            open.insert(endpoint.clone(), sender.clone());
+        }
         let result = sender.send_request(request).await;
         if result.is_err() {
-            // The next request gets a fresh connection; streams still open on this one
-            // keep their own handle to it.
-            self.forget(endpoint);
+            self.forget_if_closed(endpoint, &sender);
         }
         result.map_err(Failure::Exchange)
     }
 
-    pub(super) fn forget(&self, endpoint: &Authority) {
+    /// Drops the pooled connection after an error only if that connection is gone: a
+    /// reset of one stream must not cost every other request a new handshake, and a
+    /// healthy connection another request just opened must stay.
+    fn forget_if_closed(&self, endpoint: &Authority, sender: &SendRequest<Body>) {
+        if !sender.is_closed() {
+            return;
+        }
         let mut open = self.open.lock().unwrap_or_else(|poison| poison.into_inner());
-        open.remove(endpoint);
+        if open.get(endpoint).is_some_and(SendRequest::is_closed) {
+            open.remove(endpoint);
+        }
     }
 
     pub(super) fn retain(&self, in_use: &HashSet<Authority>) {

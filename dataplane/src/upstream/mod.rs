@@ -22,7 +22,7 @@ use portcullis_config::EjectionSpec;
 pub(crate) use health::{Endpoint, HealthRegistry};
 pub(crate) use retry::RetryPolicy;
 
-use crate::body::{self, Body, BodyFailure, BodyStatus, IdleTimeout};
+use crate::body::{self, Body, BodyStatus, IdleTimeout};
 use crate::policy::RequestContext;
 use crate::response;
 use crate::route::Route;
@@ -136,15 +136,7 @@ impl Upstream {
             )
             .await;
             match outcome {
-                Err(_) if replay.is_none() && !ctx.request_body.is_complete() => {
-                    // The upstream was still waiting for the body the client was sending.
-                    return BodyStatus::answer(Some(BodyFailure::Stalled), route.max_request_body_bytes);
-                }
                 Err(_) => {
-                    if dispatch.http2 {
-                        // A connection that lets a request time out may be half dead.
-                        self.http2.forget(&endpoint.authority);
-                    }
                     self.telemetry
                         .upstream_error(&ctx.route, dispatch.target, "timeout");
                     tracing::warn!(route = %ctx.route, endpoint = %endpoint.authority, timeout = ?route.timeout, "upstream timed out");
