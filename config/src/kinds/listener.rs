@@ -46,11 +46,16 @@ pub struct ListenerLimits {
     /// decoded header list); larger ones get 431. Default 64 KiB.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_header_bytes: Option<u32>,
+    /// Longest a response may wait for the client to take more bytes; a client that stops
+    /// reading is disconnected after it. Default 60s.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub write_timeout: Option<HumanDuration>,
 }
 
 pub const DEFAULT_MAX_CONNECTIONS: u32 = 10_000;
 pub const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 pub const DEFAULT_MAX_HEADER_BYTES: u32 = 64 * 1024;
+pub const DEFAULT_WRITE_TIMEOUT: Duration = Duration::from_secs(60);
 /// Below this hyper cannot parse an ordinary request line.
 const MIN_HEADER_BYTES: u32 = 8 * 1024;
 const MAX_HEADER_BYTES: u32 = 1024 * 1024;
@@ -71,6 +76,10 @@ impl ListenerLimits {
 
     pub fn max_header_bytes(&self) -> u32 {
         self.max_header_bytes.unwrap_or(DEFAULT_MAX_HEADER_BYTES)
+    }
+
+    pub fn write_timeout(&self) -> Duration {
+        self.write_timeout.map_or(DEFAULT_WRITE_TIMEOUT, |timeout| timeout.0)
     }
 }
 
@@ -113,6 +122,9 @@ impl KindSpec for ListenerSpec {
             .is_some_and(|duration| duration.0.is_zero())
         {
             checker.fail("spec.limits.headerReadTimeout", "must be above 0");
+        }
+        if limits.write_timeout.is_some_and(|duration| duration.0.is_zero()) {
+            checker.fail("spec.limits.writeTimeout", "must be above 0");
         }
     }
 

@@ -1,6 +1,8 @@
 //! Accept loops: HTTP/1.1 and HTTP/2 (prior knowledge) on one port, with the listener's
 //! limits, each connection watched so a drain lets in-flight requests and streams finish.
 
+mod write_timeout;
+
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
@@ -22,6 +24,7 @@ use tokio::sync::oneshot;
 use tokio::task::{JoinHandle, JoinSet};
 
 use crate::body::Body;
+use write_timeout::WriteTimeout;
 
 /// What a served port does with each request.
 pub(crate) trait Handler: Clone + Send + Sync + 'static {
@@ -42,6 +45,7 @@ pub(crate) struct Limits {
     pub(crate) max_connections: usize,
     pub(crate) header_read_timeout: Duration,
     pub(crate) max_header_bytes: u32,
+    pub(crate) write_timeout: Duration,
 }
 
 impl Limits {
@@ -50,6 +54,7 @@ impl Limits {
             max_connections: limits.max_connections() as usize,
             header_read_timeout: limits.header_read_timeout(),
             max_header_bytes: limits.max_header_bytes(),
+            write_timeout: limits.write_timeout(),
         }
     }
 
@@ -179,7 +184,7 @@ async fn serve<H: Handler>(
                     });
                     let connection = limits
                         .connection_builder()
-                        .serve_connection(TokioIo::new(stream), service)
+                        .serve_connection(TokioIo::new(WriteTimeout::new(stream, limits.write_timeout)), service)
                         .into_owned();
                     let connection = graceful.watch(connection);
                     let first_request_within = limits.header_read_timeout;

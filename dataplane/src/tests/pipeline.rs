@@ -569,3 +569,36 @@ async fn one_listener_split_into_two_on_the_same_port_serves_on_both() {
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
     proxy.shutdown().await.unwrap();
 }
+
+#[tokio::test]
+async fn a_client_that_stops_reading_is_disconnected_after_the_write_timeout() {
+    // 32 MiB: far more than the socket buffers between the proxy and a client not reading.
+    let upstream = spawn_upstream(|_request| async { text(vec![b'x'; 32 * 1024 * 1024]) }).await;
+    let port = free_port();
+    let listener = format!("apiVersion: portcullis.dev/v1alpha1\nkind: Listener\nmetadata: {{name: web}}\nspec: {{address: 127.0.0.1, port: {port}, limits: {{maxConnections: 1, writeTimeout: 300ms}}}}\n---\n");
+    let config = objects(&(listener + &backend("up", upstream, false) + &route("all", "web", "up", "")));
+    let proxy = start_proxy(None, Duration::from_secs(1)).await;
+    proxy.state.apply(1, config).await.unwrap();
+    let mut stuck = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+    stuck
+        .write_all(b"GET /big HTTP/1.1\r\nhost: h\r\n\r\n")
+        .await
+        .unwrap();
+    // The only connection slot is taken while the stuck client holds it...
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let answer = raw(
+        port,
+        b"GET /small HTTP/1.1\r\nhost: h\r\nconnection: close\r\n\r\n",
+    )
+    .await;
+    assert!(
+        answer.starts_with("HTTP/1.1 503"),
+        "{}",
+        &answer[..answer.len().min(200)]
+    );
+    // ...and given back once the write timeout has disconnected it.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(get(port, "/small").await.0, 200);
+    drop(stuck);
+    proxy.shutdown().await.unwrap();
+}
