@@ -110,7 +110,7 @@ async fn shutdown_lets_an_in_flight_request_finish() {
     })
     .await;
     let port = free_port();
-    let proxy = start_proxy(None, Duration::from_secs(10)).await;
+    let proxy = start_proxy(None, Duration::from_secs(120)).await;
     proxy
         .state
         .apply(1, simple_config(port, upstream, ""))
@@ -122,8 +122,10 @@ async fn shutdown_lets_an_in_flight_request_finish() {
     arrived_rx.recv().await.unwrap();
     let started = Instant::now();
     let shutdown = tokio::spawn(proxy.shutdown());
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    assert!(refuses(port).await, "still accepting while draining");
+    eventually("the listener refusing new connections while draining", || {
+        refuses(port)
+    })
+    .await;
     assert_eq!(
         get(admin_port, "/readyz").await,
         (503, "not ready: draining\n".to_string())
@@ -131,8 +133,8 @@ async fn shutdown_lets_an_in_flight_request_finish() {
     assert_eq!(in_flight.await.unwrap(), (200, "finished".to_string()));
     shutdown.await.unwrap().unwrap();
     assert!(
-        started.elapsed() < Duration::from_secs(5),
-        "waited for the whole grace period"
+        started.elapsed() < Duration::from_secs(60),
+        "waited for the whole grace period (120 s)"
     );
 }
 
@@ -164,8 +166,9 @@ async fn shutdown_closes_streams_still_open_after_the_grace_period() {
 
     let started = Instant::now();
     proxy.shutdown().await.unwrap();
-    assert!(started.elapsed() < Duration::from_secs(3));
-    let outcome = tokio::time::timeout(Duration::from_secs(3), response.into_body().collect()).await;
+    // The stream is endless: only the grace (300 ms) can end the drain.
+    assert!(started.elapsed() < Duration::from_secs(30));
+    let outcome = tokio::time::timeout(Duration::from_secs(30), response.into_body().collect()).await;
     assert!(matches!(outcome, Ok(Err(_))), "the stream should have been cut");
 }
 

@@ -32,12 +32,18 @@ async fn path_echo() -> std::net::SocketAddr {
     .await
 }
 
-/// Sends raw bytes and returns everything the proxy answers until it closes.
+/// Sends raw bytes and returns everything the proxy answers until it closes the
+/// connection; fails the test if it never does.
 async fn raw(port: u16, request: &[u8]) -> String {
     let mut stream = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
     stream.write_all(request).await.unwrap();
+    read_until_closed(&mut stream).await
+}
+
+async fn read_until_closed(stream: &mut TcpStream) -> String {
     let mut answer = Vec::new();
-    let _ = tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut answer)).await;
+    let read = tokio::time::timeout(Duration::from_secs(20), stream.read_to_end(&mut answer)).await;
+    assert!(read.is_ok(), "the proxy did not close the connection");
     String::from_utf8_lossy(&answer).into_owned()
 }
 
@@ -114,7 +120,7 @@ async fn header_policy_edits_requests_and_responses() {
 async fn rate_limit_answers_429_with_retry_after_per_client_key() {
     let upstream = path_echo().await;
     let port = free_port();
-    let policy = "apiVersion: portcullis.dev/v1alpha1\nkind: RateLimitPolicy\nmetadata: {name: per-tenant}\nspec: {targetRefs: [{kind: Listener, name: web}], requestsPerSecond: 0.5, burst: 2, key: {header: x-tenant}}\n";
+    let policy = "apiVersion: portcullis.dev/v1alpha1\nkind: RateLimitPolicy\nmetadata: {name: per-tenant}\nspec: {targetRefs: [{kind: Listener, name: web}], requestsPerSecond: 0.01, burst: 2, key: {header: x-tenant}}\n";
     let mut config = simple_config(port, upstream, "");
     config.extend(objects(policy));
     let proxy = start_proxy(None, Duration::from_secs(1)).await;
@@ -130,7 +136,13 @@ async fn rate_limit_answers_429_with_retry_after_per_client_key() {
     assert_eq!(send("a").await.status(), 200);
     let limited = send("a").await;
     assert_eq!(limited.status(), 429);
-    assert_eq!(limited.headers()["retry-after"], "2");
+    // One token per 100 s: the wait is a whole number of seconds, at most 100.
+    let retry_after: u64 = limited.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((90..=100).contains(&retry_after), "Retry-After: {retry_after}");
     let body = http_body_util::BodyExt::collect(limited.into_body())
         .await
         .unwrap()
@@ -153,7 +165,7 @@ async fn rate_limit_answers_429_with_retry_after_per_client_key() {
 async fn listener_limits_answer_with_documented_errors_and_keep_serving() {
     let upstream = path_echo().await;
     let port = free_port();
-    let listener = format!("apiVersion: portcullis.dev/v1alpha1\nkind: Listener\nmetadata: {{name: web}}\nspec: {{address: 127.0.0.1, port: {port}, limits: {{maxConnections: 2, headerReadTimeout: 300ms, maxHeaderBytes: 8192}}}}\n---\n");
+    let listener = format!("apiVersion: portcullis.dev/v1alpha1\nkind: Listener\nmetadata: {{name: web}}\nspec: {{address: 127.0.0.1, port: {port}, limits: {{headerReadTimeout: 300ms, maxHeaderBytes: 8192}}}}\n---\n");
     let config = objects(
         &(listener
             + &backend("up", upstream, false)
@@ -173,14 +185,12 @@ async fn listener_limits_answer_with_documented_errors_and_keep_serving() {
         "a".repeat(10_000)
     );
     assert!(raw(port, big.as_bytes()).await.starts_with("HTTP/1.1 431"));
-    // Slowloris: headers never finished, the connection is closed after the timeout.
-    let started = std::time::Instant::now();
+    // Slowloris: headers never finished, the connection is closed (`raw` waits for that).
     let answer = raw(port, b"GET / HTTP/1.1\r\nhost: h\r\nx-slow: ").await;
     assert!(!answer.contains("200 OK"), "{answer}");
-    assert!(
-        started.elapsed() < Duration::from_secs(4),
-        "closed by the header timeout"
-    );
+    // A connection that says nothing at all, or half an HTTP/2 preface, is closed too.
+    assert_eq!(raw(port, b"").await, "");
+    assert_eq!(raw(port, b"PRI * HTTP/2.0\r\n").await, "");
     // A declared body over the route's limit: 413 before anything is forwarded.
     let answer = raw(
         port,
@@ -205,22 +215,32 @@ async fn listener_limits_answer_with_documented_errors_and_keep_serving() {
         .await
         .unwrap();
     stream.shutdown().await.unwrap();
-    let mut answer = String::new();
-    let _ = tokio::time::timeout(Duration::from_secs(5), stream.read_to_string(&mut answer)).await;
+    let answer = read_until_closed(&mut stream).await;
     assert!(!answer.contains("200 OK"), "{answer}");
+    // And it keeps serving.
+    assert_eq!(get(port, "/ok").await.0, 200);
+    proxy.shutdown().await.unwrap();
+}
 
-    // Connection limit: two open connections, the third gets 503 and is closed.
+#[tokio::test]
+async fn connections_over_the_limit_get_503_and_slots_come_back() {
+    let upstream = path_echo().await;
+    let port = free_port();
+    let listener = format!("apiVersion: portcullis.dev/v1alpha1\nkind: Listener\nmetadata: {{name: web}}\nspec: {{address: 127.0.0.1, port: {port}, limits: {{maxConnections: 2, headerReadTimeout: 60s}}}}\n---\n");
+    let config = objects(&(listener + &backend("up", upstream, false) + &route("all", "web", "up", "")));
+    let proxy = start_proxy(None, Duration::from_secs(1)).await;
+    proxy.state.apply(1, config).await.unwrap();
+    // Accepted in order, so these two hold both slots before the third arrives.
     let first = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
     let second = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(100)).await;
     let answer = raw(port, b"GET / HTTP/1.1\r\nhost: h\r\n\r\n").await;
     assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
     assert!(answer.contains("too_many_connections"), "{answer}");
-    // Silent connections hold no slot for long: closed after the header read timeout
-    // whatever protocol they might have spoken.
-    tokio::time::sleep(Duration::from_millis(600)).await;
-    assert_eq!(get(port, "/ok").await.0, 200);
     drop((first, second));
+    eventually("a freed slot serving again", || async {
+        try_status(port, "/ok").await == Some(200)
+    })
+    .await;
     proxy.shutdown().await.unwrap();
 }
 
@@ -345,7 +365,7 @@ async fn moving_a_listener_to_another_address_on_the_same_port_applies() {
 async fn a_policy_on_a_listener_and_its_route_runs_once_and_each_target_has_its_buckets() {
     let upstream = path_echo().await;
     let port = free_port();
-    let policy = "apiVersion: portcullis.dev/v1alpha1\nkind: RateLimitPolicy\nmetadata: {name: two}\nspec: {targetRefs: [{kind: Listener, name: web}, {kind: Route, name: a}, {kind: Route, name: b}], requestsPerSecond: 0.1, burst: 2}\n---\n";
+    let policy = "apiVersion: portcullis.dev/v1alpha1\nkind: RateLimitPolicy\nmetadata: {name: two}\nspec: {targetRefs: [{kind: Listener, name: web}, {kind: Route, name: a}, {kind: Route, name: b}], requestsPerSecond: 0.01, burst: 2}\n---\n";
     let other_port = free_port();
     let other = format!("apiVersion: portcullis.dev/v1alpha1\nkind: Listener\nmetadata: {{name: other}}\nspec: {{address: 127.0.0.1, port: {other_port}}}\n---\n");
     let config = objects(
@@ -404,7 +424,16 @@ async fn a_client_that_breaks_off_its_upload_is_not_counted_against_the_upstream
         .unwrap();
     stream.write_all(&[b'x'; 1024]).await.unwrap();
     drop(stream);
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Once its request is on record (as 400 or 499, whichever the proxy noticed first),
+    // no upstream error may have been counted for it.
+    let admin = proxy.admin_addr().port();
+    eventually("the abandoned request's record", || async move {
+        get(admin, "/metrics")
+            .await
+            .1
+            .contains("portcullis_proxy_requests_total{")
+    })
+    .await;
     let (_, metrics) = get(proxy.admin_addr().port(), "/metrics").await;
     assert!(
         !metrics.contains("portcullis_proxy_upstream_errors_total{"),
@@ -463,7 +492,7 @@ async fn a_response_body_that_stalls_is_cut_after_the_idle_timeout() {
                     1,
                 )),
                 _ => {
-                    tokio::time::sleep(Duration::from_secs(30)).await;
+                    tokio::time::sleep(Duration::from_secs(300)).await;
                     None
                 }
             }
@@ -483,7 +512,6 @@ async fn a_response_body_that_stalls_is_cut_after_the_idle_timeout() {
         )
         .await
         .unwrap();
-    let started = std::time::Instant::now();
     let response = http1_client()
         .request(
             Request::get(format!("http://127.0.0.1:{port}/stream"))
@@ -496,10 +524,9 @@ async fn a_response_body_that_stalls_is_cut_after_the_idle_timeout() {
     let mut body = response.into_body();
     let first = http_body_util::BodyExt::frame(&mut body).await.unwrap().unwrap();
     assert_eq!(first.into_data().unwrap(), "first");
-    // The stream ends in an error (the proxy cut it), long before the upstream's 30 s.
-    let rest = tokio::time::timeout(Duration::from_secs(5), http_body_util::BodyExt::collect(body)).await;
+    // The stream ends in an error (the proxy cut it), long before the upstream's 300 s.
+    let rest = tokio::time::timeout(Duration::from_secs(60), http_body_util::BodyExt::collect(body)).await;
     assert!(matches!(rest, Ok(Err(_))), "the stalled body was not cut");
-    assert!(started.elapsed() < Duration::from_secs(5));
     proxy.shutdown().await.unwrap();
 }
 
@@ -528,7 +555,7 @@ async fn an_upload_that_stalls_longer_than_the_idle_timeout_is_answered_408() {
         .unwrap();
     stream.write_all(&[b'x'; 1024]).await.unwrap();
     let mut answer = vec![0; 1024];
-    let read = tokio::time::timeout(Duration::from_secs(5), stream.read(&mut answer))
+    let read = tokio::time::timeout(Duration::from_secs(20), stream.read(&mut answer))
         .await
         .unwrap()
         .unwrap();
@@ -584,21 +611,12 @@ async fn a_client_that_stops_reading_is_disconnected_after_the_write_timeout() {
         .write_all(b"GET /big HTTP/1.1\r\nhost: h\r\n\r\n")
         .await
         .unwrap();
-    // The only connection slot is taken while the stuck client holds it...
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    let answer = raw(
-        port,
-        b"GET /small HTTP/1.1\r\nhost: h\r\nconnection: close\r\n\r\n",
-    )
+    // The stuck client holds the only connection slot until the write timeout
+    // disconnects it; without that, every later request would get 503 for ever.
+    eventually("the stuck client's slot given back", || async {
+        try_status(port, "/small").await == Some(200)
+    })
     .await;
-    assert!(
-        answer.starts_with("HTTP/1.1 503"),
-        "{}",
-        &answer[..answer.len().min(200)]
-    );
-    // ...and given back once the write timeout has disconnected it.
-    tokio::time::sleep(Duration::from_millis(1500)).await;
-    assert_eq!(get(port, "/small").await.0, 200);
     drop(stuck);
     proxy.shutdown().await.unwrap();
 }

@@ -138,3 +138,35 @@ pub fn quiet_telemetry() -> crate::TelemetryConfig {
         proxy_id: "test-proxy".into(),
     }
 }
+
+/// Waits until `check` holds, polling; fails the test if it does not within 20 s, which a
+/// busy machine still meets for anything the proxy does in well under a second.
+pub async fn eventually<F, Fut>(what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        if check().await {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{what} did not happen within 20 s"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The status of `GET path`, or `None` when the exchange fails (e.g. the proxy answered
+/// 503 before the request, as it does over its connection limit, then closed).
+pub async fn try_status(port: u16, path: &str) -> Option<u16> {
+    let request = Request::get(format!("http://127.0.0.1:{port}{path}"))
+        .body(Full::default())
+        .ok()?;
+    let response = http1_client().request(request).await.ok()?;
+    let status = response.status().as_u16();
+    response.into_body().collect().await.ok()?;
+    Some(status)
+}

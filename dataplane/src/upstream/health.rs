@@ -28,7 +28,11 @@ pub(crate) struct EndpointHealth {
 
 impl EndpointHealth {
     pub(crate) fn is_ejected(&self) -> bool {
-        self.ejected_until_ms.load(Ordering::Relaxed) > now_ms()
+        self.is_ejected_at(now_ms())
+    }
+
+    fn is_ejected_at(&self, now_ms: u64) -> bool {
+        self.ejected_until_ms.load(Ordering::Relaxed) > now_ms
     }
 
     /// Reads before writing: the hot path of a healthy endpoint touches no cache line
@@ -44,6 +48,10 @@ impl EndpointHealth {
 
     /// Counts a failed connect; returns the ejection time if this failure ejected it.
     pub(crate) fn record_connect_failure(&self, policy: &EjectionSpec) -> Option<Duration> {
+        self.record_connect_failure_at(policy, now_ms())
+    }
+
+    fn record_connect_failure_at(&self, policy: &EjectionSpec, now_ms: u64) -> Option<Duration> {
         let failures = self.consecutive_failures.fetch_add(1, Ordering::Relaxed) + 1;
         if failures < policy.consecutive_failures {
             return None;
@@ -52,7 +60,7 @@ impl EndpointHealth {
         let ejections = self.ejections.fetch_add(1, Ordering::Relaxed);
         let multiplier = 2u32.saturating_pow(ejections).min(MAX_EJECTION_MULTIPLIER);
         let duration = policy.duration().saturating_mul(multiplier);
-        let until = now_ms().saturating_add(u64::try_from(duration.as_millis()).unwrap_or(u64::MAX));
+        let until = now_ms.saturating_add(u64::try_from(duration.as_millis()).unwrap_or(u64::MAX));
         self.ejected_until_ms.store(until, Ordering::Relaxed);
         Some(duration)
     }
@@ -107,26 +115,29 @@ mod tests {
             duration: portcullis_config::HumanDuration(Duration::from_millis(40)),
         };
         let health = EndpointHealth::default();
-        assert_eq!(health.record_connect_failure(&policy), None);
+        assert_eq!(health.record_connect_failure_at(&policy, 1_000), None);
         health.record_success();
         assert_eq!(
-            health.record_connect_failure(&policy),
+            health.record_connect_failure_at(&policy, 1_000),
             None,
             "a success resets the count"
         );
         assert_eq!(
-            health.record_connect_failure(&policy),
+            health.record_connect_failure_at(&policy, 1_000),
             Some(Duration::from_millis(40))
         );
-        assert!(health.is_ejected());
-        std::thread::sleep(Duration::from_millis(60));
-        assert!(!health.is_ejected(), "re-admitted after the ejection time");
-        health.record_connect_failure(&policy);
+        assert!(health.is_ejected_at(1_039));
+        assert!(
+            !health.is_ejected_at(1_040),
+            "re-admitted after the ejection time"
+        );
+        health.record_connect_failure_at(&policy, 1_040);
         assert_eq!(
-            health.record_connect_failure(&policy),
+            health.record_connect_failure_at(&policy, 1_040),
             Some(Duration::from_millis(80)),
             "ejected again without a success: twice as long"
         );
+        assert!(health.is_ejected_at(1_119));
     }
 
     #[test]

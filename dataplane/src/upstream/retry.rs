@@ -89,7 +89,11 @@ impl RetryBudget {
     }
 
     fn try_withdraw(&self) -> bool {
-        let second = self.start.elapsed().as_secs();
+        self.try_withdraw_at(self.start.elapsed().as_secs())
+    }
+
+    /// `second`: whole seconds since the budget was made.
+    fn try_withdraw_at(&self, second: u64) -> bool {
         let last = self.topped_up.load(Ordering::Relaxed);
         if second > last
             && self
@@ -123,15 +127,19 @@ mod tests {
             on_status: vec![503],
             budget_percent: 20,
         }));
+        let budget = &policy.budget;
         // The minimum reserve first...
-        let reserve = (0..100).take_while(|_| policy.try_spend()).count();
+        let reserve = (0..100).take_while(|_| budget.try_withdraw_at(0)).count();
         assert_eq!(reserve, MIN_RETRIES_PER_SECOND as usize);
-        // ...then one retry per five requests.
+        // ...then one retry per five requests...
         for _ in 0..100 {
             policy.deposit();
         }
-        let earned = (0..100).take_while(|_| policy.try_spend()).count();
+        let earned = (0..100).take_while(|_| budget.try_withdraw_at(0)).count();
         assert_eq!(earned, 20);
+        // ...and the reserve again in the next second.
+        let next_second = (0..100).take_while(|_| budget.try_withdraw_at(1)).count();
+        assert_eq!(next_second, MIN_RETRIES_PER_SECOND as usize);
     }
 
     #[test]
