@@ -67,11 +67,30 @@ impl Reference {
     }
 }
 
-/// Names a target that appears twice in a `targetRefs` list: a policy attaches once.
-pub fn duplicate_target(refs: &[TargetRef]) -> Option<(usize, &TargetRef)> {
-    refs.iter()
+/// The checks every `targetRefs` list gets: at least one target, none twice (a policy
+/// attaches once). Whether each target exists and may be targeted is checked on the set.
+pub(crate) fn check_target_refs(checker: &mut crate::Checker<'_>, refs: &[TargetRef]) {
+    if refs.is_empty() {
+        checker.fail("spec.targetRefs", "at least one target is required");
+    }
+    if let Some((index, target)) = refs
+        .iter()
         .enumerate()
         .find(|(index, target)| refs[..*index].contains(target))
+    {
+        checker.fail(
+            format!("spec.targetRefs[{index}]"),
+            format!("{}/{} is already a target", target.kind, target.name),
+        );
+    }
+}
+
+/// Keeps the targets that are in a shard slice.
+pub(crate) fn retain_targets(refs: &mut Vec<TargetRef>, keep: &dyn Fn(&crate::ObjectKey) -> bool) {
+    refs.retain(|target| {
+        Kind::from_name(&target.kind)
+            .is_some_and(|kind| keep(&crate::ObjectKey::new(kind, target.name.as_str())))
+    });
 }
 
 /// Attachment references of a `targetRefs` list.

@@ -388,14 +388,11 @@ mod tests {
     use std::path::Path;
     use std::time::{Duration, Instant};
 
-    use portcullis_proto::v1::config_stream_client::ConfigStreamClient;
     use portcullis_proto::v1::proxy_message::Message;
-    use portcullis_proto::v1::{Ack, Hello, Nack, ProxyMessage};
+    use portcullis_proto::v1::{Ack, Hello, Nack};
     use serde_json::json;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio::net::TcpStream;
-    use tokio::sync::mpsc;
-    use tokio_stream::wrappers::ReceiverStream;
     use tonic::Code;
 
     use crate::command::tests::{backend, route};
@@ -489,12 +486,6 @@ mod tests {
         }
     }
 
-    fn proxy_message(message: Message) -> ProxyMessage {
-        ProxyMessage {
-            message: Some(message),
-        }
-    }
-
     #[tokio::test]
     async fn scrape_follows_raft_config_writes_and_proxies() {
         let dir = tempfile::tempdir().unwrap();
@@ -562,15 +553,7 @@ mod tests {
         );
 
         // A proxy that ACKs, then NACKs, then goes away passes through every state.
-        let mut stream_client = ConfigStreamClient::connect(format!("http://{}", node.local_addr()))
-            .await
-            .unwrap();
-        let (tx, rx) = mpsc::channel(4);
-        let mut stream = stream_client
-            .subscribe(ReceiverStream::new(rx))
-            .await
-            .unwrap()
-            .into_inner();
+        let (tx, mut stream) = subscribe(node.local_addr()).await;
         let hello = Hello {
             proxy_id: "edge-1".into(),
             shard: Default::default(),

@@ -5,9 +5,16 @@ use std::path::Path;
 use std::time::Duration;
 
 use portcullis_proto::v1::admin_client::AdminClient;
-use portcullis_proto::v1::{ApplyRequest, Object, StatusRequest, StatusResponse};
+use portcullis_proto::v1::config_stream_client::ConfigStreamClient;
+use portcullis_proto::v1::proxy_message::Message;
+use portcullis_proto::v1::{
+    ApplyRequest, ConfigSnapshot, Object, ProxyMessage, StatusRequest, StatusResponse,
+};
 use serde_json::json;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::Channel;
+use tonic::Streaming;
 
 use crate::{ControlPlane, ControlPlaneConfig};
 
@@ -48,6 +55,26 @@ pub async fn wait_for_leader(client: &mut AdminClient<Channel>) {
         status.cluster.as_ref().is_some_and(|c| c.leader_id.is_some())
     })
     .await;
+}
+
+pub fn proxy_message(message: Message) -> ProxyMessage {
+    ProxyMessage {
+        message: Some(message),
+    }
+}
+
+/// Opens a config stream as a proxy would; messages go in through the sender.
+pub async fn subscribe(addr: SocketAddr) -> (mpsc::Sender<ProxyMessage>, Streaming<ConfigSnapshot>) {
+    let mut client = ConfigStreamClient::connect(format!("http://{addr}"))
+        .await
+        .unwrap();
+    let (tx, rx) = mpsc::channel(8);
+    let stream = client
+        .subscribe(ReceiverStream::new(rx))
+        .await
+        .unwrap()
+        .into_inner();
+    (tx, stream)
 }
 
 pub fn wire(value: serde_json::Value) -> Object {

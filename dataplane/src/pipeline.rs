@@ -149,7 +149,7 @@ impl Pipeline {
         record.path = parts.uri.path().to_string();
         let probe = Request::from_parts(parts, ());
         record.host = request_host(&probe);
-        let Some(route) = table.routes.find(&probe).cloned() else {
+        let Some(route) = table.routes.find(record.host.as_deref(), &probe).cloned() else {
             return response::error(
                 StatusCode::NOT_FOUND,
                 "route_not_found",

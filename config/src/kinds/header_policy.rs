@@ -92,15 +92,7 @@ impl KindSpec for HeaderPolicySpec {
         &KindInfo::of::<HeaderPolicySpec>("HeaderPolicy", "headerpolicies", &["hp"]);
 
     fn check(&self, checker: &mut Checker<'_>) {
-        if self.target_refs.is_empty() {
-            checker.fail("spec.targetRefs", "at least one target is required");
-        }
-        if let Some((index, target)) = crate::reference::duplicate_target(&self.target_refs) {
-            checker.fail(
-                format!("spec.targetRefs[{index}]"),
-                format!("{}/{} is already a target", target.kind, target.name),
-            );
-        }
+        crate::reference::check_target_refs(checker, &self.target_refs);
         if self.request.is_empty() && self.response.is_empty() {
             checker.fail("spec", "changes nothing: give request or response edits");
         }
@@ -113,14 +105,6 @@ impl KindSpec for HeaderPolicySpec {
     }
 
     fn retain_attachments(&mut self, keep: &dyn Fn(&crate::ObjectKey) -> bool) {
-        retain_targets(&mut self.target_refs, keep);
+        crate::reference::retain_targets(&mut self.target_refs, keep);
     }
-}
-
-/// Keeps the targets that are in the slice.
-pub(crate) fn retain_targets(refs: &mut Vec<TargetRef>, keep: &dyn Fn(&crate::ObjectKey) -> bool) {
-    refs.retain(|target| {
-        crate::Kind::from_name(&target.kind)
-            .is_some_and(|kind| keep(&crate::ObjectKey::new(kind, target.name.as_str())))
-    });
 }

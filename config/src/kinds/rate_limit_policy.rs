@@ -2,7 +2,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::Checker;
 use crate::kind::{KindInfo, KindSpec};
-use crate::kinds::header_policy::{retain_targets, POLICY_TARGET_KINDS};
+use crate::kinds::header_policy::POLICY_TARGET_KINDS;
 use crate::reference::{target_refs, Reference, TargetRef};
 
 /// A local token bucket per target (and per client key): each target in `targetRefs` has
@@ -68,15 +68,7 @@ impl KindSpec for RateLimitPolicySpec {
         &KindInfo::of::<RateLimitPolicySpec>("RateLimitPolicy", "ratelimitpolicies", &["rlp"]);
 
     fn check(&self, checker: &mut Checker<'_>) {
-        if self.target_refs.is_empty() {
-            checker.fail("spec.targetRefs", "at least one target is required");
-        }
-        if let Some((index, target)) = crate::reference::duplicate_target(&self.target_refs) {
-            checker.fail(
-                format!("spec.targetRefs[{index}]"),
-                format!("{}/{} is already a target", target.kind, target.name),
-            );
-        }
+        crate::reference::check_target_refs(checker, &self.target_refs);
         if !(MIN_RATE..=MAX_RATE).contains(&self.requests_per_second) {
             checker.fail(
                 "spec.requestsPerSecond",
@@ -101,6 +93,6 @@ impl KindSpec for RateLimitPolicySpec {
     }
 
     fn retain_attachments(&mut self, keep: &dyn Fn(&crate::ObjectKey) -> bool) {
-        retain_targets(&mut self.target_refs, keep);
+        crate::reference::retain_targets(&mut self.target_refs, keep);
     }
 }

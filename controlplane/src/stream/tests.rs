@@ -2,20 +2,12 @@ use std::time::Duration;
 
 use portcullis_proto::v1::config_stream_client::ConfigStreamClient;
 use portcullis_proto::v1::proxy_message::Message;
-use portcullis_proto::v1::{Ack, ConfigSnapshot, Hello, Nack, ProxyMessage, ProxyStatus};
+use portcullis_proto::v1::{Ack, ConfigSnapshot, Hello, Nack, ProxyStatus};
 use serde_json::json;
-use tokio::sync::mpsc;
-use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Code, Streaming};
 
 use crate::command::tests::{backend, route};
 use crate::testutil::*;
-
-fn message(message: Message) -> ProxyMessage {
-    ProxyMessage {
-        message: Some(message),
-    }
-}
 
 async fn next(stream: &mut Streaming<ConfigSnapshot>) -> ConfigSnapshot {
     tokio::time::timeout(Duration::from_secs(10), stream.message())
@@ -53,27 +45,21 @@ async fn streams_versions_and_records_acks() {
     ];
     admin.apply(apply_request(config, None)).await.unwrap();
 
-    let mut client = ConfigStreamClient::connect(format!("http://{}", node.local_addr()))
-        .await
-        .unwrap();
-    let (tx, rx) = mpsc::channel(8);
-    let mut stream = client
-        .subscribe(ReceiverStream::new(rx))
-        .await
-        .unwrap()
-        .into_inner();
+    let (tx, mut stream) = subscribe(node.local_addr()).await;
     // Hello after the call is established: the server must not need it up front.
     let hello = Hello {
         proxy_id: "edge-1".into(),
         shard: [("edge".to_string(), "true".to_string())].into(),
         last_version: 1,
     };
-    tx.send(message(Message::Hello(hello))).await.unwrap();
+    tx.send(proxy_message(Message::Hello(hello))).await.unwrap();
 
     let first = next(&mut stream).await;
     assert_eq!(first.version, 1);
     assert_eq!(names(&first), ["Listener/public", "Route/web", "Backend/api"]);
-    tx.send(message(Message::Ack(Ack { version: 1 }))).await.unwrap();
+    tx.send(proxy_message(Message::Ack(Ack { version: 1 })))
+        .await
+        .unwrap();
     let status = wait_status(&mut admin, |s| proxy(s).is_some_and(|p| p.applied_version == 1)).await;
     let edge = proxy(&status).unwrap();
     assert!(edge.healthy && edge.connected);
@@ -91,7 +77,7 @@ async fn streams_versions_and_records_acks() {
         version: 2,
         reason: "cannot resolve api".into(),
     };
-    tx.send(message(Message::Nack(nack))).await.unwrap();
+    tx.send(proxy_message(Message::Nack(nack))).await.unwrap();
     let status = wait_status(&mut admin, |s| proxy(s).is_some_and(|p| !p.healthy)).await;
     let edge = proxy(&status).unwrap();
     assert_eq!((edge.applied_version, edge.sent_version), (1, 2));
@@ -113,7 +99,7 @@ async fn first_message_must_be_hello() {
     let mut client = ConfigStreamClient::connect(format!("http://{}", node.local_addr()))
         .await
         .unwrap();
-    let ack = tokio_stream::iter([message(Message::Ack(Ack { version: 3 }))]);
+    let ack = tokio_stream::iter([proxy_message(Message::Ack(Ack { version: 3 }))]);
     let mut stream = client.subscribe(ack).await.unwrap().into_inner();
     let status = stream.message().await.unwrap_err();
     assert_eq!(status.code(), Code::InvalidArgument);
@@ -126,20 +112,12 @@ async fn nothing_is_sent_before_the_first_version() {
     let node = start(dir.path(), 1, false).await;
     let mut admin = admin(node.local_addr()).await;
     wait_for_leader(&mut admin).await;
-    let mut client = ConfigStreamClient::connect(format!("http://{}", node.local_addr()))
-        .await
-        .unwrap();
-    let (tx, rx) = mpsc::channel(8);
+    let (tx, mut stream) = subscribe(node.local_addr()).await;
     let hello = Hello {
         proxy_id: "edge-1".into(),
         ..Hello::default()
     };
-    tx.send(message(Message::Hello(hello))).await.unwrap();
-    let mut stream = client
-        .subscribe(ReceiverStream::new(rx))
-        .await
-        .unwrap()
-        .into_inner();
+    tx.send(proxy_message(Message::Hello(hello))).await.unwrap();
     let early = tokio::time::timeout(Duration::from_millis(300), stream.message()).await;
     assert!(early.is_err(), "got something at version 0: {early:?}");
     admin

@@ -242,13 +242,10 @@ impl RouteTable {
     /// The most specific matching rule: best hostname match first (exact, then the longest
     /// wildcard, then routes without hostnames), then the rule order (condition
     /// specificity, then route name).
-    pub(crate) fn find<B>(&self, request: &Request<B>) -> Option<&Arc<Route>> {
-        if let Some(host) = request_host(request) {
-            if let Some(route) = self
-                .exact
-                .get(&host)
-                .and_then(|rules| first_match(rules, request))
-            {
+    /// `host` is [`request_host`] of the request, computed once by the caller.
+    pub(crate) fn find<B>(&self, host: Option<&str>, request: &Request<B>) -> Option<&Arc<Route>> {
+        if let Some(host) = host {
+            if let Some(route) = self.exact.get(host).and_then(|rules| first_match(rules, request)) {
                 return Some(route);
             }
             let wildcard = self
@@ -319,7 +316,9 @@ mod tests {
     }
 
     fn find(table: &RouteTable, request: Request<()>) -> Option<&str> {
-        table.find(&request).map(|route| &*route.name)
+        table
+            .find(request_host(&request).as_deref(), &request)
+            .map(|route| &*route.name)
     }
 
     fn get(host: &str, path: &str) -> Request<()> {
