@@ -47,9 +47,6 @@ enum Command {
     Status(admin::StatusArgs),
     /// Run the built-in upstream test server (echo, SSE, delays).
     Echo(tools::EchoArgs),
-    /// Benchmarks.
-    #[command(subcommand)]
-    Bench(tools::BenchCommand),
     /// Simulated vLLM fleets.
     #[command(subcommand)]
     Sim(tools::SimCommand),
@@ -87,7 +84,6 @@ fn main() -> ExitCode {
             Command::Delete(args) => admin::delete(args).await,
             Command::Status(args) => admin::status(args).await,
             Command::Echo(args) => tools::echo(args).await,
-            Command::Bench(command) => tools::bench(command).await,
             Command::Sim(command) => tools::sim(command).await,
             Command::McpServer(args) => tools::mcp_server(args).await,
             Command::Loadtest(args) => portcullis_loadtest::llm::run(args).await,

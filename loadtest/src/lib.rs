@@ -9,7 +9,6 @@
 
 pub mod baseline;
 pub mod echo;
-pub mod http;
 pub mod llm;
 pub mod mcp;
 pub mod plot;
