@@ -1,5 +1,5 @@
 //! Ratios against a baseline measured in the same run, as every Portcullis benchmark reports
-//! them (`llm` per stage, `http` per target): the first target — typically the upstream
+//! them (`llm` per stage, for LLM and MCP runs): the first target — typically the upstream
 //! reached directly — is the baseline.
 
 use serde::Serialize;
