@@ -70,13 +70,24 @@ pub fn http2_client() -> Client<HttpConnector, Full<Bytes>> {
 }
 
 pub async fn get(port: u16, path: &str) -> (u16, String) {
-    let request = Request::get(format!("http://127.0.0.1:{port}{path}"))
-        .body(Full::default())
+    let (status, _, body) = get_with(port, path, &[]).await;
+    (status, body)
+}
+
+/// `GET path` with extra request headers; the status, response headers and body.
+pub async fn get_with(port: u16, path: &str, headers: &[(&str, &str)]) -> (u16, http::HeaderMap, String) {
+    let mut request = Request::get(format!("http://127.0.0.1:{port}{path}"));
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    let response = http1_client()
+        .request(request.body(Full::default()).unwrap())
+        .await
         .unwrap();
-    let response = http1_client().request(request).await.unwrap();
     let status = response.status().as_u16();
+    let headers = response.headers().clone();
     let body = response.into_body().collect().await.unwrap().to_bytes();
-    (status, String::from_utf8(body.to_vec()).unwrap())
+    (status, headers, String::from_utf8_lossy(&body).into_owned())
 }
 
 pub async fn start_proxy(cache_dir: Option<PathBuf>, drain_grace: Duration) -> Proxy {
