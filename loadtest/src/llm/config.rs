@@ -1,4 +1,5 @@
-//! The `portcullis loadtest -f FILE` configuration: inference-perf's shape (reference §5.1)
+//! The `portcullis loadtest -f FILE` configuration: inference-perf's shape
+//! (kubernetes-sigs/inference-perf, `docs/config.md`)
 //! trimmed to what this generator does, with several targets compared in one run.
 //!
 //! Parsing goes YAML → `serde_json::Value` → typed structs through `serde_path_to_error`, as in

@@ -1,5 +1,5 @@
 //! `portcullis loadtest -f FILE`: a load generator in the spirit of inference-perf
-//! (reference inference-routing.md §5.1), for comparing targets — direct vs gateway,
+//! (kubernetes-sigs/inference-perf), for comparing targets — direct vs gateway,
 //! round-robin vs prefix-aware picker — on identical, seeded traffic over real HTTP. The
 //! same config shape and reports serve LLM requests and MCP calls (`api: {type: mcp}`, sent
 //! by [`crate::mcp::McpCaller`]).

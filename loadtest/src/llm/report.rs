@@ -1,5 +1,6 @@
-//! Per target × stage summaries, laid out like inference-perf's stage reports (reference §5.1:
-//! `load_summary`, `successes.{latency,throughput}`, `failures`) with the simulator's metric
+//! Per target × stage summaries, laid out like inference-perf's stage reports
+//! (kubernetes-sigs/inference-perf, `docs/reports.md`: `load_summary`,
+//! `successes.{latency,throughput}`, `failures`) with the simulator's metric
 //! definitions and percentile maths (`sim::report::Summary`, seconds):
 //! TTFT = first content chunk − send; ITL = gaps between content chunks;
 //! TPOT = (E2E − TTFT)/(out − 1); normalized TPOT = E2E/out; E2E = end of response − send.

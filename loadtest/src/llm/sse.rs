@@ -1,5 +1,6 @@
-//! What the `data:` payloads of OpenAI-compatible SSE streams mean (reference protocols.md §5):
-//! content chunks, usage, `[DONE]` or an error event. The framing itself (bytes → payloads) is
+//! What the `data:` payloads of OpenAI-compatible SSE streams mean (as the `openai` Python
+//! SDK reads them: its `ChatCompletionChunk` type and `_streaming.py`): content chunks, usage,
+//! `[DONE]` or an error event. The framing itself (bytes → payloads) is
 //! the crate's shared [`crate::sse::SseParser`].
 
 use serde_json::Value;

@@ -1,5 +1,5 @@
-//! One vLLM replica's scheduler, stepped like vLLM V1 (`vllm/v1/core/sched/scheduler.py`,
-//! reference §4).
+//! One vLLM replica's scheduler, stepped like vLLM V1 (vllm-project/vllm:
+//! `vllm/v1/core/sched/scheduler.py`, `vllm/v1/core/kv_cache_manager.py`).
 //!
 //! A step has two halves so that a discrete-event driver can let time pass in between:
 //! [`Engine::begin_step`] picks the batch (allocating KV blocks, preempting if needed) and
@@ -64,7 +64,8 @@ pub struct StepPlan {
     pub scheduled_seqs: usize,
 }
 
-/// The state vLLM exports on `/metrics` (reference §4), as the simulator sees it.
+/// The state vLLM exports on `/metrics` (vLLM docs, "Production Metrics"), as the simulator
+/// sees it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
 pub struct EngineMetrics {
     pub num_requests_waiting: usize,

@@ -1,10 +1,12 @@
 //! Deterministic, virtual-time simulator of a fleet of vLLM replicas behind a router.
 //!
 //! Built to compare routing policies on workloads like the published llm-d benchmark
-//! (`/work/shared/reference/inference-routing.md` §0) without GPUs: each replica is a step-based
-//! model of the vLLM V1 scheduler with a paged, prefix-cached KV pool (§4, §7(b)), so prefix
-//! cache thrash, chunked-prefill cost and KV-capacity preemption — the effects that separate a
-//! cache-blind router from a cache-aware one — emerge rather than being scripted.
+//! (llm-d/llm-d, `guides/inference-scheduling/README.md`) without GPUs: each replica is a
+//! step-based model of the vLLM V1 scheduler (vllm-project/vllm:
+//! `vllm/v1/core/sched/scheduler.py`, `vllm/v1/core/kv_cache_manager.py`) with a paged,
+//! prefix-cached KV pool and a step-time model of our own (`loadtest/profiles/README.md`), so
+//! prefix cache thrash, chunked-prefill cost and KV-capacity preemption — the effects that
+//! separate a cache-blind router from a cache-aware one — emerge rather than being scripted.
 //!
 //! * [`profile`]: capacity limits and step-time coefficients (loaded from `loadtest/profiles/`);
 //! * [`tokenizer`]: deterministic stand-in tokenizer;

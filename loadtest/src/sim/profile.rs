@@ -1,10 +1,11 @@
 //! Engine profile: the capacity limits and step-time coefficients of one simulated vLLM replica.
 //!
 //! Profiles are JSON files under `loadtest/profiles/`; `loadtest/profiles/README.md` documents
-//! where every number comes from. The step-time model is the one recommended in
-//! `inference-routing.md` §7(b): a step costs a fixed overhead (reading the weights once), plus
-//! linear prefill compute, plus quadratic prefill attention, plus per-sequence decode overhead,
-//! plus KV reads proportional to the context attended in the batch.
+//! where every number comes from. The step-time model is our own, not a published one (its
+//! coefficients are our estimates, derived in that README): a step costs a fixed overhead
+//! (reading the weights once), plus linear prefill compute, plus quadratic prefill attention,
+//! plus per-sequence decode overhead, plus KV reads proportional to the context attended in
+//! the batch.
 
 use std::path::Path;
 
@@ -133,14 +134,14 @@ mod tests {
     fn builtin_profile_parses_and_is_plausible() {
         let p = Profile::qwen3_32b_tp2_h100().unwrap();
         assert_eq!(p.block_size, 16);
-        // A lone decode step is dominated by the weight read (≈ 12–15 ms on H100, §4).
+        // A lone decode step is dominated by the weight read (≈ 12–15 ms on H100, our estimate).
         let lone = p.step_time(&BatchShape {
             decode_seqs: 1,
             ctx_tokens: 1000,
             ..Default::default()
         });
         assert!((0.010..0.020).contains(&lone), "{lone}");
-        // A full 8192-token prefill chunk takes ≈ 0.55–0.75 s (§4: ≈ 13–15 k tok/s).
+        // A full 8192-token prefill chunk takes ≈ 0.55–0.75 s (our estimate: ≈ 13–15 k tok/s).
         let chunk = p.step_time(&BatchShape {
             prefill_tokens: 8192,
             prefill_pairs: 8192.0 * 4096.0,

@@ -1,4 +1,5 @@
-//! Per-stage summaries with inference-perf's metric definitions (reference §5.1):
+//! Per-stage summaries with inference-perf's metric definitions (kubernetes-sigs/inference-perf,
+//! `docs/metrics.md`):
 //! TTFT = first token − send; ITL = gaps between tokens; TPOT = (E2E − TTFT)/(out − 1);
 //! normalized TPOT = E2E/out; E2E = finish − send.
 //!

@@ -23,16 +23,16 @@ pub struct VirtualConfig {
 }
 
 impl VirtualConfig {
-    /// The published llm-d benchmark (reference §0): Qwen3-32B on 8 TP=2 replicas,
-    /// 150 groups × 5 prompts of 6,000 shared + 1,200 private tokens, 1,000 output tokens,
-    /// Poisson stages rising to 60 QPS. The report lists the stage rates but not every stage's
-    /// duration (20–50 s), so each stage lasts `stage_s`. The load generator keeps at most 900
-    /// requests in flight: to report TTFT 0.12 s while 60 QPS were offered and 14.4 req/s
-    /// served, the published client must have held the excess back, and Little's law on its
-    /// figures (14.41 req/s × 67.9 s E2E) gives ≈ 980 in flight. 900 rather than 980 because in
-    /// this model 1,000 in flight slightly exceeds the fleet's KV under perfect affinity
-    /// (≈ 19 × 6 k shared + 125 × 1.7 k private tokens per replica > 320 k), see
-    /// `loadtest/profiles/README.md`.
+    /// The published llm-d benchmark (llm-d/llm-d, `guides/inference-scheduling/README.md`):
+    /// Qwen3-32B on 8 TP=2 replicas, 150 groups × 5 prompts of 6,000 shared + 1,200 private
+    /// tokens, 1,000 output tokens, Poisson stages rising to 60 QPS. The report lists the stage
+    /// rates but not every stage's duration (20–50 s), so each stage lasts `stage_s`. The load
+    /// generator keeps at most 900 requests in flight: to report TTFT 0.12 s while 60 QPS were
+    /// offered and 14.4 req/s served, the published client must have held the excess back, and
+    /// Little's law on its figures (14.41 req/s × 67.9 s E2E) gives ≈ 980 in flight. 900 rather
+    /// than 980 because in this model 1,000 in flight slightly exceeds the fleet's KV under
+    /// perfect affinity (≈ 19 × 6 k shared + 125 × 1.7 k private tokens per replica > 320 k),
+    /// see `loadtest/profiles/README.md`.
     pub fn llm_d_benchmark(profile: Profile, stage_s: f64) -> Self {
         const RATES: [f64; 17] = [
             15.0, 3.0, 10.0, 15.0, 20.0, 22.0, 25.0, 30.0, 35.0, 40.0, 43.0, 46.0, 49.0, 52.0, 55.0, 57.0,

@@ -34,8 +34,9 @@ fn describe(r: &RouterReport, from: usize) -> String {
     )
 }
 
-/// The published llm-d outcome (reference §0): round-robin collapses (TTFT of tens of
-/// seconds) while a prefix-aware router keeps TTFT sub-second and serves ≥ 2× the requests.
+/// The published llm-d outcome (llm-d/llm-d, `guides/inference-scheduling/README.md`):
+/// round-robin collapses (TTFT of tens of seconds) while a prefix-aware router keeps TTFT
+/// sub-second and serves ≥ 2× the requests.
 fn assert_llm_d_shape(report: &report::Report, from: usize) {
     let (rr, oracle) = (router(report, "round_robin"), router(report, "oracle"));
     eprintln!("{}\n{}", describe(rr, from), describe(oracle, from));

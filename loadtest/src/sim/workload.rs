@@ -1,5 +1,6 @@
-//! Workload generators shaped like inference-perf's (reference §5.1): what the prompts look like
-//! (`data`) and when they are sent (`load`: Poisson stages, optional in-flight limit).
+//! Workload generators shaped like inference-perf's (kubernetes-sigs/inference-perf,
+//! `docs/config.md`): what the prompts look like (`data`) and when they are sent (`load`:
+//! Poisson stages, optional in-flight limit).
 //!
 //! Token ids are drawn directly, as inference-perf's synthetic generators do (it samples ids
 //! from the tokenizer's vocabulary and decodes them), so no text round trip is needed.

@@ -1,5 +1,5 @@
 //! `/metrics` in the Prometheus text format (0.0.4) with vLLM V1's metric names and labels
-//! (`vllm/v1/metrics/loggers.py`; reference `inference-routing.md` §3–4).
+//! (vllm-project/vllm, `vllm/v1/metrics/loggers.py`; vLLM docs, "Production Metrics").
 //!
 //! Written by hand rather than with the `prometheus-client` crate: that crate only speaks
 //! OpenMetrics, where a counter's `# TYPE` line drops the `_total` suffix and the body ends in

@@ -2,8 +2,8 @@
 //!
 //! Each pod is one [`crate::sim::engine::Engine`] (the same step-based vLLM V1 scheduler the
 //! virtual-time fleet uses) stepped in scaled real time and served over HTTP/1.1 with vLLM's
-//! OpenAI-compatible surface (`inference-routing.md` §7(b), `protocols.md` §5), so the real
-//! gateway, its endpoint picker and external load generators can run end to end on CPUs.
+//! OpenAI-compatible surface (vLLM docs, "OpenAI-Compatible Server"), so
+//! the real gateway, its endpoint picker and external load generators can run end to end on CPUs.
 //!
 //! * [`fleet`]: binding pods to consecutive ports, [`start`], [`VllmFleet`];
 //! * [`pod`]: one engine, its stepping task and the per-request token channels;

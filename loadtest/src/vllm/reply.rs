@@ -26,7 +26,7 @@ pub(super) fn with_type(
 }
 
 /// vLLM's `ErrorResponse`: `{"error": {message, type, param, code}}` where `code` is the HTTP
-/// status as an integer (`protocols.md` §5).
+/// status as an integer (vLLM's `ErrorResponse`/`ErrorInfo` in its OpenAI protocol module).
 pub(super) fn error(status: StatusCode, kind: &str, message: impl Into<String>) -> Response<Body> {
     json(
         status,
