@@ -1,13 +1,14 @@
 //! Discrete-event simulation of N replicas, a router and a load generator in virtual time.
 //!
-//! Two kinds of event exist: a request arrival and a replica finishing a step. A busy
-//! replica starts its next step the moment the previous one ends; an idle replica starts one
-//! as soon as work is routed to it. Step completions win ties with arrivals, so freed capacity
-//! is visible to the router. Nothing reads the wall clock and every choice is deterministic.
+//! Three kinds of event exist: a request arrival, a replica finishing a step, and a metrics
+//! sample reaching the router. A busy replica starts its next step the moment the previous
+//! one ends; an idle replica starts one as soon as work is routed to it. Step completions win
+//! ties with arrivals, so freed capacity is visible to the router. Nothing reads the wall
+//! clock and every choice is deterministic.
 
 use std::collections::VecDeque;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::engine::{Engine, EngineMetrics, Event};
 use super::profile::Profile;
@@ -37,6 +38,27 @@ pub struct RequestRecord {
     pub error: Option<String>,
 }
 
+/// How replica metrics reach a router: sampled every `interval_s` (the control plane scrapes
+/// each pod's `/metrics`), delivered `delay_s` later (scrape, Raft commit, stream to the
+/// proxy). Only routers that read signals (the picker) notice.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SignalSpec {
+    pub interval_s: f64,
+    pub delay_s: f64,
+}
+
+impl Default for SignalSpec {
+    /// The control plane's default scrape interval, and the p99 freshness the issue asks of
+    /// the replication path.
+    fn default() -> Self {
+        Self {
+            interval_s: 0.05,
+            delay_s: 0.15,
+        }
+    }
+}
+
 /// Everything a run produced.
 #[derive(Debug, Clone, PartialEq)]
 pub struct FleetOutcome {
@@ -56,6 +78,10 @@ struct Fleet<'a> {
     max_in_flight: usize,
     in_flight: usize,
     held: VecDeque<usize>,
+    signals: SignalSpec,
+    /// Samples taken and not yet delivered: (delivery time, sample time, metrics).
+    samples: VecDeque<(f64, f64, Vec<EngineMetrics>)>,
+    next_sample: f64,
 }
 
 /// Runs `arrivals` through `num_pods` replicas of `profile` behind `router` until every
@@ -66,6 +92,7 @@ pub fn simulate(
     router: &mut dyn Router,
     arrivals: &[Arrival],
     max_in_flight: Option<usize>,
+    signals: SignalSpec,
 ) -> FleetOutcome {
     let records = arrivals
         .iter()
@@ -96,6 +123,9 @@ pub fn simulate(
         max_in_flight: max_in_flight.unwrap_or(usize::MAX),
         in_flight: 0,
         held: VecDeque::new(),
+        signals,
+        samples: VecDeque::new(),
+        next_sample: 0.0,
     };
     let end_time = fleet.run();
     FleetOutcome {
@@ -123,6 +153,16 @@ impl Fleet<'_> {
                 (None, Some(_)) => false,
                 (None, None) => break,
             };
+            // Samples happen only while something else is still to come, so they never keep
+            // a finished run alive.
+            let next = match (step_first, step_end, arrival) {
+                (true, Some((t, _)), _) => t,
+                (_, _, Some(a)) => a,
+                _ => break,
+            };
+            if self.sample_or_deliver_before(next) {
+                continue;
+            }
             if let (true, Some((t, pod))) = (step_first, step_end) {
                 now = t;
                 self.finish_step(pod, t);
@@ -144,8 +184,29 @@ impl Fleet<'_> {
         now
     }
 
+    /// Takes or delivers the next metrics sample if one is due before `next`; returns
+    /// whether it did.
+    fn sample_or_deliver_before(&mut self, next: f64) -> bool {
+        let delivery = self.samples.front().map(|s| s.0);
+        if delivery.is_some_and(|d| d <= self.next_sample && d < next) {
+            if let Some((_, sampled_at, metrics)) = self.samples.pop_front() {
+                self.router.observe(sampled_at, &metrics);
+            }
+            return true;
+        }
+        if self.next_sample < next && self.signals.interval_s > 0.0 {
+            let now = self.next_sample;
+            let metrics = self.pods.iter().map(Engine::metrics).collect();
+            self.samples.push_back((now + self.signals.delay_s, now, metrics));
+            self.next_sample = now + self.signals.interval_s;
+            return true;
+        }
+        false
+    }
+
     fn dispatch(&mut self, index: usize, now: f64) {
         let arrival = &self.arrivals[index];
+        let arrival_id = arrival.id;
         let request = Request {
             id: arrival.id,
             prompt: arrival.prompt.clone(),
@@ -157,16 +218,25 @@ impl Fleet<'_> {
             .enumerate()
             .map(|(index, engine)| PodView { index, engine })
             .collect();
-        let pod = self.router.pick(&request, &views).min(self.pods.len() - 1);
         let record = &mut self.records[index];
         record.sent = Some(now);
+        let pod = match self.router.pick(now, &request, &views) {
+            Ok(pod) => pod.min(self.pods.len() - 1),
+            Err(refused) => {
+                record.error = Some(refused);
+                return;
+            }
+        };
         record.pod = Some(pod);
         match self.pods[pod].add_request(request) {
             Ok(()) => {
                 self.in_flight += 1;
                 self.kick(pod, now);
             }
-            Err(rejected) => record.error = Some(rejected.to_string()),
+            Err(rejected) => {
+                record.error = Some(rejected.to_string());
+                self.router.finished(arrival_id);
+            }
         }
     }
 
@@ -189,6 +259,7 @@ impl Fleet<'_> {
                 record.cached_tokens = done.cached_tokens;
                 record.preemptions = done.preemptions;
                 self.in_flight -= 1;
+                self.router.finished(request_id);
             }
         }
         while self.in_flight < self.max_in_flight {
@@ -231,7 +302,14 @@ mod tests {
             max_in_flight,
         };
         let arrivals = generate(&spec, &load, 16).unwrap();
-        simulate(&profile, 3, router.build().as_mut(), &arrivals, max_in_flight)
+        simulate(
+            &profile,
+            3,
+            router.build(3).as_mut(),
+            &arrivals,
+            max_in_flight,
+            SignalSpec::default(),
+        )
     }
 
     #[test]
@@ -294,9 +372,10 @@ mod tests {
         let outcome = simulate(
             &profile,
             2,
-            RouterKind::RoundRobin.build().as_mut(),
+            RouterKind::RoundRobin.build(2).as_mut(),
             &arrivals,
             None,
+            SignalSpec::default(),
         );
         let failed = outcome.records.iter().filter(|r| r.error.is_some()).count();
         let too_long = arrivals

@@ -12,7 +12,7 @@
 //! * [`tokenizer`]: deterministic stand-in tokenizer;
 //! * [`kv_cache`]: block pool with hash-chained prefix caching and LRU eviction;
 //! * [`engine`]: one replica's scheduler (WAITING/RUNNING, token budget, preemption);
-//! * [`router`]: round-robin, least-queue and an exact-state oracle;
+//! * [`router`]: round-robin, least-queue, an exact-state oracle, and the proxy's picker;
 //! * [`workload`]: inference-perf-like prompt generators and Poisson stages;
 //! * [`fleet`]: the discrete-event loop over replicas, router and load generator;
 //! * [`report`]: per-stage latency and throughput summaries;

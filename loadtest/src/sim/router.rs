@@ -4,11 +4,17 @@
 //! * [`LeastQueue`]: fewest waiting + running requests, a typical load-aware balancer;
 //! * [`Oracle`]: reads every replica's exact state and minimises the request's expected
 //!   time to first token. It is the upper bound a practical router (which sees stale metrics
-//!   and approximate prefix indexes) can aim for.
+//!   and approximate prefix indexes) can aim for;
+//! * [`PickerRouter`]: Portcullis' endpoint picker (`portcullis-picker`, the code every proxy
+//!   runs), fed the way a proxy is: sampled metrics, delivered late, plus its own counts.
 
+use std::collections::HashMap;
+use std::time::Duration;
+
+use portcullis_picker::{EndpointInfo, PickRequest, Picker, PickerConfig, Signals};
 use serde::{Deserialize, Serialize};
 
-use super::engine::Engine;
+use super::engine::{Engine, EngineMetrics};
 use super::request::Request;
 
 /// What a router may look at for one replica.
@@ -18,8 +24,16 @@ pub struct PodView<'a> {
 }
 
 pub trait Router {
-    /// Index into `pods` (never empty) of the replica that gets `request`.
-    fn pick(&mut self, request: &Request, pods: &[PodView<'_>]) -> usize;
+    /// Index into `pods` (never empty) of the replica that gets `request` at `now`, or why
+    /// the request is refused.
+    fn pick(&mut self, now: f64, request: &Request, pods: &[PodView<'_>]) -> Result<usize, String>;
+
+    /// Every replica's metrics as sampled at `sampled_at`, delivered now (later: the
+    /// sampling interval and replication delay of [`super::fleet::SignalSpec`]).
+    fn observe(&mut self, _sampled_at: f64, _metrics: &[EngineMetrics]) {}
+
+    /// A request finished (or was refused by its replica).
+    fn finished(&mut self, _request_id: u64) {}
 }
 
 /// Routers selectable from a config file or the command line.
@@ -29,6 +43,7 @@ pub enum RouterKind {
     RoundRobin,
     LeastQueue,
     Oracle,
+    Picker,
 }
 
 impl RouterKind {
@@ -37,14 +52,16 @@ impl RouterKind {
             Self::RoundRobin => "round_robin",
             Self::LeastQueue => "least_queue",
             Self::Oracle => "oracle",
+            Self::Picker => "picker",
         }
     }
 
-    pub fn build(self) -> Box<dyn Router + Send> {
+    pub fn build(self, pods: usize) -> Box<dyn Router + Send> {
         match self {
             Self::RoundRobin => Box::<RoundRobin>::default(),
             Self::LeastQueue => Box::<LeastQueue>::default(),
             Self::Oracle => Box::new(Oracle),
+            Self::Picker => Box::new(PickerRouter::new(pods)),
         }
     }
 }
@@ -55,10 +72,10 @@ pub struct RoundRobin {
 }
 
 impl Router for RoundRobin {
-    fn pick(&mut self, _: &Request, pods: &[PodView<'_>]) -> usize {
+    fn pick(&mut self, _: f64, _: &Request, pods: &[PodView<'_>]) -> Result<usize, String> {
         let pick = self.next % pods.len();
         self.next = pick + 1;
-        pick
+        Ok(pick)
     }
 }
 
@@ -70,7 +87,7 @@ pub struct LeastQueue {
 }
 
 impl Router for LeastQueue {
-    fn pick(&mut self, _: &Request, pods: &[PodView<'_>]) -> usize {
+    fn pick(&mut self, _: f64, _: &Request, pods: &[PodView<'_>]) -> Result<usize, String> {
         let n = pods.len();
         self.rotation = (self.rotation + 1) % n;
         let load = |i: usize| {
@@ -80,7 +97,7 @@ impl Router for LeastQueue {
         (0..n)
             .map(|k| (self.rotation + k) % n)
             .min_by_key(|&i| load(i))
-            .unwrap_or(0)
+            .ok_or_else(|| "no replicas".to_string())
     }
 }
 
@@ -105,7 +122,7 @@ impl Router for LeastQueue {
 pub struct Oracle;
 
 impl Router for Oracle {
-    fn pick(&mut self, request: &Request, pods: &[PodView<'_>]) -> usize {
+    fn pick(&mut self, _: f64, request: &Request, pods: &[PodView<'_>]) -> Result<usize, String> {
         let mut best = (f64::INFINITY, usize::MAX, 0);
         for (i, pod) in pods.iter().enumerate() {
             let engine = pod.engine;
@@ -122,7 +139,78 @@ impl Router for Oracle {
                 best = (cost, demand, i);
             }
         }
-        best.2
+        Ok(best.2)
+    }
+}
+
+/// The proxy's picker with its default configuration. It never looks at an engine: it sees
+/// what a proxy sees, the prompt and the signals.
+pub struct PickerRouter {
+    picker: Picker,
+    prompt: Vec<u8>,
+    /// Request id → pod, to report where a finished request ran.
+    in_flight: HashMap<u64, usize>,
+}
+
+impl PickerRouter {
+    /// The model name seeds the prefix hashes; any fixed name does.
+    const MODEL: &'static str = "simulated";
+
+    pub fn new(pods: usize) -> Self {
+        let config = PickerConfig {
+            seed: 1,
+            ..PickerConfig::default()
+        };
+        Self {
+            picker: Picker::new(config, vec![EndpointInfo::default(); pods]),
+            prompt: Vec::new(),
+            in_flight: HashMap::new(),
+        }
+    }
+}
+
+impl Router for PickerRouter {
+    fn pick(&mut self, now: f64, request: &Request, pods: &[PodView<'_>]) -> Result<usize, String> {
+        // The proxy hashes the prompt's text; the simulator's prompts are token ids, four
+        // bytes each, so a 256-byte picker block is 64 tokens (about 256 characters of text).
+        self.prompt.clear();
+        self.prompt
+            .extend(request.prompt.tokens().iter().flat_map(|t| t.to_le_bytes()));
+        let pick = self.picker.pick(
+            Duration::from_secs_f64(now),
+            &PickRequest {
+                model: Self::MODEL,
+                lora: false,
+                prompt: &self.prompt,
+                priority: 0,
+            },
+            |_| true,
+        );
+        let pick = pick.map_err(|refusal| format!("picker refused: {refusal}"))?;
+        let pod = pick.endpoints[0].min(pods.len() - 1);
+        self.in_flight.insert(request.id, pod);
+        Ok(pod)
+    }
+
+    fn observe(&mut self, sampled_at: f64, metrics: &[EngineMetrics]) {
+        for (pod, m) in metrics.iter().enumerate() {
+            self.picker.observe(
+                pod,
+                Signals {
+                    sampled_at: Duration::from_secs_f64(sampled_at),
+                    waiting: m.num_requests_waiting as u32,
+                    running: m.num_requests_running as u32,
+                    kv_cache_usage: m.kv_cache_usage,
+                    lora: None,
+                },
+            );
+        }
+    }
+
+    fn finished(&mut self, request_id: u64) {
+        if let Some(pod) = self.in_flight.remove(&request_id) {
+            self.picker.finished(pod);
+        }
     }
 }
 
@@ -161,13 +249,13 @@ mod tests {
         let mut engines = fleet(3);
         let mut rr = RoundRobin::default();
         let picks: Vec<usize> = (0..4)
-            .map(|i| rr.pick(&request(i, 0..10), &views(&engines)))
+            .map(|i| rr.pick(0.0, &request(i, 0..10), &views(&engines)).unwrap())
             .collect();
         assert_eq!(picks, vec![0, 1, 2, 0]);
         engines[0].add_request(request(1, 0..10)).unwrap();
         engines[1].add_request(request(2, 0..10)).unwrap();
         let mut lq = LeastQueue::default();
-        assert!((0..5).all(|i| lq.pick(&request(i, 0..10), &views(&engines)) == 2));
+        assert!((0..5).all(|i| lq.pick(0.0, &request(i, 0..10), &views(&engines)) == Ok(2)));
     }
 
     #[test]
@@ -176,9 +264,12 @@ mod tests {
         engines[1].add_request(request(1, 0..5000)).unwrap();
         // Same 5000-token prefix: pod 1 will have it cached, its queue costs less than
         // recomputing the prefix on pod 0.
-        assert_eq!(Oracle.pick(&request(2, 0..5100), &views(&engines)), 1);
+        assert_eq!(Oracle.pick(0.0, &request(2, 0..5100), &views(&engines)), Ok(1));
         // Unrelated prompt: pod 0 is idle.
-        assert_eq!(Oracle.pick(&request(3, 90_000..95_000), &views(&engines)), 0);
+        assert_eq!(
+            Oracle.pick(0.0, &request(3, 90_000..95_000), &views(&engines)),
+            Ok(0)
+        );
         // Pile a long queue of other work on pod 1: the prefix is no longer worth the wait.
         for i in 0..5 {
             engines[1]
@@ -188,6 +279,6 @@ mod tests {
                 ))
                 .unwrap();
         }
-        assert_eq!(Oracle.pick(&request(4, 0..5100), &views(&engines)), 0);
+        assert_eq!(Oracle.pick(0.0, &request(4, 0..5100), &views(&engines)), Ok(0));
     }
 }

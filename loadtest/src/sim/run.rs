@@ -3,7 +3,7 @@
 use anyhow::{ensure, Context};
 use serde::{Deserialize, Serialize};
 
-use super::fleet::simulate;
+use super::fleet::{simulate, SignalSpec};
 use super::profile::Profile;
 use super::report::{summarize, Report};
 use super::router::RouterKind;
@@ -20,6 +20,9 @@ pub struct VirtualConfig {
     pub routers: Vec<RouterKind>,
     pub workload: WorkloadSpec,
     pub load: LoadSpec,
+    /// How metrics reach routers that read them.
+    #[serde(default)]
+    pub signals: SignalSpec,
 }
 
 impl VirtualConfig {
@@ -41,7 +44,12 @@ impl VirtualConfig {
         Self {
             profile,
             pods: 8,
-            routers: vec![RouterKind::RoundRobin, RouterKind::LeastQueue, RouterKind::Oracle],
+            routers: vec![
+                RouterKind::RoundRobin,
+                RouterKind::LeastQueue,
+                RouterKind::Picker,
+                RouterKind::Oracle,
+            ],
             workload: WorkloadSpec::SharedPrefix {
                 num_groups: 150,
                 num_prompts_per_group: 5,
@@ -60,6 +68,7 @@ impl VirtualConfig {
                 seed: 1,
                 max_in_flight: Some(900),
             },
+            signals: SignalSpec::default(),
         }
     }
 }
@@ -78,13 +87,14 @@ pub fn run_virtual(config: &VirtualConfig) -> anyhow::Result<Report> {
             .map(|&kind| {
                 let arrivals = &arrivals;
                 scope.spawn(move || {
-                    let mut router = kind.build();
+                    let mut router = kind.build(config.pods);
                     let outcome = simulate(
                         &config.profile,
                         config.pods,
                         router.as_mut(),
                         arrivals,
                         config.load.max_in_flight,
+                        config.signals,
                     );
                     summarize(kind.name(), &config.load, &outcome)
                 })

@@ -1,0 +1,106 @@
+//! What the picker knows about one endpoint: its replicated signals and this proxy's own
+//! counts.
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+/// One sample of an endpoint's vLLM metrics, as the control plane replicates it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Signals {
+    /// When the sample was taken, on the caller's clock.
+    pub sampled_at: Duration,
+    /// `vllm:num_requests_waiting`.
+    pub waiting: u32,
+    /// `vllm:num_requests_running`.
+    pub running: u32,
+    /// `vllm:kv_cache_usage_perc`, 0–1.
+    pub kv_cache_usage: f64,
+    /// From `vllm:lora_requests_info`, when the server reports it.
+    pub lora: Option<LoraSignals>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LoraSignals {
+    pub running: Vec<String>,
+    pub waiting: Vec<String>,
+    pub max_loras: u32,
+}
+
+/// The static description of an endpoint.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EndpointInfo {
+    /// Models (base or adapter) this endpoint serves; empty means every model of the pool.
+    pub models: Vec<String>,
+}
+
+/// Requests sent since the last signal are remembered at most this many at a time; beyond
+/// that the signals are so late that the figures are unknown anyway.
+const MAX_RECENT: usize = 4096;
+
+pub(crate) struct EndpointState {
+    pub info: EndpointInfo,
+    pub signals: Option<Signals>,
+    /// Requests this proxy sent that have not finished.
+    pub in_flight: u32,
+    /// When this proxy sent requests that the latest signal may not show yet.
+    recent: VecDeque<Duration>,
+}
+
+impl EndpointState {
+    pub fn new(info: EndpointInfo) -> Self {
+        Self {
+            info,
+            signals: None,
+            in_flight: 0,
+            recent: VecDeque::new(),
+        }
+    }
+
+    pub fn serves(&self, model: &str) -> bool {
+        self.info.models.is_empty() || self.info.models.iter().any(|m| m == model)
+    }
+
+    /// Signals young enough to trust at `now`.
+    pub fn fresh_signals(&self, now: Duration, staleness: Duration) -> Option<&Signals> {
+        self.signals
+            .as_ref()
+            .filter(|s| now.saturating_sub(s.sampled_at) <= staleness)
+    }
+
+    /// Waiting requests as of now: the signalled queue plus what this proxy sent after the
+    /// sample was taken (the server cannot have reported those yet).
+    pub fn estimated_waiting(&self, signals: &Signals) -> f64 {
+        f64::from(signals.waiting) + self.recent.len() as f64
+    }
+
+    pub fn started(&mut self, now: Duration) {
+        self.in_flight += 1;
+        if self.recent.len() == MAX_RECENT {
+            self.recent.pop_front();
+        }
+        self.recent.push_back(now);
+    }
+
+    pub fn finished(&mut self) {
+        self.in_flight = self.in_flight.saturating_sub(1);
+    }
+
+    /// Takes a new sample; an older one than held (reordered delivery) is ignored.
+    pub fn observe(&mut self, signals: Signals) {
+        if self
+            .signals
+            .as_ref()
+            .is_some_and(|held| held.sampled_at > signals.sampled_at)
+        {
+            return;
+        }
+        while self
+            .recent
+            .front()
+            .is_some_and(|&sent| sent <= signals.sampled_at)
+        {
+            self.recent.pop_front();
+        }
+        self.signals = Some(signals);
+    }
+}
