@@ -115,6 +115,82 @@ fn openai_client_streams_from_the_simulator_direct_and_through_the_gateway() {
     assert!(through.starts_with("OK"), "{through}");
 }
 
+/// A control plane and a proxy serving an LLM route: an InferencePool over `pods`, its model
+/// also reachable by the alias `qwen`.
+fn pool_gateway(dir: &Path, pods: &[u16]) -> Gateway {
+    let (cp_port, admin, port) = (free_port(), free_port(), free_port());
+    let cp = format!("127.0.0.1:{cp_port}");
+    let controlplane = start_controlplane(dir, cp_port);
+    let proxy = start_proxy(dir, "llm", &cp, admin, &[]);
+    let endpoints: Vec<String> = pods.iter().map(|pod| format!("'127.0.0.1:{pod}'")).collect();
+    let config = format!(
+        "apiVersion: portcullis.dev/v1alpha1\nkind: Listener\nmetadata: {{name: gw}}\nspec: {{address: 127.0.0.1, port: {port}}}\n---\n\
+         apiVersion: portcullis.dev/v1alpha1\nkind: InferencePool\nmetadata: {{name: qwen}}\nspec: {{endpoints: [{}], models: [{{name: Qwen/Qwen3-32B, aliases: [qwen]}}]}}\n---\n\
+         apiVersion: portcullis.dev/v1alpha1\nkind: Route\nmetadata: {{name: llm}}\nspec: {{listeners: [gw], backends: [{{kind: InferencePool, name: qwen}}], timeout: 60s}}\n",
+        endpoints.join(", ")
+    );
+    apply(dir, "pool.yaml", &config, &cp);
+    wait_for("gateway ready", TIMEOUT, || {
+        http_get(admin, "/readyz").is_some_and(|r| r.status == 200)
+    });
+    Gateway {
+        _controlplane: controlplane,
+        _proxy: proxy,
+        port,
+    }
+}
+
+#[test]
+fn openai_client_and_inference_perf_through_an_inference_pool() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = free_port();
+    let pods = [first, first + 1];
+    let _sim = start_sim(dir.path(), 2, first, "10");
+    let gateway = pool_gateway(dir.path(), &pods);
+    let url = format!("http://127.0.0.1:{}", gateway.port);
+    // Streamed chunk by chunk through the picker, under the alias the pods do not know.
+    let through = peer("openai_stream.py", &[&url, "qwen"]);
+    assert!(through.starts_with("OK"), "{through}");
+
+    let out = dir.path().join("inference-perf");
+    std::fs::create_dir_all(&out).unwrap();
+    let venv = python().parent().unwrap().parent().unwrap().to_path_buf();
+    let run = Command::new("bash")
+        .arg(repo_root().join("loadtest/peers/inference_perf/run.sh"))
+        .arg(&url)
+        .arg(&out)
+        .env("PORTCULLIS_VENV", &venv)
+        .env("IP_DURATION", "3")
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&run.stdout),
+        String::from_utf8_lossy(&run.stderr)
+    );
+    assert!(
+        run.status.success(),
+        "inference-perf through the pool failed:\n{text}"
+    );
+    let summary: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(out.join("reports/summary_lifecycle_metrics.json")).unwrap(),
+    )
+    .unwrap();
+    let ok = summary["successes"]["count"].as_f64().unwrap();
+    assert!(ok > 0.0, "{summary}");
+    assert_eq!(
+        summary["failures"]["count"].as_f64().unwrap_or(0.0),
+        0.0,
+        "{summary}"
+    );
+    // Every request inference-perf counted reached a pod (plus the openai client's one).
+    let served: f64 = pods
+        .iter()
+        .map(|&pod| metric(pod, "vllm:request_success_total"))
+        .sum();
+    assert_eq!(served, ok + 1.0, "{text}");
+}
+
 #[test]
 fn mcp_python_client_calls_the_test_server_in_both_eras_direct_and_through_the_gateway() {
     let dir = tempfile::tempdir().unwrap();

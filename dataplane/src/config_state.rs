@@ -9,7 +9,8 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 use http::uri::Authority;
 use portcullis_config::{
-    collect_objects, ConfigError, ConfigSet, Kind, ListenerSpec, Object, ObjectKey, RouteSpec,
+    collect_objects, ConfigError, ConfigSet, InferencePoolSpec, Kind, ListenerSpec, Object, ObjectKey,
+    RouteSpec,
 };
 use tokio::net::TcpListener;
 use tokio::sync::Mutex;
@@ -17,11 +18,12 @@ use tokio::task::JoinHandle;
 
 use crate::cache::ConfigCache;
 use crate::listener::{Limits, RunningListener};
+use crate::llm;
 use crate::normalize::Forwarding;
 use crate::pipeline::Pipeline;
 use crate::policy::{Policy, PolicyIndex};
 use crate::route::{Route, RouteTable};
-use crate::target::{self, WeightedTargets};
+use crate::target::{self, Target, Targets, WeightedTargets};
 use crate::telemetry::Telemetry;
 use crate::upstream::{RetryPolicy, Upstream};
 
@@ -37,6 +39,8 @@ pub(crate) struct Snapshot {
     pub(crate) tables: HashMap<SocketAddr, ListenerTable>,
     /// Kept to reuse unchanged policies (and their state) in the next version.
     policies: PolicyIndex,
+    /// Kept to reuse unchanged targets' state (pool pickers) in the next version.
+    targets: Targets,
     /// Every upstream address the targets of this version use.
     endpoints: HashSet<Authority>,
 }
@@ -169,8 +173,7 @@ impl ConfigState {
         if current.version == Some(version) && current.config == config && all_open {
             return Ok(());
         }
-        let snapshot =
-            compile(version, config, &current.policies, &self.upstream).map_err(ApplyError::Compile)?;
+        let snapshot = compile(version, config, &current, &self.upstream).map_err(ApplyError::Compile)?;
 
         // Make before break: every new socket is bound before anything changes, and the
         // ones bound so far are closed (dropped) if one fails. A listener moving to another
@@ -339,26 +342,28 @@ impl ConfigState {
 pub(crate) fn compile(
     version: u64,
     config: ConfigSet,
-    previous: &PolicyIndex,
+    previous: &Snapshot,
     upstream: &Upstream,
 ) -> Result<Snapshot, String> {
-    let targets = target::compile(&config, upstream)?;
+    let targets = target::compile(&config, upstream, &previous.targets)?;
     let endpoints = targets
+        .by_key
         .values()
         .flat_map(|target| target.endpoints().into_iter().cloned())
         .collect();
-    let policies = PolicyIndex::compile(&config, previous)?;
+    let policies = PolicyIndex::compile(&config, &previous.policies)?;
     let route_kind = Kind::of::<RouteSpec>();
     let listener_kind = Kind::of::<ListenerSpec>();
     let mut routes_by_listener: HashMap<&str, Vec<Arc<Route>>> = HashMap::new();
     for (metadata, spec) in config.specs::<RouteSpec>() {
         let label = format!("Route/{}", metadata.name);
-        let weighted = WeightedTargets::resolve(&spec.backends, &targets)
+        let weighted = WeightedTargets::resolve(&spec.backends, &targets.by_key)
             .map_err(|problem| format!("{label}: {problem}"))?;
         let route = Route::compile(
             &metadata.name,
             spec,
             weighted,
+            llm_models(spec, &targets),
             policies.chain(&ObjectKey::new(route_kind, metadata.name.as_str())),
             RetryPolicy::compile(spec.retry.as_ref()),
         )
@@ -399,6 +404,24 @@ pub(crate) fn compile(
         listeners,
         tables,
         policies,
+        targets,
         endpoints,
     })
+}
+
+/// The model table of a route whose backends are InferencePools (validation keeps a route
+/// from mixing them with other kinds), `None` for any other route.
+fn llm_models(spec: &RouteSpec, targets: &Targets) -> Option<llm::Models> {
+    let pool_kind = Kind::of::<InferencePoolSpec>();
+    let pools: Vec<(&InferencePoolSpec, Arc<dyn Target>)> = spec
+        .backends
+        .iter()
+        .filter(|backend| Kind::from_name(&backend.kind) == Some(pool_kind))
+        .filter_map(|backend| {
+            let pool = targets.pools.get(&backend.name)?;
+            let target: Arc<dyn Target> = pool.clone();
+            Some((pool.spec(), target))
+        })
+        .collect();
+    (!pools.is_empty()).then(|| llm::Models::compile(&pools))
 }

@@ -10,6 +10,7 @@ mod body;
 mod cache;
 mod config_state;
 mod listener;
+mod llm;
 mod normalize;
 mod pipeline;
 mod policy;

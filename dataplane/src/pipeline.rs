@@ -18,6 +18,7 @@ use hyper::body::Incoming;
 use crate::body::{self, Body, BodyFailure, BodyStatus, BoxError, ClientBody, IdleTimeout};
 use crate::config_state::{ListenerTable, Snapshot};
 use crate::listener::Handler;
+use crate::llm::Prepared;
 use crate::normalize;
 use crate::policy::{Decision, RequestContext};
 use crate::response::{self, ProxyError};
@@ -76,6 +77,7 @@ impl Handler for Pipeline {
             bytes_received: 0,
             bytes_sent: 0,
             completed: false,
+            llm: None,
         };
         // Written even if the client leaves before the response starts (this future is
         // then dropped): every request ends in exactly one record.
@@ -190,7 +192,20 @@ impl Pipeline {
             endpoint: None,
             attempts: 0,
             upstream_headers: None,
+            llm: None,
         };
+        // An LLM route reads the request first, so every policy sees the parsed request and
+        // the pool serving its model is known.
+        let mut llm_target = None;
+        if let Some(models) = &route.llm {
+            match models.prepare(&mut ctx, &mut request).await {
+                Prepared::Forward(target) => llm_target = Some(target),
+                Prepared::Answer(answer) => {
+                    record.trace = ctx.trace;
+                    return answer;
+                }
+            }
+        }
         // A policy attached to both the listener and the route runs once, as the
         // listener's.
         let route_only = route
@@ -209,7 +224,7 @@ impl Pipeline {
         }
         let mut response = match answer {
             Some(response) => response,
-            None => match route.targets.pick() {
+            None => match llm_target.as_ref().or_else(|| route.targets.pick()) {
                 None => response::error(
                     StatusCode::BAD_GATEWAY,
                     "no_backend",
@@ -232,6 +247,7 @@ impl Pipeline {
         record.endpoint = ctx.endpoint;
         record.attempts = ctx.attempts;
         record.upstream_headers = ctx.upstream_headers;
+        record.llm = ctx.llm.as_ref().map(|llm| llm.record.clone());
         response
     }
 

@@ -116,11 +116,26 @@ pub struct HttpResponse {
 
 /// One HTTP/1.1 GET on a fresh connection. `None` when nothing answers.
 pub fn http_get(port: u16, path: &str) -> Option<HttpResponse> {
+    http_request(port, "GET", path, None)
+}
+
+/// One HTTP/1.1 request on a fresh connection, with a JSON body if given. `None` when
+/// nothing answers.
+pub fn http_request(port: u16, method: &str, path: &str, json: Option<&str>) -> Option<HttpResponse> {
     let mut stream = TcpStream::connect(("127.0.0.1", port)).ok()?;
-    stream.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(30))).ok()?;
+    let body = json.unwrap_or_default();
+    let content = if json.is_some() {
+        format!(
+            "Content-Type: application/json\r\nContent-Length: {}\r\n",
+            body.len()
+        )
+    } else {
+        String::new()
+    };
     write!(
         stream,
-        "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
+        "{method} {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n{content}\r\n{body}"
     )
     .ok()?;
     let mut raw = Vec::new();

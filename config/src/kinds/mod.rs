@@ -16,6 +16,7 @@ kinds! {
     listener::ListenerSpec,
     route::RouteSpec,
     backend::BackendSpec,
+    inference_pool::InferencePoolSpec,
     header_policy::HeaderPolicySpec,
     rate_limit_policy::RateLimitPolicySpec,
 }

@@ -81,7 +81,7 @@ pub struct BackendRef {
 }
 
 /// Kinds a route may send to.
-pub const ROUTE_TARGET_KINDS: &[&str] = &["Backend"];
+pub const ROUTE_TARGET_KINDS: &[&str] = &["Backend", "InferencePool"];
 
 fn default_backend_kind() -> String {
     "Backend".to_string()
@@ -207,6 +207,24 @@ impl KindSpec for RouteSpec {
     fn check(&self, checker: &mut Checker<'_>) {
         if self.listeners.is_empty() {
             checker.fail("spec.listeners", "at least one listener is required");
+        }
+        let pool = crate::InferencePoolSpec::INFO.name;
+        let pools = self.backends.iter().filter(|backend| backend.kind == pool).count();
+        if pools > 0 && pools < self.backends.len() {
+            checker.fail(
+                "spec.backends",
+                "a route sends either to InferencePools (chosen by the request's model) or to \
+                 other backends (chosen by weight), not both",
+            );
+        }
+        for (index, backend) in self.backends.iter().enumerate() {
+            if backend.kind == pool && backend.weight != default_weight() {
+                checker.fail(
+                    format!("spec.backends[{index}].weight"),
+                    "weights do not apply to InferencePools: each request goes to the pool \
+                     serving its model; split traffic with the pool's spec.rewrites",
+                );
+            }
         }
         for (index, host) in self.hostnames.iter().enumerate() {
             let bare = host.strip_prefix("*.").unwrap_or(host);

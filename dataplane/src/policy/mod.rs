@@ -65,7 +65,6 @@ pub(crate) struct RequestContext {
     /// Each policy's decision so far, for the access log and metrics.
     pub(crate) decisions: Vec<(Arc<str>, &'static str)>,
     /// Largest request body a policy may buffer (the route's body limit).
-    #[allow(dead_code)]
     pub(crate) max_body_bytes: u64,
     /// How reading the request body went, whoever reads it.
     pub(crate) request_body: Arc<BodyStatus>,
@@ -74,6 +73,8 @@ pub(crate) struct RequestContext {
     pub(crate) endpoint: Option<Arc<str>>,
     pub(crate) attempts: u32,
     pub(crate) upstream_headers: Option<std::time::Duration>,
+    /// An LLM route's request, read right after route match (see `llm/`).
+    pub(crate) llm: Option<crate::llm::LlmRequest>,
 }
 
 impl RequestContext {
@@ -82,9 +83,7 @@ impl RequestContext {
     }
 }
 
-// The body seam for policies that read payloads (MCP, LLM, guardrails): the two policies
-// shipped so far only touch headers, so only policy/tests.rs calls these yet.
-#[allow(dead_code)]
+// The body seam for stages that read payloads (the LLM stage now; MCP and guardrails next).
 /// Reads the whole request body (within the route's limit) so a policy can inspect or
 /// replace it; the request keeps a replayable copy. Answers 413 or 400 when it cannot.
 pub(crate) async fn buffer_body(
@@ -108,7 +107,6 @@ pub(crate) async fn buffer_body(
     Ok(bytes)
 }
 
-#[allow(dead_code)]
 /// Replaces the request body, keeping `content-length` true to it.
 pub(crate) fn replace_body(request: &mut Request<Body>, bytes: Bytes) {
     request

@@ -14,6 +14,7 @@ use crate::telemetry::RequestTrace;
 fn context(max_body_bytes: u64) -> RequestContext {
     let peer: SocketAddr = "127.0.0.1:40000".parse().unwrap();
     RequestContext {
+        llm: None,
         route: Arc::from("r"),
         client_ip: peer.ip(),
         trace: RequestTrace::default(),

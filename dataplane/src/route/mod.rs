@@ -9,6 +9,7 @@ use http::header::HOST;
 use http::{HeaderName, HeaderValue, Method, Request};
 use portcullis_config::{HeaderMatch, PathMatch, RouteMatch, RouteSpec};
 
+use crate::llm::Models;
 use crate::policy::Policy;
 use crate::target::WeightedTargets;
 use crate::upstream::RetryPolicy;
@@ -21,6 +22,8 @@ pub(crate) struct Route {
     /// The route's own policies; those of the listener the request came in on run first.
     pub(crate) policies: Vec<Arc<dyn Policy>>,
     pub(crate) targets: WeightedTargets,
+    /// For a route to InferencePools: the models it serves, which choose the pool.
+    pub(crate) llm: Option<Models>,
     pub(crate) timeout: Duration,
     pub(crate) retry: RetryPolicy,
     pub(crate) max_request_body_bytes: u64,
@@ -74,6 +77,7 @@ impl Route {
         name: &str,
         spec: &RouteSpec,
         targets: WeightedTargets,
+        llm: Option<Models>,
         policies: Vec<Arc<dyn Policy>>,
         retry: RetryPolicy,
     ) -> Result<Route, String> {
@@ -103,6 +107,7 @@ impl Route {
             conditions,
             policies,
             targets,
+            llm,
             timeout: spec.timeout(),
             retry,
             max_request_body_bytes: spec.limits.max_request_body_bytes(),
@@ -299,6 +304,7 @@ mod tests {
                     object.name(),
                     spec,
                     WeightedTargets::default(),
+                    None,
                     Vec::new(),
                     RetryPolicy::default(),
                 )

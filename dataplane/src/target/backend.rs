@@ -80,6 +80,7 @@ impl Target for BackendTarget {
             endpoints: self.plan(),
             http2: self.http2,
             ejection: &self.ejection,
+            connect_fallback: false,
         };
         Box::pin(upstream.send(ctx, route, dispatch, request))
     }

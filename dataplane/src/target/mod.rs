@@ -1,9 +1,12 @@
 //! Targets: where a route sends a request, and how. A target kind is one file here plus
-//! one arm in [`compile`]; the plain [`Backend`](backend::BackendTarget) is the first.
+//! one arm in [`compile`]; the plain [`Backend`](backend::BackendTarget) is the first, the
+//! [`InferencePool`](inference_pool::InferencePoolTarget) (an endpoint picker over model
+//! servers) the second.
 //! A target may answer by itself (an MCP target fanning out to several servers) or hand
 //! [`Upstream`] an ordered list of endpoints to try.
 
 mod backend;
+mod inference_pool;
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -12,7 +15,7 @@ use std::sync::Arc;
 
 use http::uri::Authority;
 use http::{Request, Response};
-use portcullis_config::{BackendRef, BackendSpec, ConfigSet, Kind, ObjectKey};
+use portcullis_config::{BackendRef, BackendSpec, ConfigSet, InferencePoolSpec, Kind, ObjectKey};
 use rand::Rng;
 
 use crate::body::Body;
@@ -38,18 +41,41 @@ pub(crate) trait Target: Send + Sync {
     fn endpoints(&self) -> Vec<&Authority>;
 }
 
+pub(crate) use inference_pool::InferencePoolTarget;
+
+/// Every target of a config version.
+#[derive(Default)]
+pub(crate) struct Targets {
+    pub(crate) by_key: HashMap<ObjectKey, Arc<dyn Target>>,
+    /// The pools again, typed: LLM routes read their specs, and the next version keeps the
+    /// pickers of pools whose spec did not change.
+    pub(crate) pools: HashMap<String, Arc<InferencePoolTarget>>,
+}
+
 /// Compiles every target object of the config, keyed by its object key.
 pub(crate) fn compile(
     config: &ConfigSet,
     upstream: &Upstream,
-) -> Result<HashMap<ObjectKey, Arc<dyn Target>>, String> {
-    let mut targets: HashMap<ObjectKey, Arc<dyn Target>> = HashMap::new();
+    previous: &Targets,
+) -> Result<Targets, String> {
+    let mut targets = Targets::default();
     for (metadata, spec) in config.specs::<BackendSpec>() {
         let target = backend::BackendTarget::compile(&metadata.name, spec, upstream)?;
-        targets.insert(
+        targets.by_key.insert(
             ObjectKey::new(Kind::of::<BackendSpec>(), metadata.name.as_str()),
             Arc::new(target),
         );
+    }
+    for (metadata, spec) in config.specs::<InferencePoolSpec>() {
+        let pool = match previous.pools.get(&metadata.name) {
+            Some(kept) if kept.spec() == spec => kept.clone(),
+            _ => Arc::new(InferencePoolTarget::compile(&metadata.name, spec, upstream)?),
+        };
+        targets.by_key.insert(
+            ObjectKey::new(Kind::of::<InferencePoolSpec>(), metadata.name.as_str()),
+            pool.clone(),
+        );
+        targets.pools.insert(metadata.name.clone(), pool);
     }
     Ok(targets)
 }

@@ -248,7 +248,7 @@ impl Serialize for Line<'_> {
             duration,
         } = self.0;
         let mut trace_id = [0u8; 32];
-        let mut map = serializer.serialize_map(Some(19))?;
+        let mut map = serializer.serialize_map(Some(19 + usize::from(r.llm.is_some())))?;
         map.serialize_entry(
             "time",
             &format_args!("{}", humantime::format_rfc3339_millis(*time)),
@@ -271,6 +271,22 @@ impl Serialize for Line<'_> {
         map.serialize_entry("completed", &r.completed)?;
         map.serialize_entry("trace_id", &r.trace.write_trace_id(&mut trace_id))?;
         map.serialize_entry("decisions", &Decisions(&r.decisions))?;
+        if let Some(llm) = &r.llm {
+            let llm = llm.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            map.serialize_entry(
+                "llm",
+                &serde_json::json!({
+                    "model": &*llm.model,
+                    "streamed": llm.streamed,
+                    "input_tokens": llm.input_tokens,
+                    "cached_input_tokens": llm.cached_input_tokens,
+                    "output_tokens": llm.output_tokens,
+                    "time_to_first_token_ms": llm.first_token.map(millis),
+                    "time_per_output_token_ms": llm.time_per_output_token().map(millis),
+                    "interrupted": llm.interrupted,
+                }),
+            )?;
+        }
         map.end()
     }
 }

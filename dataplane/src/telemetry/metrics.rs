@@ -17,7 +17,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::{MetricType, TypedMetric};
 use prometheus_client::registry::{Registry, Unit};
 
-use super::RequestRecord;
+use super::{LlmRecord, RequestRecord};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RequestLabels {
@@ -51,6 +51,32 @@ struct PolicyLabels {
     decision: &'static str,
 }
 
+/// An LLM exchange's pool (`InferencePool/name`), model as served, and pod. Names follow
+/// OpenTelemetry's GenAI semantic conventions (`gen_ai.request.model`, `gen_ai.token.type`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct GenAiLabels {
+    pool: Arc<str>,
+    gen_ai_request_model: Arc<str>,
+    endpoint: Arc<str>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct GenAiRequestLabels {
+    pool: Arc<str>,
+    gen_ai_request_model: Arc<str>,
+    endpoint: Arc<str>,
+    status: u16,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct GenAiTokenLabels {
+    pool: Arc<str>,
+    gen_ai_request_model: Arc<str>,
+    endpoint: Arc<str>,
+    /// `input`, `output`, or `cached_input` (the part of the input the server had cached).
+    gen_ai_token_type: &'static str,
+}
+
 /// Every metric of one proxy, and the registry that exposes them.
 pub(super) struct Metrics {
     registry: Registry,
@@ -60,6 +86,10 @@ pub(super) struct Metrics {
     response_bytes: Family<RouteLabels, Counter>,
     upstream_errors: Family<UpstreamErrorLabels, Counter>,
     policy_decisions: Family<PolicyLabels, Counter>,
+    gen_ai_requests: Family<GenAiRequestLabels, Counter>,
+    gen_ai_tokens: Family<GenAiTokenLabels, Counter>,
+    gen_ai_time_to_first_token: Family<GenAiLabels, DurationHistogram>,
+    gen_ai_time_per_output_token: Family<GenAiLabels, DurationHistogram>,
     config_version: Gauge,
     config_last_apply_ok: Gauge,
     config_last_apply_version: Gauge,
@@ -77,6 +107,10 @@ impl Metrics {
             response_bytes: Family::default(),
             upstream_errors: Family::default(),
             policy_decisions: Family::default(),
+            gen_ai_requests: Family::default(),
+            gen_ai_tokens: Family::default(),
+            gen_ai_time_to_first_token: Family::default(),
+            gen_ai_time_per_output_token: Family::default(),
             config_version: Gauge::default(),
             config_last_apply_ok: Gauge::default(),
             config_last_apply_version: Gauge::default(),
@@ -118,6 +152,31 @@ impl Metrics {
             "policy_decisions",
             "Policy decisions taken on requests, by policy and decision",
             metrics.policy_decisions.clone(),
+        );
+        registry.register(
+            "gen_ai_requests",
+            "LLM requests answered through InferencePools, by pool, model, pod and status",
+            metrics.gen_ai_requests.clone(),
+        );
+        registry.register(
+            "gen_ai_token_usage",
+            "Tokens of LLM exchanges as the servers reported them, by pool, model, pod and \
+             token type (input, cached_input, output)",
+            metrics.gen_ai_tokens.clone(),
+        );
+        registry.register_with_unit(
+            "gen_ai_server_time_to_first_token",
+            "Time from the proxy having a streamed LLM request to the first generated token, by \
+             pool, model and pod",
+            Unit::Seconds,
+            metrics.gen_ai_time_to_first_token.clone(),
+        );
+        registry.register_with_unit(
+            "gen_ai_server_time_per_output_token",
+            "Time per generated token after the first, of streamed LLM responses, by pool, model \
+             and pod",
+            Unit::Seconds,
+            metrics.gen_ai_time_per_output_token.clone(),
         );
         registry.register(
             "config_version",
@@ -187,6 +246,50 @@ impl Metrics {
             self.policy_decisions.get_or_create(&labels).inc();
         }
         record
+    }
+
+    /// Counts an LLM exchange (a request whose route sends to InferencePools).
+    pub(super) fn llm(&self, record: &RequestRecord, llm: &LlmRecord) {
+        let unknown = || Arc::from("");
+        let labels = GenAiLabels {
+            pool: record.target.clone().unwrap_or_else(unknown),
+            gen_ai_request_model: llm.model.clone(),
+            endpoint: record.endpoint.clone().unwrap_or_else(unknown),
+        };
+        self.gen_ai_requests
+            .get_or_create(&GenAiRequestLabels {
+                pool: labels.pool.clone(),
+                gen_ai_request_model: labels.gen_ai_request_model.clone(),
+                endpoint: labels.endpoint.clone(),
+                status: record.status,
+            })
+            .inc();
+        for (token_type, count) in [
+            ("input", llm.input_tokens),
+            ("cached_input", llm.cached_input_tokens),
+            ("output", llm.output_tokens),
+        ] {
+            if let Some(count) = count {
+                self.gen_ai_tokens
+                    .get_or_create(&GenAiTokenLabels {
+                        pool: labels.pool.clone(),
+                        gen_ai_request_model: labels.gen_ai_request_model.clone(),
+                        endpoint: labels.endpoint.clone(),
+                        gen_ai_token_type: token_type,
+                    })
+                    .inc_by(count);
+            }
+        }
+        if let Some(first) = llm.first_token {
+            self.gen_ai_time_to_first_token
+                .get_or_create(&labels)
+                .observe(first);
+        }
+        if let Some(per_token) = llm.time_per_output_token() {
+            self.gen_ai_time_per_output_token
+                .get_or_create(&labels)
+                .observe(per_token);
+        }
     }
 
     pub(super) fn upstream_error(&self, route: &str, target: &str, kind: &'static str) {

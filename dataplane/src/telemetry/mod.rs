@@ -98,6 +98,31 @@ pub(crate) struct RequestRecord {
     pub(crate) bytes_sent: u64,
     /// `false` when the body was cut (client gone, idle timeout, upstream reset).
     pub(crate) completed: bool,
+    /// An LLM route's exchange, filled in as its response passes (see `llm/tap.rs`).
+    pub(crate) llm: Option<Arc<std::sync::Mutex<LlmRecord>>>,
+}
+
+/// What an LLM exchange produced. Times count from when the proxy had the whole request.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct LlmRecord {
+    /// The model the servers know (after aliases and rewrites).
+    pub(crate) model: Arc<str>,
+    pub(crate) streamed: bool,
+    pub(crate) first_token: Option<Duration>,
+    pub(crate) last_token: Option<Duration>,
+    pub(crate) input_tokens: Option<u64>,
+    pub(crate) cached_input_tokens: Option<u64>,
+    pub(crate) output_tokens: Option<u64>,
+    /// The server's stream broke off; the client got an error event instead of the rest.
+    pub(crate) interrupted: bool,
+}
+
+impl LlmRecord {
+    /// Time per output token after the first (OpenTelemetry's `gen_ai.server.time_per_output_token`).
+    pub(crate) fn time_per_output_token(&self) -> Option<Duration> {
+        let (first, last, tokens) = (self.first_token?, self.last_token?, self.output_tokens?);
+        (tokens > 1).then(|| (last.saturating_sub(first)) / u32::try_from(tokens - 1).unwrap_or(u32::MAX))
+    }
 }
 
 /// The proxy's telemetry; one per proxy, shared as `Arc<Telemetry>`.
@@ -154,6 +179,10 @@ impl Telemetry {
     pub(crate) fn finish(&self, record: RequestRecord) {
         let duration = record.start.elapsed();
         let mut record = self.metrics.request(record, duration);
+        if let Some(llm) = &record.llm {
+            let llm = llm.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            self.metrics.llm(&record, &llm);
+        }
         if let Some(span) = record.trace.take_span() {
             trace::end_span(span, &record);
         }

@@ -47,6 +47,7 @@ fn record(trace: RequestTrace, route: Option<&str>, status: u16) -> RequestRecor
         bytes_received: 0,
         bytes_sent: 120,
         completed: true,
+        llm: None,
     }
 }
 

@@ -398,6 +398,22 @@ pub(super) fn end_span(mut span: Box<SdkSpan>, record: &RequestRecord) {
         attributes.push(KeyValue::new(PORTCULLIS_ENDPOINT, Value::from(endpoint.clone())));
     }
     attributes.push(KeyValue::new(PORTCULLIS_ATTEMPTS, i64::from(record.attempts)));
+    if let Some(llm) = &record.llm {
+        let llm = llm.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        attributes.push(KeyValue::new(
+            "gen_ai.request.model",
+            Value::from(llm.model.clone()),
+        ));
+        for (name, tokens) in [
+            ("gen_ai.usage.input_tokens", llm.input_tokens),
+            ("gen_ai.usage.output_tokens", llm.output_tokens),
+            ("gen_ai.usage.cache_read.input_tokens", llm.cached_input_tokens),
+        ] {
+            if let Some(tokens) = tokens {
+                attributes.push(KeyValue::new(name, saturating_i64(tokens)));
+            }
+        }
+    }
     attributes.push(KeyValue::new(
         HTTP_REQUEST_BODY_SIZE,
         saturating_i64(record.bytes_received),

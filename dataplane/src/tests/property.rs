@@ -6,8 +6,7 @@ use std::sync::Arc;
 use portcullis_config::{parse_documents, ConfigSet};
 use proptest::prelude::*;
 
-use crate::config_state::compile;
-use crate::policy::PolicyIndex;
+use crate::config_state::{compile, Snapshot};
 use crate::telemetry::Telemetry;
 use crate::upstream::Upstream;
 
@@ -53,7 +52,7 @@ proptest! {
         let result = runtime.block_on(async {
             let telemetry = Arc::new(Telemetry::new(super::support::quiet_telemetry()).unwrap());
             let upstream = Upstream::new(telemetry);
-            compile(1, config, &PolicyIndex::default(), &upstream).map(|_| ())
+            compile(1, config, &Snapshot::default(), &upstream).map(|_| ())
         });
         prop_assert!(result.is_ok(), "accepted but not compiled: {:?}\n{text}", result.err());
     }

@@ -41,6 +41,10 @@ pub(crate) struct Dispatch<'a> {
     pub(crate) endpoints: Vec<&'a Endpoint>,
     pub(crate) http2: bool,
     pub(crate) ejection: &'a EjectionSpec,
+    /// The endpoints are a picker's choice and its fallbacks: a failed connect (nothing
+    /// sent) moves to the next one without counting as a route retry. The request body is
+    /// then already in memory, so it is kept for resending whatever its size.
+    pub(crate) connect_fallback: bool,
 }
 
 /// Upstream connections live as long as the proxy, so pools survive config changes.
@@ -98,7 +102,7 @@ impl Upstream {
         }
         route.retry.deposit();
         let (parts, body) = request.into_parts();
-        let (replay, mut body) = match replayable(&parts, body, ctx, route).await {
+        let (replay, mut body) = match replayable(&parts, body, ctx, route, dispatch.connect_fallback).await {
             Ok(split) => split,
             Err(answer) => return answer,
         };
@@ -168,6 +172,10 @@ impl Upstream {
                     }
                     self.telemetry
                         .upstream_error(&ctx.route, dispatch.target, "connect");
+                    if dispatch.connect_fallback && replay.is_some() && attempt < dispatch.endpoints.len() {
+                        tracing::debug!(route = %ctx.route, endpoint = %endpoint.authority, %message, "connect failed, trying the picker's next endpoint");
+                        continue;
+                    }
                     if may_retry && route.retry.try_spend() {
                         tracing::debug!(route = %ctx.route, endpoint = %endpoint.authority, %message, "connect failed, retrying");
                         continue;
@@ -251,6 +259,7 @@ async fn replayable(
     body: Body,
     ctx: &RequestContext,
     route: &Route,
+    buffered: bool,
 ) -> Result<(Option<Bytes>, Body), Response<Body>> {
     use http_body::Body as _;
     if body.is_end_stream() {
@@ -262,7 +271,7 @@ async fn replayable(
         .and_then(|value| value.to_str().ok())
         .and_then(|value| value.parse::<u64>().ok());
     match declared {
-        Some(length) if length <= REPLAYABLE_BODY_BYTES => match body.collect().await {
+        Some(length) if length <= REPLAYABLE_BODY_BYTES || buffered => match body.collect().await {
             Ok(collected) => Ok((Some(collected.to_bytes()), body::empty())),
             Err(_) => Err(BodyStatus::answer(
                 ctx.request_body.failure(),

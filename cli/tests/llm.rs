@@ -1,0 +1,265 @@
+//! LLM routes end to end: the real binary's control plane and proxy in front of simulated
+//! vLLM pods (`portcullis sim vllm`, separate processes on loopback). Routing by the body's
+//! model (aliases, rewrites), `/v1/models`, OpenAI-shaped errors, the picker's prefix
+//! affinity, round-robin as a selectable strategy, and the fallback to the next pod when the
+//! chosen one refuses connections.
+
+mod support;
+
+use std::collections::HashMap;
+
+use support::*;
+
+struct Fleet {
+    _sim: Process,
+    _controlplane: Process,
+    _proxy: Process,
+    pods: Vec<u16>,
+    /// Listener of the route to the scored pool, and of the one to the round-robin pool.
+    scored: u16,
+    round_robin: u16,
+    admin: u16,
+}
+
+/// Three simulated pods; a scored pool over them, and a round-robin pool over a port where
+/// nothing listens and the first pod.
+fn fleet(dir: &std::path::Path) -> Fleet {
+    let first_pod = free_port();
+    let pods: Vec<u16> = (first_pod..first_pod + 3).collect();
+    let sim = start_sim(dir, 3, first_pod, "20");
+    let (cp_port, admin, scored, round_robin, dead) =
+        (free_port(), free_port(), free_port(), free_port(), free_port());
+    let cp = format!("127.0.0.1:{cp_port}");
+    let controlplane = start_controlplane(dir, cp_port);
+    let proxy = start_proxy(dir, "llm", &cp, admin, &[]);
+    let endpoints: Vec<String> = pods.iter().map(|p| format!("'127.0.0.1:{p}'")).collect();
+    let header = "apiVersion: portcullis.dev/v1alpha1";
+    let config = format!(
+        "{header}\nkind: Listener\nmetadata: {{name: scored}}\nspec: {{address: 127.0.0.1, port: {scored}}}\n---\n\
+         {header}\nkind: Listener\nmetadata: {{name: rr}}\nspec: {{address: 127.0.0.1, port: {round_robin}}}\n---\n\
+         {header}\nkind: InferencePool\nmetadata: {{name: qwen}}\nspec:\n  endpoints: [{}]\n  models:\n  - {{name: Qwen/Qwen3-32B, aliases: [qwen]}}\n  rewrites:\n  - {{model: chat, targets: [{{model: Qwen/Qwen3-32B, weight: 1}}]}}\n---\n\
+         {header}\nkind: InferencePool\nmetadata: {{name: rotating}}\nspec:\n  endpoints: ['127.0.0.1:{dead}', '127.0.0.1:{}']\n  models: [{{name: Qwen/Qwen3-32B}}]\n  picker: {{strategy: RoundRobin}}\n---\n\
+         {header}\nkind: Route\nmetadata: {{name: llm}}\nspec: {{listeners: [scored], backends: [{{kind: InferencePool, name: qwen}}], timeout: 60s}}\n---\n\
+         {header}\nkind: Route\nmetadata: {{name: llm-rr}}\nspec: {{listeners: [rr], backends: [{{kind: InferencePool, name: rotating}}], timeout: 60s}}\n",
+        endpoints.join(", "),
+        pods[0],
+    );
+    apply(dir, "llm.yaml", &config, &cp);
+    wait_for("proxy ready", TIMEOUT, || {
+        http_get(admin, "/readyz").is_some_and(|r| r.status == 200)
+    });
+    Fleet {
+        _sim: sim,
+        _controlplane: controlplane,
+        _proxy: proxy,
+        pods,
+        scored,
+        round_robin,
+        admin,
+    }
+}
+
+fn completion(port: u16, model: &str, prompt: &str) -> HttpResponse {
+    let body = serde_json::json!({ "model": model, "prompt": prompt, "max_tokens": 3 }).to_string();
+    http_request(port, "POST", "/v1/completions", Some(&body)).expect("the proxy answers")
+}
+
+/// Requests each pod has completed, from its vLLM metrics.
+fn served(pods: &[u16]) -> Vec<u64> {
+    pods.iter()
+        .map(|&pod| {
+            let text = http_get(pod, "/metrics").expect("pod metrics").body;
+            text.lines()
+                .filter(|line| line.starts_with("vllm:request_success_total"))
+                .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+                .sum::<f64>() as u64
+        })
+        .collect()
+}
+
+fn error_of(response: &HttpResponse) -> serde_json::Value {
+    let json: serde_json::Value =
+        serde_json::from_str(&response.body).unwrap_or_else(|_| panic!("not JSON: {}", response.body));
+    json["error"].clone()
+}
+
+#[test]
+fn llm_routes_choose_by_model_keep_prefixes_together_and_fall_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let fleet = fleet(dir.path());
+
+    // Aliases and rewrites reach the pods as the served name: a pod knows no "qwen".
+    assert_eq!(completion(fleet.pods[0], "qwen", "hi").status, 404);
+    for model in ["Qwen/Qwen3-32B", "qwen", "chat"] {
+        let answer = completion(fleet.scored, model, "hi");
+        assert_eq!(answer.status, 200, "{model}: {}", answer.body);
+    }
+
+    let listing = http_get(fleet.scored, "/v1/models").unwrap();
+    assert_eq!(listing.status, 200);
+    let listing: serde_json::Value = serde_json::from_str(&listing.body).unwrap();
+    let ids: Vec<&str> = listing["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["Qwen/Qwen3-32B", "qwen", "chat"]);
+
+    // Errors in OpenAI's shape, from the gateway itself: nothing reaches a pod.
+    let before = served(&fleet.pods);
+    let unknown = completion(fleet.scored, "gpt-4o", "hi");
+    assert_eq!(unknown.status, 404);
+    assert_eq!(error_of(&unknown)["code"], "model_not_found");
+    assert!(error_of(&unknown)["message"]
+        .as_str()
+        .unwrap()
+        .contains("\"gpt-4o\" does not exist"));
+    let malformed = http_request(fleet.scored, "POST", "/v1/completions", Some("{\"model\": ")).unwrap();
+    assert_eq!(malformed.status, 400);
+    assert_eq!(error_of(&malformed)["type"], "invalid_request_error");
+    let nameless = http_request(
+        fleet.scored,
+        "POST",
+        "/v1/chat/completions",
+        Some("{\"messages\": []}"),
+    )
+    .unwrap();
+    assert_eq!(nameless.status, 400);
+    assert!(error_of(&nameless)["message"]
+        .as_str()
+        .unwrap()
+        .contains("\"model\" is required"));
+    let wrong_method = http_get(fleet.scored, "/v1/completions").unwrap();
+    assert_eq!(wrong_method.status, 405);
+    assert_eq!(served(&fleet.pods), before);
+
+    // Prompts sharing a long prefix go where the first one went; unrelated ones spread.
+    let system = "You are a careful assistant for the routing team. ".repeat(80);
+    let before = served(&fleet.pods);
+    for question in 0..6 {
+        let answer = completion(fleet.scored, "qwen", &format!("{system}Question {question}?"));
+        assert_eq!(answer.status, 200, "{}", answer.body);
+    }
+    let after = served(&fleet.pods);
+    let gained: Vec<u64> = after.iter().zip(&before).map(|(a, b)| a - b).collect();
+    assert!(
+        gained.contains(&6),
+        "one pod should have served all six: {gained:?}"
+    );
+    let before = after;
+    for topic in 0..12 {
+        let answer = completion(
+            fleet.scored,
+            "qwen",
+            &format!("unrelated topic {topic} {}", "x".repeat(300)),
+        );
+        assert_eq!(answer.status, 200, "{}", answer.body);
+    }
+    let gained: Vec<u64> = served(&fleet.pods)
+        .iter()
+        .zip(&before)
+        .map(|(a, b)| a - b)
+        .collect();
+    assert!(
+        gained.iter().filter(|&&n| n > 0).count() >= 2,
+        "unrelated prompts should spread: {gained:?}"
+    );
+
+    // Round-robin over a dead port and a pod: every other pick refuses the connection and
+    // the request moves to the next endpoint; the client never notices.
+    let before = served(&fleet.pods[..1]);
+    for i in 0..4 {
+        let answer = completion(fleet.round_robin, "Qwen/Qwen3-32B", &format!("n{i}"));
+        assert_eq!(answer.status, 200, "{}", answer.body);
+    }
+    assert_eq!(served(&fleet.pods[..1])[0] - before[0], 4);
+    let metrics = http_get(fleet.admin, "/metrics").unwrap().body;
+    let connect_errors: HashMap<&str, f64> = metrics
+        .lines()
+        .filter(|line| line.starts_with("portcullis_proxy_upstream_errors_total") && line.contains("connect"))
+        .filter_map(|line| Some((line, line.rsplit(' ').next()?.parse().ok()?)))
+        .collect();
+    assert!(
+        connect_errors.values().sum::<f64>() >= 1.0,
+        "the dead endpoint's refusals are counted: {connect_errors:?}"
+    );
+
+    // A streamed answer passes event by event and is measured on the way: usage, time to
+    // first token, time per output token, the picker's basis, in GenAI naming.
+    let body = serde_json::json!({
+        "model": "qwen", "prompt": "count to five", "max_tokens": 5, "stream": true,
+        "stream_options": {"include_usage": true}
+    })
+    .to_string();
+    let streamed = http_request(fleet.scored, "POST", "/v1/completions", Some(&body)).unwrap();
+    assert_eq!(streamed.status, 200, "{}", streamed.body);
+    let events = streamed.body.matches("data: ").count();
+    assert!(
+        events >= 6,
+        "five tokens, usage and [DONE] as separate events: {}",
+        streamed.body
+    );
+    assert!(
+        streamed.body.trim_end().ends_with("data: [DONE]"),
+        "{}",
+        streamed.body
+    );
+    let metrics = http_get(fleet.admin, "/metrics").unwrap().body;
+    let sum = |prefix: &str, needle: &str| -> f64 {
+        metrics
+            .lines()
+            .filter(|line| line.starts_with(prefix) && line.contains(needle))
+            .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    };
+    let requests_to_pool = sum(
+        "portcullis_proxy_gen_ai_requests_total",
+        "pool=\"InferencePool/qwen\"",
+    );
+    // 3 model names + 6 with a shared prefix + 12 unrelated + 1 streamed.
+    assert_eq!(requests_to_pool, 22.0, "{metrics}");
+    assert_eq!(
+        sum(
+            "portcullis_proxy_gen_ai_token_usage_total",
+            "gen_ai_token_type=\"output\""
+        ),
+        (21 * 3 + 5 + 4 * 3) as f64,
+        "every answer's completion tokens, from the servers' usage: {metrics}"
+    );
+    assert!(
+        sum(
+            "portcullis_proxy_gen_ai_token_usage_total",
+            "gen_ai_token_type=\"input\""
+        ) > 0.0
+    );
+    assert_eq!(
+        sum(
+            "portcullis_proxy_gen_ai_server_time_to_first_token_seconds_count",
+            "InferencePool/qwen"
+        ),
+        1.0
+    );
+    assert_eq!(
+        sum(
+            "portcullis_proxy_gen_ai_server_time_per_output_token_seconds_count",
+            "InferencePool/qwen"
+        ),
+        1.0
+    );
+    assert_eq!(
+        sum(
+            "portcullis_proxy_policy_decisions_total",
+            "decision=\"own_counts\""
+        ),
+        22.0,
+        "no signals are replicated yet: every pick ran on the proxy's own counts"
+    );
+    assert_eq!(
+        sum(
+            "portcullis_proxy_policy_decisions_total",
+            "decision=\"round_robin\""
+        ),
+        4.0
+    );
+}

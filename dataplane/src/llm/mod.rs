@@ -1,0 +1,181 @@
+//! OpenAI-compatible LLM traffic (the OpenAI API reference, platform.openai.com/docs/api-reference;
+//! vLLM serves the same shape). A Route whose backends are InferencePools is an LLM route:
+//! right after route match, [`Models::prepare`] reads the body once, finds the model it names,
+//! resolves aliases and weighted rewrites to the model the servers know and to the pool that
+//! serves it, and leaves the parsed request in the context for policies (guardrails) and the
+//! pool's picker. `GET /v1/models` is answered here, from the pools' models.
+
+mod error;
+mod request;
+mod tap;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use http::{Method, Request, Response, StatusCode};
+use portcullis_config::{InferencePoolSpec, ModelName};
+use rand::Rng;
+
+pub(crate) use error::error;
+pub(crate) use request::LlmRequest;
+pub(crate) use tap::Tap;
+
+use crate::body::Body;
+use crate::policy::{self, RequestContext};
+use crate::target::Target;
+
+/// What a client's model name stands for.
+struct Entry {
+    target: Arc<dyn Target>,
+    /// (served model, is a LoRA adapter, weight); one entry unless the name is a rewrite.
+    choices: Vec<(Arc<str>, bool, u32)>,
+}
+
+/// The models of one route's pools, by every name a client may send.
+pub(crate) struct Models {
+    by_name: HashMap<String, Entry>,
+    /// `GET /v1/models`, rendered once per config version.
+    listing: serde_json::Value,
+}
+
+/// What the LLM stage decided.
+pub(crate) enum Prepared {
+    /// Send to this pool (the parsed request is in the context).
+    Forward(Arc<dyn Target>),
+    /// Answer the client with this.
+    Answer(Response<Body>),
+}
+
+impl Models {
+    pub(crate) fn compile(pools: &[(&InferencePoolSpec, Arc<dyn Target>)]) -> Models {
+        let mut by_name = HashMap::new();
+        let mut ids = Vec::new();
+        for (spec, target) in pools {
+            for (name, meaning) in spec.names() {
+                let choices = match meaning {
+                    ModelName::Served(model) | ModelName::Alias(model) => {
+                        vec![(Arc::from(model.name.as_str()), model.lora, 1)]
+                    }
+                    ModelName::Rewrite(rewrite) => rewrite
+                        .targets
+                        .iter()
+                        .filter_map(|choice| {
+                            let model = spec.models.iter().find(|m| m.name == choice.model)?;
+                            Some((Arc::from(model.name.as_str()), model.lora, choice.weight))
+                        })
+                        .collect(),
+                };
+                ids.push(serde_json::json!({
+                    "id": name,
+                    "object": "model",
+                    "created": 0,
+                    "owned_by": target.name().as_ref(),
+                }));
+                by_name.insert(
+                    name.to_string(),
+                    Entry {
+                        target: target.clone(),
+                        choices,
+                    },
+                );
+            }
+        }
+        Models {
+            by_name,
+            listing: serde_json::json!({ "object": "list", "data": ids }),
+        }
+    }
+
+    /// Reads and checks an LLM request, or answers it.
+    pub(crate) async fn prepare(&self, ctx: &mut RequestContext, request: &mut Request<Body>) -> Prepared {
+        let path = request.uri().path();
+        if path == "/v1/models" || path.ends_with("/v1/models") {
+            return Prepared::Answer(if request.method() == Method::GET {
+                crate::response::json(StatusCode::OK, &self.listing)
+            } else {
+                error(
+                    StatusCode::METHOD_NOT_ALLOWED,
+                    "method_not_allowed",
+                    "/v1/models is read with GET",
+                )
+            });
+        }
+        if request.method() != Method::POST {
+            return Prepared::Answer(error(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method_not_allowed",
+                format!("{} takes POST with a JSON body", request.uri().path()),
+            ));
+        }
+        let body = match policy::buffer_body(ctx, request).await {
+            Ok(body) => body,
+            Err(answer) => return Prepared::Answer(answer),
+        };
+        let mut parsed = match LlmRequest::parse(&body) {
+            Ok(parsed) => parsed,
+            Err(problem) => {
+                return Prepared::Answer(error(StatusCode::BAD_REQUEST, "invalid_request_error", problem));
+            }
+        };
+        let Some(entry) = self.by_name.get(parsed.requested_model.as_str()) else {
+            return Prepared::Answer(error(
+                StatusCode::NOT_FOUND,
+                "model_not_found",
+                format!(
+                    "the model {:?} does not exist on this route (GET /v1/models lists them)",
+                    parsed.requested_model
+                ),
+            ));
+        };
+        let Some((served, lora)) = choose(&entry.choices) else {
+            return Prepared::Answer(error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "model_unavailable",
+                format!(
+                    "no model behind {:?} has a weight above 0",
+                    parsed.requested_model
+                ),
+            ));
+        };
+        if served.as_ref() != parsed.requested_model {
+            match parsed.rewrite_model(&body, &served) {
+                Ok(rewritten) => policy::replace_body(request, rewritten),
+                Err(problem) => {
+                    return Prepared::Answer(error(
+                        StatusCode::BAD_REQUEST,
+                        "invalid_request_error",
+                        problem,
+                    ));
+                }
+            }
+        } else {
+            policy::replace_body(request, body);
+        }
+        parsed
+            .record
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .model = served.clone();
+        parsed.model = served;
+        parsed.lora = lora;
+        ctx.llm = Some(parsed);
+        Prepared::Forward(entry.target.clone())
+    }
+}
+
+/// A weighted choice among the served models behind a name.
+fn choose(choices: &[(Arc<str>, bool, u32)]) -> Option<(Arc<str>, bool)> {
+    let total: u64 = choices.iter().map(|(_, _, weight)| u64::from(*weight)).sum();
+    if total == 0 {
+        return None;
+    }
+    let mut ticket = rand::rng().random_range(0..total);
+    choices.iter().find_map(|(model, lora, weight)| {
+        if ticket < u64::from(*weight) {
+            Some((model.clone(), *lora))
+        } else {
+            ticket -= u64::from(*weight);
+            None
+        }
+    })
+}

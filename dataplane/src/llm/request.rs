@@ -1,0 +1,131 @@
+//! The parts of an OpenAI-style request body the gateway needs, read once.
+
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use bytes::Bytes;
+use serde::Deserialize;
+use serde_json::value::RawValue;
+
+use crate::telemetry::LlmRecord;
+
+/// An LLM request as the gateway understands it.
+#[derive(Debug)]
+pub(crate) struct LlmRequest {
+    /// The `model` the client sent.
+    pub(crate) requested_model: String,
+    /// The model the servers know, after aliases and rewrites.
+    pub(crate) model: Arc<str>,
+    /// `model` is a LoRA adapter.
+    pub(crate) lora: bool,
+    /// The prompt as sent: the raw JSON of `prompt` (completions) or `messages` (chat), for
+    /// prefix affinity. A conversation's next turn repeats it as a prefix.
+    pub(crate) prompt: Bytes,
+    /// `"stream": true`: the answer comes as server-sent events.
+    pub(crate) stream: bool,
+    /// When the proxy had the whole request; LLM latencies count from here.
+    pub(crate) since: Instant,
+    /// Filled in as the response passes; the request's telemetry record reads it.
+    pub(crate) record: Arc<Mutex<LlmRecord>>,
+}
+
+#[derive(Deserialize)]
+struct Probe<'a> {
+    model: Option<String>,
+    #[serde(borrow, default)]
+    prompt: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    messages: Option<&'a RawValue>,
+    #[serde(default)]
+    stream: Option<bool>,
+}
+
+impl LlmRequest {
+    pub(crate) fn parse(body: &Bytes) -> Result<LlmRequest, String> {
+        let probe: Probe<'_> = serde_json::from_slice(body).map_err(|error| {
+            if error.is_data() {
+                format!("the request body does not have the expected shape: {error}")
+            } else {
+                format!("the request body is not valid JSON: {error}")
+            }
+        })?;
+        let requested_model = probe
+            .model
+            .ok_or("the request names no model: \"model\" is required")?;
+        let prompt = match probe.messages.or(probe.prompt) {
+            Some(raw) => slice_of(body, raw.get().as_bytes()),
+            None => Bytes::new(),
+        };
+        Ok(LlmRequest {
+            model: Arc::from(requested_model.as_str()),
+            requested_model,
+            lora: false,
+            prompt,
+            stream: probe.stream.unwrap_or(false),
+            since: Instant::now(),
+            record: Arc::default(),
+        })
+    }
+
+    /// The body with `model` replaced by `served`.
+    pub(crate) fn rewrite_model(&self, body: &[u8], served: &str) -> Result<Bytes, String> {
+        let mut value: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(body)
+            .map_err(|error| format!("the request body is not a JSON object: {error}"))?;
+        value.insert("model".into(), serde_json::Value::String(served.to_string()));
+        serde_json::to_vec(&value)
+            .map(Bytes::from)
+            .map_err(|error| format!("could not re-encode the request: {error}"))
+    }
+}
+
+/// `part` as a zero-copy slice of `body`, which it points into.
+fn slice_of(body: &Bytes, part: &[u8]) -> Bytes {
+    let start = (part.as_ptr() as usize).saturating_sub(body.as_ptr() as usize);
+    if start + part.len() <= body.len() {
+        body.slice(start..start + part.len())
+    } else {
+        Bytes::copy_from_slice(part)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(body: &str) -> Result<LlmRequest, String> {
+        LlmRequest::parse(&Bytes::copy_from_slice(body.as_bytes()))
+    }
+
+    #[test]
+    fn reads_model_and_prompt_of_both_apis() {
+        let chat =
+            parse(r#"{"model":"m","messages":[{"role":"system","content":"be brief"}],"stream":true}"#)
+                .unwrap();
+        assert_eq!(chat.requested_model, "m");
+        assert_eq!(&chat.prompt[..], br#"[{"role":"system","content":"be brief"}]"#);
+        let completion = parse(r#"{"prompt":"once upon","model":"m","max_tokens":5}"#).unwrap();
+        assert_eq!(&completion.prompt[..], br#""once upon""#);
+    }
+
+    #[test]
+    fn bad_bodies_say_what_is_wrong() {
+        assert!(parse("{").unwrap_err().contains("not valid JSON"));
+        assert!(parse("[1]").unwrap_err().contains("expected shape"));
+        assert!(parse(r#"{"model":5}"#).unwrap_err().contains("expected shape"));
+        assert!(parse(r#"{"prompt":"x"}"#)
+            .unwrap_err()
+            .contains("\"model\" is required"));
+    }
+
+    #[test]
+    fn rewriting_keeps_everything_but_the_model() {
+        let body = br#"{"model":"alias","prompt":"hi","max_tokens":3}"#;
+        let request = parse(std::str::from_utf8(body).unwrap()).unwrap();
+        let rewritten = request.rewrite_model(body, "served").unwrap();
+        let value: serde_json::Value = serde_json::from_slice(&rewritten).unwrap();
+        assert_eq!(
+            value,
+            serde_json::json!({"model":"served","prompt":"hi","max_tokens":3})
+        );
+    }
+}

@@ -1,0 +1,320 @@
+//! Reads an LLM response as it passes, without holding it back: when the first token
+//! arrives, when the last one did, and the usage the server reports (OpenAI's `usage`:
+//! `prompt_tokens`, `prompt_tokens_details.cached_tokens`, `completion_tokens`; in a stream,
+//! the final chunk when the client asked for `stream_options.include_usage`). A streamed
+//! response without usage is counted by its content chunks (one token each, as vLLM sends).
+//!
+//! When a streamed response breaks (the model server died, or paused past the idle
+//! timeout), the client gets a last event carrying an OpenAI-shaped error and a clean end of
+//! stream, which OpenAI SDKs raise as an API error, instead of a cut connection.
+
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use bytes::{Buf, Bytes, BytesMut};
+use http_body::{Body as HttpBody, Frame, SizeHint};
+
+use crate::body::{Body, BoxError};
+use crate::telemetry::LlmRecord;
+
+/// Parsing stops (the response still passes) past this much unparsed text: one SSE event or
+/// a whole JSON answer larger than this carries no usage worth the memory.
+const MAX_PENDING_BYTES: usize = 4 * 1024 * 1024;
+
+pub(crate) struct Tap {
+    inner: Body,
+    record: Arc<Mutex<LlmRecord>>,
+    /// When the proxy had the whole request.
+    since: Instant,
+    streamed: bool,
+    /// An unfinished SSE event, or the JSON answer so far.
+    pending: BytesMut,
+    gave_up: bool,
+    content_chunks: u64,
+    ended: bool,
+    /// The error event went out; the stream is over.
+    closed: bool,
+}
+
+impl Tap {
+    pub(crate) fn new(inner: Body, record: Arc<Mutex<LlmRecord>>, since: Instant, streamed: bool) -> Tap {
+        record.lock().unwrap_or_else(PoisonError::into_inner).streamed = streamed;
+        Tap {
+            inner,
+            record,
+            since,
+            streamed,
+            pending: BytesMut::new(),
+            gave_up: false,
+            content_chunks: 0,
+            ended: false,
+            closed: false,
+        }
+    }
+
+    fn data(&mut self, data: &Bytes) {
+        if self.gave_up {
+            return;
+        }
+        self.pending.extend_from_slice(data);
+        if self.streamed {
+            while let Some((end, next)) = find_event_end(&self.pending) {
+                let event = self.pending.split_to(end);
+                self.pending.advance(next - end);
+                self.event(&event);
+            }
+        }
+        if self.pending.len() > MAX_PENDING_BYTES {
+            self.gave_up = true;
+            self.pending = BytesMut::new();
+        }
+    }
+
+    /// One SSE event: its `data:` lines.
+    fn event(&mut self, event: &[u8]) {
+        for line in event.split(|&b| b == b'\n') {
+            let line = line.strip_suffix(b"\r").unwrap_or(line);
+            let Some(payload) = line.strip_prefix(b"data:") else {
+                continue;
+            };
+            let payload = payload.strip_prefix(b" ").unwrap_or(payload);
+            if payload == b"[DONE]" {
+                continue;
+            }
+            let Ok(chunk) = serde_json::from_slice::<serde_json::Value>(payload) else {
+                continue;
+            };
+            let now = self.since.elapsed();
+            let mut record = self.record.lock().unwrap_or_else(PoisonError::into_inner);
+            if has_content(&chunk) {
+                self.content_chunks += 1;
+                record.first_token.get_or_insert(now);
+                record.last_token = Some(now);
+            }
+            read_usage(&chunk, &mut record);
+        }
+    }
+
+    fn end(&mut self) {
+        if self.ended {
+            return;
+        }
+        self.ended = true;
+        let mut record = self.record.lock().unwrap_or_else(PoisonError::into_inner);
+        if self.streamed {
+            if record.output_tokens.is_none() && self.content_chunks > 0 {
+                record.output_tokens = Some(self.content_chunks);
+            }
+        } else if !self.gave_up {
+            if let Ok(answer) = serde_json::from_slice::<serde_json::Value>(&self.pending) {
+                read_usage(&answer, &mut record);
+            }
+        }
+        self.pending = BytesMut::new();
+    }
+}
+
+/// The last event of a stream the server broke off.
+fn error_event(error: &(dyn std::error::Error + Send + Sync)) -> Bytes {
+    let error = serde_json::json!({
+        "error": {
+            "message": format!("the model server's response broke off: {error}"),
+            "type": "server_error",
+            "param": null,
+            "code": "upstream_stream_error",
+        }
+    });
+    Bytes::from(format!("data: {error}\n\n"))
+}
+
+/// The end of the first complete SSE event: (where it ends, where the next begins).
+fn find_event_end(buffer: &[u8]) -> Option<(usize, usize)> {
+    let lf = buffer
+        .windows(2)
+        .position(|w| w == b"\n\n")
+        .map(|at| (at, at + 2));
+    let crlf = buffer
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .map(|at| (at, at + 4));
+    match (lf, crlf) {
+        (Some(a), Some(b)) => Some(if a.0 <= b.0 { a } else { b }),
+        (a, b) => a.or(b),
+    }
+}
+
+/// A chunk carries generated text: chat `choices[].delta.content` or completions'
+/// `choices[].text`, non-empty.
+fn has_content(chunk: &serde_json::Value) -> bool {
+    chunk["choices"].as_array().is_some_and(|choices| {
+        choices.iter().any(|choice| {
+            let text = choice["delta"]["content"].as_str().or(choice["text"].as_str());
+            text.is_some_and(|text| !text.is_empty())
+        })
+    })
+}
+
+fn read_usage(value: &serde_json::Value, record: &mut LlmRecord) {
+    let usage = &value["usage"];
+    if !usage.is_object() {
+        return;
+    }
+    if let Some(n) = usage["prompt_tokens"].as_u64() {
+        record.input_tokens = Some(n);
+    }
+    if let Some(n) = usage["completion_tokens"].as_u64() {
+        record.output_tokens = Some(n);
+    }
+    if let Some(n) = usage["prompt_tokens_details"]["cached_tokens"].as_u64() {
+        record.cached_input_tokens = Some(n);
+    }
+}
+
+impl HttpBody for Tap {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = &mut *self;
+        if this.closed {
+            return Poll::Ready(None);
+        }
+        let polled = Pin::new(&mut this.inner).poll_frame(cx);
+        if let Poll::Ready(Some(Err(error))) = &polled {
+            if this.streamed {
+                this.end();
+                this.closed = true;
+                this.record
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .interrupted = true;
+                return Poll::Ready(Some(Ok(Frame::data(error_event(&**error)))));
+            }
+        }
+        match &polled {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let Some(data) = frame.data_ref() {
+                    this.data(data);
+                }
+                if this.inner.is_end_stream() {
+                    this.end();
+                }
+            }
+            Poll::Ready(None) => this.end(),
+            Poll::Ready(Some(Err(_))) | Poll::Pending => {}
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.closed || self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use http_body_util::BodyExt;
+
+    use super::*;
+    use crate::body;
+
+    fn tapped(streamed: bool, chunks: &[&str]) -> LlmRecord {
+        let frames: Vec<Result<Frame<Bytes>, BoxError>> = chunks
+            .iter()
+            .map(|c| Ok(Frame::data(Bytes::copy_from_slice(c.as_bytes()))))
+            .collect();
+        let inner = body::boxed(http_body_util::StreamBody::new(futures::stream::iter(frames)));
+        let record = Arc::new(Mutex::new(LlmRecord::default()));
+        let tap = Tap::new(inner, record.clone(), Instant::now(), streamed);
+        let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        let collected = runtime.block_on(tap.collect()).unwrap().to_bytes();
+        assert_eq!(collected, chunks.concat().as_bytes(), "the body passes unchanged");
+        let record = record.lock().unwrap().clone();
+        record
+    }
+
+    #[test]
+    fn a_stream_split_anywhere_yields_first_token_and_usage() {
+        let record = tapped(
+            true,
+            &[
+                "data: {\"choices\":[{\"delta\":{\"role\":\"assistant\"}}]}\n\ndata: {\"choi",
+                "ces\":[{\"delta\":{\"content\":\"Hel\"}}]}\r\n\r\ndata: {\"choices\":[{\"delta\":{\"content\":\"lo\"}}]}\n\n",
+                "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":12,\"completion_tokens\":2,\"prompt_tokens_details\":{\"cached_tokens\":8}}}\n\ndata: [DONE]\n\n",
+            ],
+        );
+        assert!(record.streamed);
+        assert!(record.first_token.is_some() && record.last_token >= record.first_token);
+        assert_eq!(
+            (
+                record.input_tokens,
+                record.cached_input_tokens,
+                record.output_tokens
+            ),
+            (Some(12), Some(8), Some(2))
+        );
+    }
+
+    #[test]
+    fn a_broken_stream_ends_with_an_error_event() {
+        let first = "data: {\"choices\":[{\"text\":\"a\"}]}\n\n";
+        let frames: Vec<Result<Frame<Bytes>, BoxError>> = vec![
+            Ok(Frame::data(Bytes::from_static(first.as_bytes()))),
+            Err("connection reset".into()),
+            Ok(Frame::data(Bytes::from_static(b"never seen"))),
+        ];
+        let inner = body::boxed(http_body_util::StreamBody::new(futures::stream::iter(frames)));
+        let record = Arc::new(Mutex::new(LlmRecord::default()));
+        let tap = Tap::new(inner, record.clone(), Instant::now(), true);
+        let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        let collected = runtime.block_on(tap.collect()).unwrap().to_bytes();
+        let text = std::str::from_utf8(&collected).unwrap();
+        let last = text.strip_prefix(first).unwrap().trim_end();
+        let event: serde_json::Value = serde_json::from_str(last.strip_prefix("data: ").unwrap()).unwrap();
+        assert_eq!(event["error"]["code"], "upstream_stream_error");
+        assert!(event["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("connection reset"));
+        let record = record.lock().unwrap();
+        assert!(record.interrupted);
+        assert_eq!(record.output_tokens, Some(1));
+    }
+
+    #[test]
+    fn without_usage_a_stream_counts_its_content_chunks() {
+        let record = tapped(
+            true,
+            &["data: {\"choices\":[{\"text\":\"a\"}]}\n\ndata: {\"choices\":[{\"text\":\"b\"}]}\n\ndata: [DONE]\n\n"],
+        );
+        assert_eq!(record.output_tokens, Some(2));
+        assert_eq!(record.input_tokens, None);
+    }
+
+    #[test]
+    fn a_json_answer_is_read_at_its_end_and_garbage_is_ignored() {
+        let record = tapped(
+            false,
+            &[
+                "{\"choices\":[{\"text\":\"hi\"}],",
+                "\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":1}}",
+            ],
+        );
+        assert_eq!((record.input_tokens, record.output_tokens), (Some(3), Some(1)));
+        assert_eq!(
+            record.first_token, None,
+            "no time to first token without streaming"
+        );
+        let garbage = tapped(false, &["<html>not json"]);
+        assert_eq!((garbage.input_tokens, garbage.output_tokens), (None, None));
+    }
+}

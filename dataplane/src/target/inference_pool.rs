@@ -1,0 +1,262 @@
+//! The InferencePool: model servers behind the endpoint picker (`portcullis-picker`). Each
+//! request's pod comes from the picker; its fallbacks are tried, in order, when a pod refuses
+//! the connection. The picker is credited when a request starts and released when its
+//! response ends, so its in-flight counts are this proxy's real load on each pod.
+
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::uri::Authority;
+use http::{HeaderValue, Request, Response, StatusCode};
+use http_body::{Body as HttpBody, Frame, SizeHint};
+use portcullis_config::{EjectionSpec, InferencePoolSpec};
+use portcullis_picker::{EndpointInfo, PickRequest, Picker, PickerConfig, Refusal, Strategy, Weights};
+
+use super::{ResponseFuture, Target};
+use crate::body::{self, Body, BoxError};
+use crate::llm;
+use crate::policy::RequestContext;
+use crate::route::Route;
+use crate::upstream::{Dispatch, Endpoint, Upstream};
+
+pub(crate) struct InferencePoolTarget {
+    name: Arc<str>,
+    /// The spec it was compiled from: an unchanged pool keeps its picker (and what the
+    /// picker learned) across config versions.
+    spec: InferencePoolSpec,
+    endpoints: Vec<Endpoint>,
+    ejection: EjectionSpec,
+    picker: Arc<Mutex<Picker>>,
+    /// The picker counts time from here.
+    epoch: Instant,
+}
+
+impl InferencePoolTarget {
+    pub(crate) fn compile(
+        name: &str,
+        spec: &InferencePoolSpec,
+        upstream: &Upstream,
+    ) -> Result<InferencePoolTarget, String> {
+        let endpoints: Vec<Endpoint> = spec
+            .endpoints
+            .iter()
+            .map(|endpoint| {
+                endpoint
+                    .parse::<Authority>()
+                    .map(|authority| upstream.health.endpoint(authority))
+                    .map_err(|error| format!("InferencePool/{name}: endpoint {endpoint:?}: {error}"))
+            })
+            .collect::<Result<_, _>>()?;
+        let picker = Picker::new(
+            picker_config(spec),
+            vec![EndpointInfo::default(); endpoints.len()],
+        );
+        Ok(InferencePoolTarget {
+            name: Arc::from(format!("InferencePool/{name}")),
+            spec: spec.clone(),
+            endpoints,
+            ejection: EjectionSpec::default(),
+            picker: Arc::new(Mutex::new(picker)),
+            epoch: Instant::now(),
+        })
+    }
+
+    pub(crate) fn spec(&self) -> &InferencePoolSpec {
+        &self.spec
+    }
+
+    fn picker(&self) -> std::sync::MutexGuard<'_, Picker> {
+        // The picker's state stays consistent even if a holder panicked: every update is a
+        // counter or an index insert completed under the lock.
+        self.picker.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+fn picker_config(spec: &InferencePoolSpec) -> PickerConfig {
+    let defaults = PickerConfig::default();
+    let picker = &spec.picker;
+    PickerConfig {
+        strategy: match picker.strategy {
+            portcullis_config::Strategy::Scored => Strategy::Scored,
+            portcullis_config::Strategy::RoundRobin => Strategy::RoundRobin,
+            portcullis_config::Strategy::LeastRequest => Strategy::LeastRequest,
+        },
+        weights: picker.weights.map_or(defaults.weights, |w| Weights {
+            queue: w.queue,
+            kv_cache: w.kv_cache,
+            prefix: w.prefix,
+            lora: w.lora,
+        }),
+        queue_threshold: picker.queue_threshold.unwrap_or(defaults.queue_threshold),
+        kv_cache_threshold: picker.kv_cache_threshold.unwrap_or(defaults.kv_cache_threshold),
+        staleness: picker.staleness.map_or(defaults.staleness, |d| d.0),
+        failure_mode: match spec.failure_mode {
+            portcullis_config::FailureMode::FailOpen => portcullis_picker::FailureMode::FailOpen,
+            portcullis_config::FailureMode::FailClose => portcullis_picker::FailureMode::FailClose,
+        },
+        fallbacks: picker.fallbacks.map_or(defaults.fallbacks, |n| n as usize),
+        seed: rand::random(),
+        ..defaults
+    }
+}
+
+impl Target for InferencePoolTarget {
+    fn name(&self) -> &Arc<str> {
+        &self.name
+    }
+
+    fn forward<'a>(
+        &'a self,
+        ctx: &'a mut RequestContext,
+        route: &'a Route,
+        upstream: &'a Upstream,
+        request: Request<Body>,
+    ) -> ResponseFuture<'a> {
+        Box::pin(async move {
+            let Some(llm) = ctx.llm.as_ref() else {
+                // Route compilation sends only parsed LLM requests here.
+                return llm::error(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "not_an_llm_request",
+                    format!("{} received a request the LLM stage did not read", self.name),
+                );
+            };
+            let now = self.epoch.elapsed();
+            let pick = self.picker().pick(
+                now,
+                &PickRequest {
+                    model: &llm.model,
+                    lora: llm.lora,
+                    prompt: &llm.prompt,
+                    priority: 0,
+                },
+                |index| !self.endpoints[index].health.is_ejected(),
+            );
+            let (record, since, streamed) = (llm.record.clone(), llm.since, llm.stream);
+            let pick = match pick {
+                Ok(pick) => pick,
+                Err(refusal) => return self.refused(&refusal),
+            };
+            ctx.decide(&self.name, pick.basis.as_str());
+            let first = pick.endpoints[0];
+            let dispatch = Dispatch {
+                target: &self.name,
+                endpoints: pick
+                    .endpoints
+                    .iter()
+                    .map(|&index| &self.endpoints[index])
+                    .collect(),
+                http2: false,
+                ejection: &self.ejection,
+                connect_fallback: true,
+            };
+            let response = upstream.send(ctx, route, dispatch, request).await;
+            let used = ctx
+                .endpoint
+                .as_ref()
+                .and_then(|label| {
+                    pick.endpoints
+                        .iter()
+                        .copied()
+                        .find(|&index| self.endpoints[index].label == *label)
+                })
+                .unwrap_or(first);
+            if used != first {
+                let mut picker = self.picker();
+                picker.finished(first);
+                picker.started(used, now);
+            }
+            let (parts, body) = response.into_parts();
+            let streamed = streamed
+                || parts
+                    .headers
+                    .get(http::header::CONTENT_TYPE)
+                    .is_some_and(|value| value.as_bytes().starts_with(b"text/event-stream"));
+            let release = Release {
+                inner: body::boxed(llm::Tap::new(body, record, since, streamed)),
+                picker: self.picker.clone(),
+                endpoint: used,
+            };
+            Response::from_parts(parts, body::boxed(release))
+        })
+    }
+
+    fn endpoints(&self) -> Vec<&Authority> {
+        self.endpoints
+            .iter()
+            .map(|endpoint| &endpoint.authority)
+            .collect()
+    }
+}
+
+impl InferencePoolTarget {
+    fn refused(&self, refusal: &Refusal) -> Response<Body> {
+        match refusal {
+            Refusal::Saturated { retry_after } => {
+                let mut answer = llm::error(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    "pool_saturated",
+                    format!("{}: {refusal}", self.name),
+                );
+                answer
+                    .headers_mut()
+                    .insert(http::header::RETRY_AFTER, retry_after_header(*retry_after));
+                answer
+            }
+            Refusal::NoEndpoint => llm::error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "no_endpoint",
+                format!("{}: {refusal}", self.name),
+            ),
+            Refusal::SignalsUnavailable => llm::error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "signals_unavailable",
+                format!("{}: {refusal}", self.name),
+            ),
+        }
+    }
+}
+
+fn retry_after_header(wait: Duration) -> HeaderValue {
+    HeaderValue::from(wait.as_secs_f64().ceil().max(1.0) as u64)
+}
+
+/// The response body; releases the picker's in-flight count when the exchange ends (the
+/// body is dropped at its end, on error, or when the client leaves).
+struct Release {
+    inner: Body,
+    picker: Arc<Mutex<Picker>>,
+    endpoint: usize,
+}
+
+impl Drop for Release {
+    fn drop(&mut self) {
+        self.picker
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .finished(self.endpoint);
+    }
+}
+
+impl HttpBody for Release {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        Pin::new(&mut self.inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
