@@ -6,7 +6,7 @@
 # stages to both, one after the other, in one run.
 #
 # usage: loadtest/llm-bench.sh [OUT_DIR]        (default docs/benchmarks/llm-real)
-# env:   PODS (4)  TIME_SCALE (2)  STAGE_SECONDS (30, simulated)  GROUPS (75)
+# env:   PODS (4)  TIME_SCALE (2)  STAGE_SECONDS (30, simulated)  PROMPT_GROUPS (75)
 #        OUTPUT_LEN (1000)  MAX_CONCURRENCY (450)  RATE_SCALE (0.5)
 #
 # The published run (llm-d/llm-d guides/inference-scheduling) has 8 pods, 150 prompt groups,
@@ -21,7 +21,7 @@ OUT=${1:-docs/benchmarks/llm-real}
 PODS=${PODS:-4}
 TIME_SCALE=${TIME_SCALE:-2}
 STAGE_SECONDS=${STAGE_SECONDS:-30}
-GROUPS_=${GROUPS:-75}
+PROMPT_GROUPS=${PROMPT_GROUPS:-75}
 OUTPUT_LEN=${OUTPUT_LEN:-1000}
 MAX_CONCURRENCY=${MAX_CONCURRENCY:-450}
 RATE_SCALE=${RATE_SCALE:-0.5}
@@ -91,7 +91,7 @@ targets:
   - {{name: picker, url: "http://127.0.0.1:$SCORED"}}
 data:
   type: shared_prefix
-  num_groups: $GROUPS_
+  num_groups: $PROMPT_GROUPS
   num_prompts_per_group: 5
   system_prompt_len: 6000
   question_len: 1200

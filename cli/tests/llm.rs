@@ -12,7 +12,7 @@ use support::*;
 
 struct Fleet {
     _sim: Process,
-    _controlplane: Process,
+    controlplane: Process,
     _proxy: Process,
     pods: Vec<u16>,
     /// Listener of the route to the scored pool, and of the one to the round-robin pool.
@@ -50,7 +50,7 @@ fn fleet(dir: &std::path::Path) -> Fleet {
     });
     Fleet {
         _sim: sim,
-        _controlplane: controlplane,
+        controlplane,
         _proxy: proxy,
         pods,
         scored,
@@ -86,7 +86,7 @@ fn error_of(response: &HttpResponse) -> serde_json::Value {
 #[test]
 fn llm_routes_choose_by_model_keep_prefixes_together_and_fall_back() {
     let dir = tempfile::tempdir().unwrap();
-    let fleet = fleet(dir.path());
+    let mut fleet = fleet(dir.path());
 
     // Aliases and rewrites reach the pods as the served name: a pod knows no "qwen".
     assert_eq!(completion(fleet.pods[0], "qwen", "hi").status, 404);
@@ -262,4 +262,80 @@ fn llm_routes_choose_by_model_keep_prefixes_together_and_fall_back() {
         ),
         4.0
     );
+
+    // Without the control plane the proxy keeps routing on what it holds.
+    fleet.controlplane.kill();
+    for i in 0..3 {
+        let answer = completion(fleet.scored, "qwen", &format!("{system}Still there {i}?"));
+        assert_eq!(answer.status, 200, "{}", answer.body);
+    }
+}
+
+#[test]
+fn a_pod_killed_mid_stream_ends_the_stream_with_an_error_event_and_new_requests_avoid_it() {
+    use std::io::{Read, Write};
+    let dir = tempfile::tempdir().unwrap();
+    let (doomed, survivor) = (free_port(), free_port());
+    // Two simulator processes, so one can die alone; real time, so a stream lasts seconds.
+    let mut doomed_pod = start_sim(dir.path(), 1, doomed, "1");
+    let _survivor_pod = start_sim(dir.path(), 1, survivor, "1");
+    let (cp_port, admin, port) = (free_port(), free_port(), free_port());
+    let cp = format!("127.0.0.1:{cp_port}");
+    let _controlplane = start_controlplane(dir.path(), cp_port);
+    let _proxy = start_proxy(dir.path(), "llm", &cp, admin, &[]);
+    let header = "apiVersion: portcullis.dev/v1alpha1";
+    // Round-robin, so the first request deterministically goes to the doomed pod.
+    let config = format!(
+        "{header}\nkind: Listener\nmetadata: {{name: gw}}\nspec: {{address: 127.0.0.1, port: {port}}}\n---\n\
+         {header}\nkind: InferencePool\nmetadata: {{name: pool}}\nspec: {{endpoints: ['127.0.0.1:{doomed}', '127.0.0.1:{survivor}'], models: [{{name: Qwen/Qwen3-32B}}], picker: {{strategy: RoundRobin}}}}\n---\n\
+         {header}\nkind: Route\nmetadata: {{name: llm}}\nspec: {{listeners: [gw], backends: [{{kind: InferencePool, name: pool}}], timeout: 60s}}\n"
+    );
+    apply(dir.path(), "pool.yaml", &config, &cp);
+    wait_for("proxy ready", TIMEOUT, || {
+        http_get(admin, "/readyz").is_some_and(|r| r.status == 200)
+    });
+
+    let body = serde_json::json!({
+        "model": "Qwen/Qwen3-32B", "prompt": "tell a long story", "max_tokens": 2000, "stream": true
+    })
+    .to_string();
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    stream
+        .set_read_timeout(Some(std::time::Duration::from_secs(30)))
+        .unwrap();
+    write!(
+        stream,
+        "POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut received = Vec::new();
+    let mut chunk = [0u8; 4096];
+    while !String::from_utf8_lossy(&received).contains("data: ") {
+        let n = stream.read(&mut chunk).unwrap();
+        assert!(n > 0, "the stream ended before its first event");
+        received.extend_from_slice(&chunk[..n]);
+    }
+    doomed_pod.kill();
+    stream.read_to_end(&mut received).unwrap();
+    let text = String::from_utf8_lossy(&received);
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    let last_event = text
+        .lines()
+        .filter(|line| line.starts_with("data: "))
+        .last()
+        .unwrap();
+    let error: serde_json::Value = serde_json::from_str(&last_event["data: ".len()..]).unwrap();
+    assert_eq!(error["error"]["code"], "upstream_stream_error", "{text}");
+    assert!(
+        text.ends_with("0\r\n\r\n"),
+        "a clean end of the chunked body: {text:?}"
+    );
+
+    // Every new request is served: the dead pod refuses connections, each refusal moves the
+    // request to the survivor, and after three the dead pod is ejected.
+    for i in 0..6 {
+        let answer = completion(port, "Qwen/Qwen3-32B", &format!("after {i}"));
+        assert_eq!(answer.status, 200, "{}", answer.body);
+    }
 }
