@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# The llm-d shared-prefix comparison through real processes: a simulated vLLM fleet
-# (`portcullis sim vllm`, time-scaled), Portcullis (`portcullis up`: control plane + proxy)
-# serving two LLM routes over the same pods — one InferencePool with the default picker, one
-# with `picker.strategy: RoundRobin` — and `portcullis loadtest` sending the same Poisson
-# stages to both, one after the other, in one run.
+# The llm-d shared-prefix comparison through real processes: two identical simulated vLLM
+# fleets (`portcullis sim vllm`, time-scaled; one per side, so neither side inherits the
+# other's warm prefix caches), Portcullis (`portcullis up`: control plane + proxy) serving two
+# LLM routes — an InferencePool with the default picker over one fleet, one with
+# `picker.strategy: RoundRobin` over the other — and `portcullis loadtest` sending the same
+# Poisson stages to both, one after the other, in one run.
 #
 # usage: loadtest/llm-bench.sh [OUT_DIR]        (default docs/benchmarks/llm-real)
-# env:   PODS (4)  TIME_SCALE (2)  STAGE_SECONDS (30, simulated)  PROMPT_GROUPS (75)
+# env:   PODS (4, per fleet)  TIME_SCALE (2)  STAGE_SECONDS (20, simulated)  PROMPT_GROUPS (75)
 #        OUTPUT_LEN (1000)  MAX_CONCURRENCY (450)  RATE_SCALE (0.5)
 #
 # The published run (llm-d/llm-d guides/inference-scheduling) has 8 pods, 150 prompt groups,
@@ -20,7 +21,7 @@ cd "$(dirname "$0")/.."
 OUT=${1:-docs/benchmarks/llm-real}
 PODS=${PODS:-4}
 TIME_SCALE=${TIME_SCALE:-2}
-STAGE_SECONDS=${STAGE_SECONDS:-30}
+STAGE_SECONDS=${STAGE_SECONDS:-20}
 PROMPT_GROUPS=${PROMPT_GROUPS:-75}
 OUTPUT_LEN=${OUTPUT_LEN:-1000}
 MAX_CONCURRENCY=${MAX_CONCURRENCY:-450}
@@ -34,12 +35,31 @@ cleanup() { kill $(jobs -p) 2>/dev/null || true; wait 2>/dev/null || true; rm -r
 trap cleanup EXIT
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-FIRST_POD=$(free_port)
+# The first of N consecutive free ports (a simulated fleet takes consecutive ports).
+free_ports() {
+    python3 - "$1" <<'PY'
+import socket, sys
+n = int(sys.argv[1])
+for first in range(20000, 60000, n + 1):
+    sockets = []
+    try:
+        for port in range(first, first + n):
+            s = socket.socket(); s.bind(("127.0.0.1", port)); sockets.append(s)
+        print(first); break
+    except OSError:
+        pass
+    finally:
+        for s in sockets: s.close()
+PY
+}
+PICKER_PODS=$(free_ports "$((2 * PODS + 1))")
+RR_PODS=$((PICKER_PODS + PODS + 1))
 SCORED=$(free_port); ROUND_ROBIN=$(free_port)
 ADMIN=$(free_port); PROXY_ADMIN=$(free_port); METRICS=$(free_port)
 
-"$BIN" sim vllm --pods "$PODS" --port "$FIRST_POD" --time-scale "$TIME_SCALE" >"$WORK/sim.log" 2>&1 &
-ENDPOINTS=$(python3 -c "print(', '.join(\"'127.0.0.1:%d'\" % (${FIRST_POD} + i) for i in range(${PODS})))")
+"$BIN" sim vllm --pods "$PODS" --port "$PICKER_PODS" --time-scale "$TIME_SCALE" >"$WORK/sim-picker.log" 2>&1 &
+"$BIN" sim vllm --pods "$PODS" --port "$RR_PODS" --time-scale "$TIME_SCALE" >"$WORK/sim-rr.log" 2>&1 &
+endpoints() { python3 -c "print(', '.join(\"'127.0.0.1:%d'\" % ($1 + i) for i in range($PODS)))"; }
 cat >"$WORK/gateway.yaml" <<EOF
 apiVersion: portcullis.dev/v1alpha1
 kind: Listener
@@ -54,12 +74,12 @@ spec: {address: 127.0.0.1, port: $ROUND_ROBIN}
 apiVersion: portcullis.dev/v1alpha1
 kind: InferencePool
 metadata: {name: picker}
-spec: {endpoints: [$ENDPOINTS], models: [{name: Qwen/Qwen3-32B}]}
+spec: {endpoints: [$(endpoints "$PICKER_PODS")], models: [{name: Qwen/Qwen3-32B}]}
 ---
 apiVersion: portcullis.dev/v1alpha1
 kind: InferencePool
 metadata: {name: round-robin}
-spec: {endpoints: [$ENDPOINTS], models: [{name: Qwen/Qwen3-32B}], picker: {strategy: RoundRobin}}
+spec: {endpoints: [$(endpoints "$RR_PODS")], models: [{name: Qwen/Qwen3-32B}], picker: {strategy: RoundRobin}}
 ---
 apiVersion: portcullis.dev/v1alpha1
 kind: Route
@@ -74,10 +94,11 @@ EOF
 "$BIN" up -f "$WORK/gateway.yaml" --data-dir "$WORK/data" --admin-listen "127.0.0.1:$ADMIN" \
     --proxy-admin-listen "127.0.0.1:$PROXY_ADMIN" --metrics-listen "127.0.0.1:$METRICS" >"$WORK/up.log" 2>&1 &
 for _ in $(seq 100); do
-    curl -sf "127.0.0.1:$PROXY_ADMIN/readyz" >/dev/null && curl -sf "127.0.0.1:$FIRST_POD/health" >/dev/null && break
+    curl -sf "127.0.0.1:$PROXY_ADMIN/readyz" >/dev/null && curl -sf "127.0.0.1:$PICKER_PODS/health" >/dev/null \
+        && curl -sf "127.0.0.1:$RR_PODS/health" >/dev/null && break
     sleep 0.2
 done
-curl -sf "127.0.0.1:$PROXY_ADMIN/readyz" >/dev/null || { cat "$WORK/up.log" "$WORK/sim.log"; exit 1; }
+curl -sf "127.0.0.1:$PROXY_ADMIN/readyz" >/dev/null || { cat "$WORK"/*.log; exit 1; }
 
 python3 - "$WORK/scenario.yaml" <<EOF
 import sys
@@ -105,7 +126,8 @@ load:
 request_timeout: 600s
 """)
 EOF
-cp "$WORK/scenario.yaml" "$OUT/scenario.yaml"
+sed -e "s/127.0.0.1:$ROUND_ROBIN/ROUND_ROBIN_LISTENER/" -e "s/127.0.0.1:$SCORED/PICKER_LISTENER/" \
+    "$WORK/scenario.yaml" >"$OUT/scenario.yaml"
 "$BIN" loadtest -f "$WORK/scenario.yaml" --output-dir "$OUT" --no-progress
 curl -s "127.0.0.1:$PROXY_ADMIN/metrics" | grep -E '^portcullis_proxy_(policy_decisions|gen_ai_requests)_total' >"$OUT/proxy-metrics.txt" || true
 echo "report: $OUT/report.json, $OUT/report.csv, charts in $OUT"

@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use support::*;
 
 struct Fleet {
-    _sim: Process,
+    _sims: Vec<Process>,
     controlplane: Process,
     _proxy: Process,
     pods: Vec<u16>,
@@ -24,9 +24,9 @@ struct Fleet {
 /// Three simulated pods; a scored pool over them, and a round-robin pool over a port where
 /// nothing listens and the first pod.
 fn fleet(dir: &std::path::Path) -> Fleet {
-    let first_pod = free_port();
-    let pods: Vec<u16> = (first_pod..first_pod + 3).collect();
-    let sim = start_sim(dir, 3, first_pod, "20");
+    // One simulator process per pod: each on a port known to be free.
+    let pods: Vec<u16> = (0..3).map(|_| free_port()).collect();
+    let sims = pods.iter().map(|&pod| start_sim(dir, 1, pod, "20")).collect();
     let (cp_port, admin, scored, round_robin, dead) =
         (free_port(), free_port(), free_port(), free_port(), free_port());
     let cp = format!("127.0.0.1:{cp_port}");
@@ -49,7 +49,7 @@ fn fleet(dir: &std::path::Path) -> Fleet {
         http_get(admin, "/readyz").is_some_and(|r| r.status == 200)
     });
     Fleet {
-        _sim: sim,
+        _sims: sims,
         controlplane,
         _proxy: proxy,
         pods,
@@ -105,6 +105,16 @@ fn llm_routes_choose_by_model_keep_prefixes_together_and_fall_back() {
         .map(|m| m["id"].as_str().unwrap())
         .collect();
     assert_eq!(ids, ["Qwen/Qwen3-32B", "qwen", "chat"]);
+    let one = http_get(fleet.scored, "/v1/models/Qwen/Qwen3-32B").unwrap();
+    assert_eq!(one.status, 200, "{}", one.body);
+    assert!(
+        one.body.contains("\"owned_by\":\"InferencePool/qwen\""),
+        "{}",
+        one.body
+    );
+    let none = http_get(fleet.scored, "/v1/models/gpt-4o").unwrap();
+    assert_eq!(none.status, 404);
+    assert_eq!(error_of(&none)["code"], "model_not_found");
 
     // Errors in OpenAI's shape, from the gateway itself: nothing reaches a pod.
     let before = served(&fleet.pods);
@@ -132,6 +142,11 @@ fn llm_routes_choose_by_model_keep_prefixes_together_and_fall_back() {
         .contains("\"model\" is required"));
     let wrong_method = http_get(fleet.scored, "/v1/completions").unwrap();
     assert_eq!(wrong_method.status, 405);
+    assert!(
+        wrong_method.head.to_ascii_lowercase().contains("allow: post"),
+        "{}",
+        wrong_method.head
+    );
     assert_eq!(served(&fleet.pods), before);
 
     // Prompts sharing a long prefix go where the first one went; unrelated ones spread.
@@ -320,11 +335,7 @@ fn a_pod_killed_mid_stream_ends_the_stream_with_an_error_event_and_new_requests_
     stream.read_to_end(&mut received).unwrap();
     let text = String::from_utf8_lossy(&received);
     assert!(text.starts_with("HTTP/1.1 200"), "{text}");
-    let last_event = text
-        .lines()
-        .filter(|line| line.starts_with("data: "))
-        .last()
-        .unwrap();
+    let last_event = text.lines().rfind(|line| line.starts_with("data: ")).unwrap();
     let error: serde_json::Value = serde_json::from_str(&last_event["data: ".len()..]).unwrap();
     assert_eq!(error["error"]["code"], "upstream_stream_error", "{text}");
     assert!(
@@ -338,4 +349,96 @@ fn a_pod_killed_mid_stream_ends_the_stream_with_an_error_event_and_new_requests_
         let answer = completion(port, "Qwen/Qwen3-32B", &format!("after {i}"));
         assert_eq!(answer.status, 200, "{}", answer.body);
     }
+}
+
+#[test]
+fn a_client_that_leaves_before_the_answer_gives_its_pod_back_and_policies_still_apply() {
+    let dir = tempfile::tempdir().unwrap();
+    let pods = [free_port(), free_port()];
+    // The first pod runs in real time: its 2,000-token answers take longer than the clients
+    // below wait. The second runs 200× faster and answers before they leave. A leaked credit
+    // would therefore pile up on the first pod only, and least-request would shun it.
+    let _sims = [
+        start_sim(dir.path(), 1, pods[0], "1"),
+        start_sim(dir.path(), 1, pods[1], "200"),
+    ];
+    let (cp_port, admin, port) = (free_port(), free_port(), free_port());
+    let cp = format!("127.0.0.1:{cp_port}");
+    let _controlplane = start_controlplane(dir.path(), cp_port);
+    let _proxy = start_proxy(dir.path(), "llm", &cp, admin, &[]);
+    let header = "apiVersion: portcullis.dev/v1alpha1";
+    let config = format!(
+        "{header}\nkind: Listener\nmetadata: {{name: gw}}\nspec: {{address: 127.0.0.1, port: {port}}}\n---\n\
+         {header}\nkind: InferencePool\nmetadata: {{name: pool}}\nspec: {{endpoints: ['127.0.0.1:{}', '127.0.0.1:{}'], models: [{{name: Qwen/Qwen3-32B}}], picker: {{strategy: LeastRequest}}}}\n---\n\
+         {header}\nkind: Route\nmetadata: {{name: llm}}\nspec: {{listeners: [gw], backends: [{{kind: InferencePool, name: pool}}], timeout: 60s}}\n---\n\
+         {header}\nkind: HeaderPolicy\nmetadata: {{name: tag}}\nspec: {{targetRefs: [{{kind: Route, name: llm}}], response: {{set: [{{name: x-gateway, value: portcullis}}]}}}}\n---\n\
+         {header}\nkind: RateLimitPolicy\nmetadata: {{name: listings}}\nspec: {{targetRefs: [{{kind: Listener, name: gw}}], requestsPerSecond: 0.001, burst: 40, key: {{header: x-tenant}}}}\n",
+        pods[0], pods[1]
+    );
+    apply(dir.path(), "pool.yaml", &config, &cp);
+    wait_for("proxy ready", TIMEOUT, || {
+        http_get(admin, "/readyz").is_some_and(|r| r.status == 200)
+    });
+
+    // Ten clients each ask for a long, non-streamed answer (headers come only at its end) and
+    // hang up after half a second. Each pick credited a pod; each departure must give the
+    // credit back, or least-request would avoid those pods for good.
+    let body = serde_json::json!({"model": "Qwen/Qwen3-32B", "prompt": "a long story", "max_tokens": 2000})
+        .to_string();
+    for _ in 0..10 {
+        use std::io::Write;
+        let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        write!(
+            stream,
+            "POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(500));
+        drop(stream);
+    }
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    // With every credit back, least-request spreads sequential requests over both pods; a
+    // leak of even one would send all 16 to the other pod.
+    let before = served(&pods);
+    for i in 0..16 {
+        let answer = completion(port, "Qwen/Qwen3-32B", &format!("short {i}"));
+        assert_eq!(answer.status, 200, "{}", answer.body);
+        assert!(
+            answer.head.to_ascii_lowercase().contains("x-gateway: portcullis"),
+            "{}",
+            answer.head
+        );
+    }
+    let gained: Vec<u64> = served(&pods).iter().zip(&before).map(|(a, b)| a - b).collect();
+    assert!(gained.iter().all(|&n| n > 0), "both pods serve again: {gained:?}");
+
+    // The LLM stage's own answers go through the policies too: /v1/models is tagged by the
+    // route's HeaderPolicy and rate limited (40 a burst for this tenant) by the listener's.
+    let statuses: Vec<u16> = (0..45)
+        .map(|_| {
+            use std::io::{Read, Write};
+            let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+            write!(
+                stream,
+                "GET /v1/models HTTP/1.1\r\nHost: localhost\r\nx-tenant: limited\r\nConnection: close\r\n\r\n"
+            )
+            .unwrap();
+            let mut text = String::new();
+            stream.read_to_string(&mut text).unwrap();
+            let status: u16 = text.split_whitespace().nth(1).unwrap().parse().unwrap();
+            // The 429 comes from the listener's policy, which runs before the route's
+            // HeaderPolicy and so never reaches it.
+            if status == 200 {
+                assert!(
+                    text.to_ascii_lowercase().contains("x-gateway: portcullis"),
+                    "{text}"
+                );
+            }
+            status
+        })
+        .collect();
+    assert_eq!(statuses[0], 200);
+    let limited = statuses.contains(&429);
+    assert!(limited, "the listener's rate limit applies to /v1/models");
 }

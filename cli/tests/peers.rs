@@ -143,9 +143,8 @@ fn pool_gateway(dir: &Path, pods: &[u16]) -> Gateway {
 #[test]
 fn openai_client_and_inference_perf_through_an_inference_pool() {
     let dir = tempfile::tempdir().unwrap();
-    let first = free_port();
-    let pods = [first, first + 1];
-    let _sim = start_sim(dir.path(), 2, first, "10");
+    let pods = [free_port(), free_port()];
+    let _sims = pods.map(|pod| start_sim(dir.path(), 1, pod, "10"));
     let gateway = pool_gateway(dir.path(), &pods);
     let url = format!("http://127.0.0.1:{}", gateway.port);
     // Streamed chunk by chunk through the picker, under the alias the pods do not know.

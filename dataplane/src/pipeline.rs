@@ -194,18 +194,6 @@ impl Pipeline {
             upstream_headers: None,
             llm: None,
         };
-        // An LLM route reads the request first, so every policy sees the parsed request and
-        // the pool serving its model is known.
-        let mut llm_target = None;
-        if let Some(models) = &route.llm {
-            match models.prepare(&mut ctx, &mut request).await {
-                Prepared::Forward(target) => llm_target = Some(target),
-                Prepared::Answer(answer) => {
-                    record.trace = ctx.trace;
-                    return answer;
-                }
-            }
-        }
         // A policy attached to both the listener and the route runs once, as the
         // listener's.
         let route_only = route
@@ -220,6 +208,16 @@ impl Pipeline {
             if let Decision::Respond(response) = policy.on_request(&mut ctx, &mut request).await {
                 answer = Some(response);
                 break;
+            }
+        }
+        // An LLM route reads the request once the policies have admitted it (a refused
+        // request is not buffered); its answers (`/v1/models`, errors) go back through the
+        // policies' response hooks like any other.
+        let mut llm_target = None;
+        if let (None, Some(models)) = (&answer, &route.llm) {
+            match models.prepare(&mut ctx, &mut request).await {
+                Prepared::Forward(target) => llm_target = Some(target),
+                Prepared::Answer(llm_answer) => answer = Some(llm_answer),
             }
         }
         let mut response = match answer {

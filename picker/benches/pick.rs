@@ -12,7 +12,7 @@
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
-use portcullis_picker::{EndpointInfo, PickRequest, Picker, PickerConfig, Signals};
+use portcullis_picker::{block_hashes, PickRequest, Picker, PickerConfig, Signals};
 
 /// Picks before measuring: enough for every endpoint's prefix memory to fill and turn over,
 /// so the figures are the steady state, not the index growing.
@@ -37,7 +37,9 @@ fn main() {
 }
 
 fn run(pods: usize) -> Histogram<u64> {
-    let mut picker = Picker::new(PickerConfig::default(), vec![EndpointInfo::default(); pods]);
+    let config = PickerConfig::default();
+    let prefix = config.prefix;
+    let mut picker = Picker::new(config, pods);
     let groups = pods * 19;
     let system_prompts: Vec<Vec<u8>> = (0..groups)
         .map(|g| format!("{g:08}").bytes().cycle().take(24_000).collect())
@@ -56,7 +58,6 @@ fn run(pods: usize) -> Histogram<u64> {
                     Signals {
                         sampled_at: now,
                         waiting: rng.u32(0..8),
-                        running: rng.u32(0..200),
                         kv_cache_usage: rng.f64() * 0.9,
                         lora: None,
                     },
@@ -67,13 +68,13 @@ fn run(pods: usize) -> Histogram<u64> {
         prompt.clear();
         prompt.extend_from_slice(&system_prompts[rng.usize(0..groups)]);
         prompt.extend((0..4_800).map(|_| rng.alphanumeric() as u8));
+        let started = Instant::now();
+        let hashes = block_hashes("Qwen/Qwen3-32B", &prompt, &prefix);
         let request = PickRequest {
             model: "Qwen/Qwen3-32B",
             lora: false,
-            prompt: &prompt,
-            priority: 0,
+            prompt_hashes: &hashes,
         };
-        let started = Instant::now();
         let pick = picker.pick(now, &request, |_| true);
         let elapsed = started.elapsed();
         let chosen = pick.expect("the bench pool always has an endpoint").endpoints[0];

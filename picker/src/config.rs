@@ -19,10 +19,6 @@ pub struct PickerConfig {
     pub prefix: PrefixConfig,
     /// Endpoints returned per pick: the choice and the ones to try if it refuses.
     pub fallbacks: usize,
-    /// Requests with a lower priority are shed (429) while the pool is saturated.
-    pub shed_below_priority: i32,
-    /// What a shed request is told to wait before retrying.
-    pub shed_retry_after: Duration,
     /// Seed of the tie-breaking random generator (fixed in the simulator, random in proxies).
     pub seed: u64,
 }
@@ -38,8 +34,6 @@ impl Default for PickerConfig {
             failure_mode: FailureMode::FailOpen,
             prefix: PrefixConfig::default(),
             fallbacks: 3,
-            shed_below_priority: 0,
-            shed_retry_after: Duration::from_secs(1),
             seed: 0,
         }
     }

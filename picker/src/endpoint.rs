@@ -11,8 +11,6 @@ pub struct Signals {
     pub sampled_at: Duration,
     /// `vllm:num_requests_waiting`.
     pub waiting: u32,
-    /// `vllm:num_requests_running`.
-    pub running: u32,
     /// `vllm:kv_cache_usage_perc`, 0–1.
     pub kv_cache_usage: f64,
     /// From `vllm:lora_requests_info`, when the server reports it.
@@ -26,19 +24,12 @@ pub struct LoraSignals {
     pub max_loras: u32,
 }
 
-/// The static description of an endpoint.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct EndpointInfo {
-    /// Models (base or adapter) this endpoint serves; empty means every model of the pool.
-    pub models: Vec<String>,
-}
-
 /// Requests sent since the last signal are remembered at most this many at a time; beyond
 /// that the signals are so late that the figures are unknown anyway.
 const MAX_RECENT: usize = 4096;
 
+#[derive(Default)]
 pub(crate) struct EndpointState {
-    pub info: EndpointInfo,
     pub signals: Option<Signals>,
     /// Requests this proxy sent that have not finished.
     pub in_flight: u32,
@@ -47,19 +38,6 @@ pub(crate) struct EndpointState {
 }
 
 impl EndpointState {
-    pub fn new(info: EndpointInfo) -> Self {
-        Self {
-            info,
-            signals: None,
-            in_flight: 0,
-            recent: VecDeque::new(),
-        }
-    }
-
-    pub fn serves(&self, model: &str) -> bool {
-        self.info.models.is_empty() || self.info.models.iter().any(|m| m == model)
-    }
-
     /// Signals young enough to trust at `now`.
     pub fn fresh_signals(&self, now: Duration, staleness: Duration) -> Option<&Signals> {
         self.signals

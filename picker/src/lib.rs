@@ -7,9 +7,9 @@
 //! in the virtual-time fleet simulator (`loadtest/src/sim`), so a change to a scorer is
 //! measured against round-robin and an exact-state oracle in seconds.
 //!
-//! A pick: eligibility (model, health) → signals (fresh ones, or this proxy's own counts when
-//! none are fresh and the pool fails open) → admission (shed low-priority requests while the
-//! pool is saturated) → saturation filter (drop saturated endpoints unless that drops all) →
+//! A pick: eligibility (health) → signals (each endpoint's fresh sample, or this proxy's own
+//! counts for an endpoint without one; when no endpoint has one, a pool that fails closed
+//! refuses) → saturation filter (set saturated endpoints aside unless that leaves none) →
 //! weighted scorers (queue, KV-cache use, prefix affinity, LoRA affinity) → best score, random
 //! tie-break, and an ordered fallback list. The chosen endpoint is credited at once (in-flight
 //! count, prefix index), so the next pick sees it without waiting for a signal.
@@ -28,12 +28,11 @@ pub mod prefix;
 use std::time::Duration;
 
 pub use config::{FailureMode, PickerConfig, Strategy, Weights};
-pub use endpoint::{EndpointInfo, LoraSignals, Signals};
-pub use prefix::PrefixConfig;
+pub use endpoint::{LoraSignals, Signals};
+pub use prefix::{block_hashes, PrefixConfig};
 
 use endpoint::EndpointState;
-
-use prefix::{block_hashes, PrefixIndex};
+use prefix::PrefixIndex;
 
 /// What the picker needs to know about a request.
 #[derive(Debug, Clone, Copy)]
@@ -43,9 +42,9 @@ pub struct PickRequest<'a> {
     pub model: &'a str,
     /// `model` is a LoRA adapter.
     pub lora: bool,
-    /// The prompt as bytes (completion prompt, or the chat messages), for prefix affinity.
-    pub prompt: &'a [u8],
-    pub priority: i32,
+    /// [`block_hashes`] of the prompt (computed by the caller, outside any lock it holds
+    /// around the picker).
+    pub prompt_hashes: &'a [u64],
 }
 
 /// The endpoints to try, in order, and why the first was chosen.
@@ -56,8 +55,8 @@ pub struct Pick {
     pub basis: Basis,
     /// Every candidate was saturated, so the saturation filter kept them all.
     pub saturated: bool,
-    /// Leading prompt blocks the chosen endpoint probably has cached, and the prompt's blocks.
-    pub prefix_blocks: (u32, u32),
+    /// Leading prompt blocks the chosen endpoint probably has cached.
+    pub prefix_hit_blocks: u32,
 }
 
 /// What a pick was based on; a label for metrics and logs.
@@ -85,22 +84,19 @@ impl Basis {
 /// Why no endpoint was picked.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Refusal {
-    /// No endpoint serves the model.
+    /// The pool has no endpoints.
     NoEndpoint,
     /// FailClose and no endpoint has fresh signals.
     SignalsUnavailable,
-    /// The pool is saturated and the request's priority is below the shedding line.
-    Saturated { retry_after: Duration },
 }
 
 impl std::fmt::Display for Refusal {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Self::NoEndpoint => f.write_str("no endpoint serves this model"),
+            Self::NoEndpoint => f.write_str("the pool has no endpoints"),
             Self::SignalsUnavailable => {
                 f.write_str("no endpoint has fresh metrics and the pool is configured to fail closed")
             }
-            Self::Saturated { .. } => f.write_str("the pool is saturated; low-priority requests are shed"),
         }
     }
 }
@@ -126,66 +122,67 @@ struct Scratch {
 struct Load {
     endpoint: usize,
     waiting: f64,
-    /// Unknown when the pick runs on own counts.
+    /// Unknown when the endpoint has no fresh signals.
     kv_cache: Option<f64>,
     saturation: f64,
 }
 
 impl Picker {
-    pub fn new(config: PickerConfig, endpoints: Vec<EndpointInfo>) -> Self {
-        let prefix = PrefixIndex::new(endpoints.len(), &config.prefix);
-        let rng = fastrand::Rng::with_seed(config.seed);
+    /// A picker over `endpoints` endpoints, known by their index from here on.
+    pub fn new(mut config: PickerConfig, endpoints: usize) -> Self {
+        // Thresholds divide; a zero or non-finite one would make every saturation NaN.
+        let sane = |threshold: f64, default: f64| {
+            if threshold.is_finite() && threshold > 0.0 {
+                threshold
+            } else {
+                default
+            }
+        };
+        let defaults = PickerConfig::default();
+        config.queue_threshold = sane(config.queue_threshold, defaults.queue_threshold);
+        config.kv_cache_threshold = sane(config.kv_cache_threshold, defaults.kv_cache_threshold);
         Self {
             scratch: Scratch {
-                matched: vec![0; endpoints.len()],
+                matched: vec![0; endpoints],
                 ..Scratch::default()
             },
-            endpoints: endpoints.into_iter().map(EndpointState::new).collect(),
-            config,
-            prefix,
-            rng,
+            endpoints: (0..endpoints).map(|_| EndpointState::default()).collect(),
+            prefix: PrefixIndex::new(endpoints, &config.prefix),
+            rng: fastrand::Rng::with_seed(config.seed),
             rotation: 0,
+            config,
         }
     }
 
-    pub fn config(&self) -> &PickerConfig {
-        &self.config
-    }
-
-    pub fn len(&self) -> usize {
-        self.endpoints.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.endpoints.is_empty()
-    }
-
-    /// Takes a new sample of `endpoint`'s signals.
-    pub fn observe(&mut self, endpoint: usize, signals: Signals) {
+    /// Takes a new sample of `endpoint`'s signals. A sample with a non-finite KV-cache use is
+    /// dropped: it says nothing.
+    pub fn observe(&mut self, endpoint: usize, mut signals: Signals) {
+        if !signals.kv_cache_usage.is_finite() {
+            return;
+        }
+        signals.kv_cache_usage = signals.kv_cache_usage.clamp(0.0, 1.0);
         if let Some(state) = self.endpoints.get_mut(endpoint) {
             state.observe(signals);
         }
     }
 
-    /// Forgets what the prefix index says about `endpoint` (it restarted: its cache is empty).
-    pub fn forget_cache(&mut self, endpoint: usize) {
-        if endpoint < self.endpoints.len() {
-            self.prefix.clear(endpoint);
-        }
-    }
-
-    /// A request was sent to `endpoint` (a fallback after the pick's first choice refused).
-    pub fn started(&mut self, endpoint: usize, now: Duration) {
-        if let Some(state) = self.endpoints.get_mut(endpoint) {
-            state.started(now);
-        }
-    }
-
-    /// A request sent to `endpoint` finished (or failed).
+    /// A request sent to `endpoint` finished (or failed, or was abandoned).
     pub fn finished(&mut self, endpoint: usize) {
         if let Some(state) = self.endpoints.get_mut(endpoint) {
             state.finished();
         }
+    }
+
+    /// The request picked for `from` went to `to` instead (`from` refused the connection):
+    /// moves its in-flight count and its prefix credit.
+    pub fn moved(&mut self, from: usize, to: usize, now: Duration, prompt_hashes: &[u64]) {
+        if from == to || from >= self.endpoints.len() || to >= self.endpoints.len() {
+            return;
+        }
+        self.endpoints[from].finished();
+        self.endpoints[to].started(now);
+        self.prefix.remove(from, prompt_hashes);
+        self.prefix.insert(to, prompt_hashes);
     }
 
     /// Requests this proxy has in flight at `endpoint`.
@@ -204,9 +201,9 @@ impl Picker {
     ) -> Result<Pick, Refusal> {
         let mut candidates = std::mem::take(&mut self.scratch.candidates);
         candidates.clear();
-        candidates.extend((0..self.endpoints.len()).filter(|&e| self.endpoints[e].serves(request.model)));
-        if candidates.iter().any(|&e| healthy(e)) {
-            candidates.retain(|&e| healthy(e));
+        candidates.extend((0..self.endpoints.len()).filter(|&e| healthy(e)));
+        if candidates.is_empty() {
+            candidates.extend(0..self.endpoints.len());
         }
         let result = if candidates.is_empty() {
             Err(Refusal::NoEndpoint)
@@ -219,7 +216,8 @@ impl Picker {
         };
         self.scratch.candidates = candidates;
         let pick = result?;
-        self.endpoints[pick.endpoints[0]].started(now);
+        let chosen = *pick.endpoints.first().ok_or(Refusal::NoEndpoint)?;
+        self.endpoints[chosen].started(now);
         Ok(pick)
     }
 
@@ -233,7 +231,7 @@ impl Picker {
                 .collect(),
             basis: Basis::RoundRobin,
             saturated: false,
-            prefix_blocks: (0, 0),
+            prefix_hit_blocks: 0,
         }
     }
 
@@ -250,7 +248,7 @@ impl Picker {
             endpoints,
             basis: Basis::LeastRequest,
             saturated: false,
-            prefix_blocks: (0, 0),
+            prefix_hit_blocks: 0,
         }
     }
 
@@ -265,52 +263,48 @@ impl Picker {
         let endpoints = &self.endpoints;
         // Per candidate, once: estimated waiting requests, KV-cache use and saturation (the
         // larger of the two as a fraction of its threshold; the Inference Extension's
-        // utilization detector).
+        // utilization detector). An endpoint without fresh signals is judged on this
+        // proxy's own counts: its in-flight requests, KV-cache use unknown, never saturated.
         let per_waiting = 1.0 / config.queue_threshold;
         let per_kv_cache = 1.0 / config.kv_cache_threshold;
         let loads = &mut self.scratch.loads;
         loads.clear();
-        loads.extend(candidates.iter().filter_map(|&e| {
+        let mut fresh = 0;
+        loads.extend(candidates.iter().map(|&e| {
             let state = &endpoints[e];
-            state.fresh_signals(now, staleness).map(|s| {
-                let waiting = state.estimated_waiting(s);
-                Load {
-                    endpoint: e,
-                    waiting,
-                    kv_cache: Some(s.kv_cache_usage),
-                    saturation: (waiting * per_waiting).max(s.kv_cache_usage * per_kv_cache),
+            match state.fresh_signals(now, staleness) {
+                Some(s) => {
+                    fresh += 1;
+                    let waiting = state.estimated_waiting(s);
+                    Load {
+                        endpoint: e,
+                        waiting,
+                        kv_cache: Some(s.kv_cache_usage),
+                        saturation: (waiting * per_waiting).max(s.kv_cache_usage * per_kv_cache),
+                    }
                 }
-            })
+                None => Load {
+                    endpoint: e,
+                    waiting: f64::from(state.in_flight),
+                    kv_cache: None,
+                    saturation: 0.0,
+                },
+            }
         }));
-        let basis = if !loads.is_empty() {
+        let basis = if fresh > 0 {
             Basis::Signals
         } else if config.failure_mode == FailureMode::FailClose {
             return Err(Refusal::SignalsUnavailable);
         } else {
-            loads.extend(candidates.iter().map(|&e| Load {
-                endpoint: e,
-                waiting: f64::from(endpoints[e].in_flight),
-                kv_cache: None,
-                // Unknown: a pool running on own counts never sheds or filters.
-                saturation: 0.0,
-            }));
             Basis::OwnCounts
         };
-        if request.priority < config.shed_below_priority {
-            let mean = loads.iter().map(|load| load.saturation).sum::<f64>() / loads.len() as f64;
-            if mean >= 1.0 {
-                return Err(Refusal::Saturated {
-                    retry_after: config.shed_retry_after,
-                });
-            }
-        }
         let saturated = loads.iter().all(|load| load.saturation >= 1.0);
         if !saturated {
             loads.retain(|load| load.saturation < 1.0);
         }
 
-        let hashes = block_hashes(request.model, request.prompt, &config.prefix);
-        self.prefix.match_lengths(&hashes, &mut self.scratch.matched);
+        self.prefix
+            .match_lengths(request.prompt_hashes, &mut self.scratch.matched);
         let matched = &self.scratch.matched;
         let (min_wait, max_wait) = loads.iter().fold((f64::INFINITY, 0.0f64), |(lo, hi), load| {
             (lo.min(load.waiting), hi.max(load.waiting))
@@ -320,7 +314,7 @@ impl Picker {
         } else {
             0.0
         };
-        let per_block = 1.0 / hashes.len().max(1) as f64;
+        let per_block = 1.0 / request.prompt_hashes.len().max(1) as f64;
         let weights = config.weights;
         let score = |load: &Load| {
             let queue = if per_wait_range > 0.0 {
@@ -328,7 +322,7 @@ impl Picker {
             } else {
                 1.0
             };
-            let kv_cache = load.kv_cache.map_or(0.0, |kv| 1.0 - kv.clamp(0.0, 1.0));
+            let kv_cache = load.kv_cache.map_or(0.0, |kv| 1.0 - kv);
             let prefix = f64::from(matched[load.endpoint]) * per_block;
             let lora = if request.lora {
                 lora_affinity(endpoints[load.endpoint].signals.as_ref(), request.model)
@@ -345,33 +339,34 @@ impl Picker {
             config.fallbacks,
             loads.iter().map(|load| (score(load), load.endpoint)),
         );
-        let chosen = ranked[0];
-        let prefix_blocks = (self.scratch.matched[chosen], hashes.len() as u32);
-        self.prefix.insert(chosen, &hashes);
+        let chosen = *ranked.first().ok_or(Refusal::NoEndpoint)?;
+        let prefix_hit_blocks = self.scratch.matched[chosen];
+        self.prefix.insert(chosen, request.prompt_hashes);
         Ok(Pick {
             endpoints: ranked,
             basis,
             saturated,
-            prefix_blocks,
+            prefix_hit_blocks,
         })
     }
 }
 
 /// The best `keep` of the (score, endpoint) pairs, highest score first, ties broken at random.
-/// One pass with a short sorted list: `keep` is a handful, candidates can be hundreds.
+/// One pass with a short sorted list: `keep` is a handful, candidates can be hundreds. Scores
+/// are ordered with `total_cmp`, so even a NaN cannot break the order.
 fn rank(rng: &mut fastrand::Rng, keep: usize, scored: impl Iterator<Item = (f64, usize)>) -> Vec<usize> {
     let keep = keep.max(1);
     let mut best: Vec<(f64, u32, usize)> = Vec::with_capacity(keep + 1);
+    let before =
+        |a: &(f64, u32, usize), b: &(f64, u32, usize)| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)).is_le();
     for (score, endpoint) in scored {
-        if best.len() == keep && score < best[keep - 1].0 {
+        let entry = (score, rng.u32(..), endpoint);
+        if best.len() == keep && before(&best[keep - 1], &entry) {
             continue;
         }
-        let entry = (score, rng.u32(..), endpoint);
-        let at = best.partition_point(|held| held.0 > entry.0 || (held.0 == entry.0 && held.1 <= entry.1));
-        if at < keep {
-            best.insert(at, entry);
-            best.truncate(keep);
-        }
+        let at = best.partition_point(|held| before(held, &entry));
+        best.insert(at, entry);
+        best.truncate(keep);
     }
     best.into_iter().map(|(_, _, endpoint)| endpoint).collect()
 }

@@ -109,8 +109,11 @@ impl Generations {
         dropped
     }
 
-    fn clear(&mut self) {
-        *self = Self::new(self.generation_size * 2);
+    /// Whether it held `hash`.
+    fn remove(&mut self, hash: u64) -> bool {
+        let in_current = self.current.remove(&hash);
+        let in_previous = self.previous.remove(&hash);
+        in_current || in_previous
     }
 }
 
@@ -183,13 +186,13 @@ impl PrefixIndex {
         }
     }
 
-    /// Forgets everything routed to `endpoint` (it restarted or left the pool).
-    pub fn clear(&mut self, endpoint: usize) {
-        self.per_endpoint[endpoint].clear();
-        self.first_blocks.retain(|_, holders| {
-            holders.retain(|&e| e as usize != endpoint);
-            !holders.is_empty()
-        });
+    /// Takes back what [`insert`](Self::insert) credited `endpoint` with.
+    pub fn remove(&mut self, endpoint: usize, hashes: &[u64]) {
+        let Some(&first) = hashes.first() else { return };
+        for &hash in hashes {
+            self.per_endpoint[endpoint].remove(hash);
+        }
+        self.unlink_dropped(endpoint, &[first]);
     }
 }
 
@@ -235,9 +238,15 @@ mod tests {
         assert_eq!(matched, [3, 2, 0]);
         index.match_lengths(&block_hashes("m", b"qqqq", &c), &mut matched);
         assert_eq!(matched, [0, 0, 0]);
-        index.clear(0);
+        index.remove(0, &block_hashes("m", b"aaaabbbbcccc", &c));
         index.match_lengths(&block_hashes("m", b"aaaabbbbcccc", &c), &mut matched);
         assert_eq!(matched, [0, 2, 0]);
+        let first = block_hashes("m", b"aaaa", &c)[0];
+        assert_eq!(
+            index.first_blocks[&first],
+            [1],
+            "the reverse map forgot endpoint 0"
+        );
     }
 
     #[test]

@@ -3,50 +3,52 @@ use super::*;
 const MS: Duration = Duration::from_millis(1);
 
 fn picker(n: usize, config: PickerConfig) -> Picker {
-    Picker::new(config, vec![EndpointInfo::default(); n])
+    Picker::new(config, n)
 }
 
 fn signals(at: Duration, waiting: u32, kv: f64) -> Signals {
     Signals {
         sampled_at: at,
         waiting,
-        running: 0,
         kv_cache_usage: kv,
         lora: None,
     }
 }
 
-fn request(prompt: &[u8]) -> PickRequest<'_> {
-    PickRequest {
-        model: "m",
-        lora: false,
-        prompt,
-        priority: 0,
-    }
+fn hashes(prompt: &[u8]) -> Vec<u64> {
+    block_hashes("m", prompt, &PrefixConfig::default())
 }
 
-fn all(_: usize) -> bool {
-    true
+fn pick(p: &mut Picker, now: Duration, prompt: &[u8]) -> Result<Pick, Refusal> {
+    let hashes = hashes(prompt);
+    p.pick(
+        now,
+        &PickRequest {
+            model: "m",
+            lora: false,
+            prompt_hashes: &hashes,
+        },
+        |_| true,
+    )
 }
 
 #[test]
 fn a_shared_prefix_follows_the_endpoint_that_got_it() {
     let mut p = picker(4, PickerConfig::default());
     let system = vec![b's'; 6000];
-    let first = p.pick(MS, &request(&system), all).unwrap();
-    assert_eq!(first.prefix_blocks.0, 0);
+    let first = pick(&mut p, MS, &system).unwrap();
+    assert_eq!(first.prefix_hit_blocks, 0);
     let chosen = first.endpoints[0];
     for e in 0..4 {
         p.observe(e, signals(2 * MS, 0, 0.1));
     }
     let mut longer = system.clone();
     longer.extend_from_slice(b" and a private question");
-    let second = p.pick(3 * MS, &request(&longer), all).unwrap();
+    let second = pick(&mut p, 3 * MS, &longer).unwrap();
     assert_eq!(second.endpoints[0], chosen);
     assert_eq!(second.basis, Basis::Signals);
     assert_eq!(
-        second.prefix_blocks,
-        (23, 24),
+        second.prefix_hit_blocks, 23,
         "6000 bytes are 23 full blocks of 256; the partial 24th differs once extended"
     );
 }
@@ -69,35 +71,40 @@ fn requests_sent_since_the_last_signal_count_as_queued() {
     // A burst between two samples: signals alone would send all of it to one endpoint.
     let mut per_endpoint = [0; 3];
     for i in 0..9u8 {
-        let pick = p.pick(MS, &request(&[i]), all).unwrap();
-        per_endpoint[pick.endpoints[0]] += 1;
+        let chosen = pick(&mut p, MS, &[i]).unwrap().endpoints[0];
+        per_endpoint[chosen] += 1;
     }
     assert_eq!(per_endpoint, [3, 3, 3]);
     // A sample taken after the burst already counts it: the own counts reset.
     for e in 0..3 {
         p.observe(e, signals(2 * MS, if e == 0 { 4 } else { 0 }, 0.0));
     }
-    let pick = p.pick(3 * MS, &request(b"x"), all).unwrap();
-    assert_ne!(pick.endpoints[0], 0, "endpoint 0 reports the longest queue");
+    let chosen = pick(&mut p, 3 * MS, b"x").unwrap().endpoints[0];
+    assert_ne!(chosen, 0, "endpoint 0 reports the longest queue");
 }
 
 #[test]
-fn a_long_queue_outweighs_a_cached_prefix_only_past_the_saturation_line() {
+fn a_cached_prefix_outweighs_a_queue_until_the_endpoint_is_saturated() {
     let mut p = picker(2, PickerConfig::default());
     let prompt = vec![b'p'; 2000];
-    let chosen = p.pick(MS, &request(&prompt), all).unwrap().endpoints[0];
+    let chosen = pick(&mut p, MS, &prompt).unwrap().endpoints[0];
     let other = 1 - chosen;
     // Below saturation (4 waiting < 5), the prefix wins.
     p.observe(chosen, signals(2 * MS, 4, 0.3));
     p.observe(other, signals(2 * MS, 0, 0.3));
-    let pick = p.pick(3 * MS, &request(&prompt), all).unwrap();
-    assert_eq!(pick.endpoints, vec![chosen, other]);
-    // Saturated (KV over 0.8): filtered out while another endpoint has room.
+    let second = pick(&mut p, 3 * MS, &prompt).unwrap();
+    assert_eq!(second.endpoints, vec![chosen, other]);
+    // Saturated (KV over 0.8): set aside while another endpoint has room.
     p.observe(chosen, signals(4 * MS, 0, 0.9));
     p.observe(other, signals(4 * MS, 0, 0.3));
-    let pick = p.pick(5 * MS, &request(&prompt), all).unwrap();
-    assert_eq!(pick.endpoints, vec![other]);
-    assert!(!pick.saturated);
+    let third = pick(&mut p, 5 * MS, &prompt).unwrap();
+    assert_eq!(third.endpoints, vec![other]);
+    assert!(!third.saturated);
+    // Everyone saturated: nothing is set aside, and the pick says so.
+    p.observe(other, signals(6 * MS, 9, 0.3));
+    let fourth = pick(&mut p, 7 * MS, &prompt).unwrap();
+    assert!(fourth.saturated);
+    assert_eq!(fourth.endpoints.len(), 2);
 }
 
 #[test]
@@ -106,9 +113,9 @@ fn stale_signals_fall_back_to_own_counts_or_refuse() {
     open.observe(0, signals(Duration::ZERO, 0, 0.0));
     open.observe(1, signals(Duration::ZERO, 0, 0.0));
     let late = Duration::from_secs(1);
-    let first = open.pick(late, &request(b"a"), all).unwrap();
+    let first = pick(&mut open, late, b"a").unwrap();
     assert_eq!(first.basis, Basis::OwnCounts);
-    let second = open.pick(late, &request(b"b"), all).unwrap();
+    let second = pick(&mut open, late, b"b").unwrap();
     assert_ne!(
         first.endpoints[0], second.endpoints[0],
         "in-flight counts spread the load"
@@ -124,37 +131,30 @@ fn stale_signals_fall_back_to_own_counts_or_refuse() {
             ..PickerConfig::default()
         },
     );
-    assert_eq!(
-        closed.pick(late, &request(b"a"), all),
-        Err(Refusal::SignalsUnavailable)
-    );
+    assert_eq!(pick(&mut closed, late, b"a"), Err(Refusal::SignalsUnavailable));
     closed.observe(1, signals(late, 0, 0.0));
-    let pick = closed.pick(late, &request(b"a"), all).unwrap();
-    assert_eq!(
-        pick.endpoints,
-        vec![1],
-        "only endpoints with fresh signals are candidates"
-    );
+    assert_eq!(pick(&mut closed, late, b"a").unwrap().basis, Basis::Signals);
 }
 
 #[test]
-fn a_saturated_pool_sheds_low_priority_requests_only() {
-    let mut p = picker(2, PickerConfig::default());
-    p.observe(0, signals(Duration::ZERO, 9, 0.5));
-    p.observe(1, signals(Duration::ZERO, 1, 0.95));
-    let sheddable = PickRequest {
-        priority: -1,
-        ..request(b"x")
-    };
-    assert_eq!(
-        p.pick(MS, &sheddable, all),
-        Err(Refusal::Saturated {
-            retry_after: Duration::from_secs(1)
-        })
+fn an_endpoint_with_stale_signals_stays_a_candidate_on_own_counts() {
+    let mut p = picker(
+        2,
+        PickerConfig {
+            weights: Weights {
+                prefix: 0.0,
+                kv_cache: 0.0,
+                ..Weights::default()
+            },
+            ..PickerConfig::default()
+        },
     );
-    let pick = p.pick(MS, &request(b"x"), all).unwrap();
-    assert!(pick.saturated, "nothing had room, so nothing was filtered out");
-    assert_eq!(pick.endpoints.len(), 2);
+    // Endpoint 0 reports a queue; endpoint 1 has never reported. Endpoint 1 is judged on
+    // what this proxy sent it, which is nothing yet, so it is the better one.
+    p.observe(0, signals(Duration::ZERO, 3, 0.2));
+    let first = pick(&mut p, MS, b"a").unwrap();
+    assert_eq!(first.basis, Basis::Signals);
+    assert_eq!(first.endpoints, vec![1, 0]);
 }
 
 #[test]
@@ -163,51 +163,51 @@ fn fallbacks_are_distinct_and_bounded() {
     for e in 0..10 {
         p.observe(e, signals(Duration::ZERO, e as u32 % 4, 0.1));
     }
-    let pick = p.pick(MS, &request(b"q"), all).unwrap();
-    assert_eq!(pick.endpoints.len(), 3);
-    let mut distinct = pick.endpoints.clone();
+    let chosen = pick(&mut p, MS, b"q").unwrap();
+    assert_eq!(chosen.endpoints.len(), 3);
+    let mut distinct = chosen.endpoints.clone();
+    distinct.sort_unstable();
     distinct.dedup();
     assert_eq!(distinct.len(), 3);
     assert!(
-        pick.endpoints.iter().all(|e| e % 4 == 0),
-        "the emptiest queues: {pick:?}"
+        chosen.endpoints.iter().all(|e| e % 4 == 0),
+        "the emptiest queues: {chosen:?}"
     );
 }
 
 #[test]
-fn unhealthy_and_ineligible_endpoints_are_skipped() {
-    let mut p = Picker::new(
-        PickerConfig::default(),
-        vec![
-            EndpointInfo::default(),
-            EndpointInfo {
-                models: vec!["other".into()],
-            },
-            EndpointInfo::default(),
-        ],
-    );
+fn unhealthy_endpoints_are_skipped_unless_all_are() {
+    let mut p = picker(3, PickerConfig::default());
+    let hashes = hashes(b"q");
+    let request = PickRequest {
+        model: "m",
+        lora: false,
+        prompt_hashes: &hashes,
+    };
     for _ in 0..10 {
-        let pick = p.pick(MS, &request(b"q"), |e| e != 0).unwrap();
-        assert_eq!(pick.endpoints, vec![2]);
+        let chosen = p.pick(MS, &request, |e| e == 2).unwrap();
+        assert_eq!(chosen.endpoints, vec![2]);
     }
-    let pick = p.pick(MS, &request(b"q"), |_| false).unwrap();
-    assert_eq!(pick.endpoints.len(), 2, "all suspect: try them anyway");
-    let other = PickRequest {
-        model: "other",
-        ..request(b"q")
-    };
-    assert_eq!(p.pick(MS, &other, |e| e == 1).unwrap().endpoints[0], 1);
-    let unknown = PickRequest {
-        model: "nobody",
-        ..request(b"q")
-    };
-    let mut only = Picker::new(
-        PickerConfig::default(),
-        vec![EndpointInfo {
-            models: vec!["m".into()],
-        }],
+    let all_suspect = p.pick(MS, &request, |_| false).unwrap();
+    assert_eq!(all_suspect.endpoints.len(), 3, "all suspect: try them anyway");
+    assert_eq!(
+        picker(0, PickerConfig::default()).pick(MS, &request, |_| true),
+        Err(Refusal::NoEndpoint)
     );
-    assert_eq!(only.pick(MS, &unknown, all), Err(Refusal::NoEndpoint));
+}
+
+#[test]
+fn a_fallback_takes_over_the_in_flight_count_and_the_prefix() {
+    let mut p = picker(2, PickerConfig::default());
+    let prompt = vec![b'z'; 3000];
+    let first = pick(&mut p, MS, &prompt).unwrap();
+    let (refused, used) = (first.endpoints[0], first.endpoints[1]);
+    p.moved(refused, used, MS, &hashes(&prompt));
+    assert_eq!((p.in_flight(refused), p.in_flight(used)), (0, 1));
+    p.finished(used);
+    let again = pick(&mut p, 2 * MS, &prompt).unwrap();
+    assert_eq!(again.endpoints[0], used, "the prefix followed the request");
+    assert_eq!(again.prefix_hit_blocks, 12);
 }
 
 #[test]
@@ -230,21 +230,42 @@ fn lora_affinity_prefers_a_loaded_adapter() {
             },
         );
     }
-    let pick = |p: &mut Picker, adapter| {
+    let mut pick_adapter = |adapter| {
+        // Prefix hashes are seeded by the model: adapters never share cache entries.
+        let hashes = block_hashes(adapter, b"q", &PrefixConfig::default());
         p.pick(
             MS,
             &PickRequest {
                 model: adapter,
                 lora: true,
-                ..request(b"q")
+                prompt_hashes: &hashes,
             },
-            all,
+            |_| true,
         )
         .unwrap()
-        .endpoints
+        .endpoints[0]
     };
-    assert_eq!(pick(&mut p, "a")[0], 0, "loaded");
-    assert_eq!(pick(&mut p, "z")[0], 2, "the only endpoint with room to load it");
+    assert_eq!(pick_adapter("a"), 0, "loaded");
+    assert_eq!(pick_adapter("z"), 2, "the only endpoint with room to load it");
+}
+
+#[test]
+fn nonsense_numbers_neither_panic_nor_poison_the_order() {
+    let mut p = picker(
+        2,
+        PickerConfig {
+            queue_threshold: 0.0,
+            kv_cache_threshold: f64::NAN,
+            ..PickerConfig::default()
+        },
+    );
+    p.observe(0, signals(Duration::ZERO, 0, f64::NAN));
+    p.observe(1, signals(Duration::ZERO, 0, 7.0));
+    // Endpoint 0's sample was dropped, so it is judged on own counts; endpoint 1's KV use was
+    // clamped to 1.0, which saturates it.
+    let chosen = pick(&mut p, MS, b"q").unwrap();
+    assert_eq!(chosen.basis, Basis::Signals);
+    assert_eq!(chosen.endpoints, vec![0]);
 }
 
 #[test]
@@ -257,7 +278,7 @@ fn plain_strategies_stay_selectable() {
         },
     );
     let firsts: Vec<usize> = (0..4)
-        .map(|_| rr.pick(MS, &request(b"q"), all).unwrap().endpoints[0])
+        .map(|_| pick(&mut rr, MS, b"q").unwrap().endpoints[0])
         .collect();
     assert_eq!(firsts, vec![0, 1, 2, 0]);
 
@@ -268,11 +289,11 @@ fn plain_strategies_stay_selectable() {
             ..PickerConfig::default()
         },
     );
-    let a = least.pick(MS, &request(b"q"), all).unwrap().endpoints[0];
-    let b = least.pick(MS, &request(b"q"), all).unwrap().endpoints[0];
+    let a = pick(&mut least, MS, b"q").unwrap().endpoints[0];
+    let b = pick(&mut least, MS, b"q").unwrap().endpoints[0];
     assert_ne!(a, b);
     least.finished(a);
-    let pick = least.pick(MS, &request(b"q"), all).unwrap();
-    assert_eq!(pick.endpoints[0], a);
-    assert_eq!(pick.basis, Basis::LeastRequest);
+    let chosen = pick(&mut least, MS, b"q").unwrap();
+    assert_eq!(chosen.endpoints[0], a);
+    assert_eq!(chosen.basis, Basis::LeastRequest);
 }

@@ -111,6 +111,8 @@ pub fn stderr(output: &Output) -> String {
 
 pub struct HttpResponse {
     pub status: u16,
+    /// The status line and header fields, as received.
+    pub head: String,
     pub body: String,
 }
 
@@ -148,7 +150,11 @@ pub fn http_request(port: u16, method: &str, path: &str, json: Option<&str>) -> 
     } else {
         body.to_string()
     };
-    Some(HttpResponse { status, body })
+    Some(HttpResponse {
+        status,
+        head: head.to_string(),
+        body,
+    })
 }
 
 fn dechunk(mut body: &str) -> String {

@@ -41,7 +41,8 @@ pub struct ModelSpec {
     /// Other names clients may use; rewritten to `name` before forwarding.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub aliases: Vec<String>,
-    /// The model is a LoRA adapter (the picker then prefers pods that have it loaded).
+    /// The model is a LoRA adapter (the picker then prefers pods that have it loaded, from
+    /// their signals).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub lora: bool,
 }
@@ -108,30 +109,20 @@ impl Strategy {
     }
 }
 
-/// Scorer weights; each scorer gives 0–1 and a pod's score is the weighted sum.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+/// Scorer weights; each scorer gives 0–1 and a pod's score is the weighted sum. Unset
+/// weights keep the picker's defaults (the Inference Extension's: queue 2, KV-cache 2,
+/// prefix 3; LoRA 1).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct WeightsSpec {
-    #[serde(default = "weight_two")]
-    pub queue: f64,
-    #[serde(default = "weight_two")]
-    pub kv_cache: f64,
-    #[serde(default = "weight_three")]
-    pub prefix: f64,
-    #[serde(default = "weight_one")]
-    pub lora: f64,
-}
-
-fn weight_one() -> f64 {
-    1.0
-}
-
-fn weight_two() -> f64 {
-    2.0
-}
-
-fn weight_three() -> f64 {
-    3.0
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv_cache: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefix: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lora: Option<f64>,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -239,13 +230,36 @@ impl KindSpec for InferencePoolSpec {
             }
         }
         self.picker.check(checker);
-        if self.failure_mode == FailureMode::FailClose {
-            // Refused rather than accepted and silently answering 503 to every request.
+        // Settings that act only on pod signals are refused until the control plane collects
+        // them, rather than accepted and silently doing nothing (or, for FailClose, refusing
+        // every request).
+        let mut needs_signals = |field: String| {
             checker.fail(
-                "spec.failureMode",
-                "FailClose needs pod signals replicated by the control plane, which this version \
-                 does not collect yet: every request would be refused. Use FailOpen (the default)",
+                field,
+                "acts on pod signals (queue, KV-cache, LoRA state), which the control plane does \
+                 not collect yet: it would have no effect. Leave it out for now",
             );
+        };
+        if self.failure_mode == FailureMode::FailClose {
+            needs_signals("spec.failureMode".into());
+        }
+        for (index, model) in self.models.iter().enumerate() {
+            if model.lora {
+                needs_signals(format!("spec.models[{index}].lora"));
+            }
+        }
+        let picker = &self.picker;
+        let weights = picker.weights.unwrap_or_default();
+        for (field, set) in [
+            ("weights.kvCache", weights.kv_cache.is_some()),
+            ("weights.lora", weights.lora.is_some()),
+            ("queueThreshold", picker.queue_threshold.is_some()),
+            ("kvCacheThreshold", picker.kv_cache_threshold.is_some()),
+            ("staleness", picker.staleness.is_some()),
+        ] {
+            if set {
+                needs_signals(format!("spec.picker.{field}"));
+            }
         }
     }
 
@@ -261,6 +275,17 @@ impl KindSpec for InferencePoolSpec {
                 let Some(pool) = set.spec::<InferencePoolSpec>(&backend.name) else {
                     continue;
                 };
+                let listed_before = route.backends[..index]
+                    .iter()
+                    .any(|earlier| earlier.kind == backend.kind && earlier.name == backend.name);
+                if listed_before {
+                    errors.push(FieldError::new(
+                        format!("Route/{}", metadata.name),
+                        format!("spec.backends[{index}]"),
+                        format!("InferencePool/{} is listed twice", backend.name),
+                    ));
+                    continue;
+                }
                 for (name, _) in pool.names() {
                     if let Some(other) = owner.insert(name, &backend.name) {
                         if other != backend.name {
@@ -290,6 +315,7 @@ impl PickerSpec {
                 ("prefix", weights.prefix),
                 ("lora", weights.lora),
             ] {
+                let Some(weight) = weight else { continue };
                 if !(0.0..=1000.0).contains(&weight) {
                     checker.fail(
                         format!("spec.picker.weights.{field}"),
@@ -360,9 +386,9 @@ mod tests {
             "{LISTENER}{}{}",
             pool(
                 "qwen",
-                "{endpoints: ['127.0.0.1:8000'], models: [{name: Qwen/Qwen3-32B, aliases: [qwen]}, {name: sql, lora: true}], \
+                "{endpoints: ['127.0.0.1:8000'], models: [{name: Qwen/Qwen3-32B, aliases: [qwen]}, {name: sql}], \
                  rewrites: [{model: chat, targets: [{model: Qwen/Qwen3-32B, weight: 9}, {model: sql, weight: 1}]}], \
-                 picker: {strategy: RoundRobin, weights: {prefix: 5}, staleness: 100ms}}"
+                 picker: {strategy: RoundRobin, weights: {prefix: 5}, fallbacks: 2}}"
             ),
             route("[{kind: InferencePool, name: qwen}]")
         );
@@ -370,7 +396,7 @@ mod tests {
         let spec = set.spec::<super::InferencePoolSpec>("qwen").unwrap();
         let names: Vec<&str> = spec.names().map(|(name, _)| name).collect();
         assert_eq!(names, ["Qwen/Qwen3-32B", "sql", "qwen", "chat"]);
-        assert_eq!(spec.picker.weights.unwrap().queue, 2.0, "unnamed weights keep their defaults");
+        assert_eq!(spec.picker.weights.unwrap().queue, None, "unset weights keep the picker's defaults");
     }
 
     #[test]
@@ -391,9 +417,13 @@ mod tests {
                 "spec.rewrites[0].targets: at least one target needs a weight above 0",
             ),
             ("{endpoints: ['127.0.0.1:1'], models: [{name: 'a b'}]}", "must not contain whitespace"),
-            ("{endpoints: ['127.0.0.1:1'], models: [{name: m}], picker: {kvCacheThreshold: 1.5}}", "spec.picker.kvCacheThreshold"),
+            ("{endpoints: ['127.0.0.1:1'], models: [{name: m}], picker: {weights: {queue: -1}}}", "spec.picker.weights.queue: -1 is outside 0–1000"),
             ("{endpoints: ['127.0.0.1:1'], models: [{name: m}], picker: {fallbacks: 0}}", "spec.picker.fallbacks"),
-            ("{endpoints: ['127.0.0.1:1'], models: [{name: m}], failureMode: FailClose}", "FailClose needs pod signals"),
+            ("{endpoints: ['127.0.0.1:1'], models: [{name: m}], failureMode: FailClose}", "spec.failureMode: acts on pod signals"),
+            ("{endpoints: ['127.0.0.1:1'], models: [{name: m, lora: true}]}", "spec.models[0].lora: acts on pod signals"),
+            ("{endpoints: ['127.0.0.1:1'], models: [{name: m}], picker: {weights: {kvCache: 1}}}", "spec.picker.weights.kvCache: acts on pod signals"),
+            ("{endpoints: ['127.0.0.1:1'], models: [{name: m}], picker: {staleness: 1s}}", "spec.picker.staleness: acts on pod signals"),
+            ("{endpoints: ['127.0.0.1:1'], models: [{name: m}], picker: {queueThreshold: 3}}", "spec.picker.queueThreshold: acts on pod signals"),
         ];
         for (spec, expected) in cases {
             let error = apply(&pool("p", spec)).unwrap_err();
@@ -424,6 +454,12 @@ mod tests {
         ))
         .unwrap_err();
         assert!(error.contains("not both"), "{error}");
+        let error = apply(&format!(
+            "{LISTENER}{pools}{}",
+            route("[{kind: InferencePool, name: a}, {kind: InferencePool, name: a}]")
+        ))
+        .unwrap_err();
+        assert!(error.contains("spec.backends[1]: InferencePool/a is listed twice"), "{error}");
         let error = apply(&format!(
             "{LISTENER}{pools}{}",
             route("[{kind: InferencePool, name: a, weight: 5}]")

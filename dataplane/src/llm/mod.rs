@@ -1,9 +1,9 @@
 //! OpenAI-compatible LLM traffic (the OpenAI API reference, platform.openai.com/docs/api-reference;
 //! vLLM serves the same shape). A Route whose backends are InferencePools is an LLM route:
-//! right after route match, [`Models::prepare`] reads the body once, finds the model it names,
-//! resolves aliases and weighted rewrites to the model the servers know and to the pool that
-//! serves it, and leaves the parsed request in the context for policies (guardrails) and the
-//! pool's picker. `GET /v1/models` is answered here, from the pools' models.
+//! once the policy chain has admitted a request, [`Models::prepare`] reads the body once,
+//! finds the model it names, resolves aliases and weighted rewrites to the model the servers
+//! know and to the pool that serves it, and leaves the parsed request in the context for the
+//! pool's picker and the telemetry. `GET /v1/models` is answered here, from the pools' models.
 
 mod error;
 mod request;
@@ -86,24 +86,40 @@ impl Models {
         }
     }
 
+    /// `GET /v1/models` (the list) and `GET /v1/models/{id}` (one model, or 404), also under
+    /// a path prefix; `None` for any other path.
+    fn listing_for(&self, path: &str) -> Option<Response<Body>> {
+        let at = path.find("/v1/models")?;
+        let rest = &path[at + "/v1/models".len()..];
+        if rest.is_empty() || rest == "/" {
+            return Some(crate::response::json(StatusCode::OK, &self.listing));
+        }
+        let id = rest.strip_prefix('/')?;
+        let found = self.listing["data"]
+            .as_array()
+            .and_then(|models| models.iter().find(|model| model["id"] == id));
+        Some(match found {
+            Some(model) => crate::response::json(StatusCode::OK, model),
+            None => error(
+                StatusCode::NOT_FOUND,
+                "model_not_found",
+                format!("the model {id:?} does not exist on this route"),
+            ),
+        })
+    }
+
     /// Reads and checks an LLM request, or answers it.
     pub(crate) async fn prepare(&self, ctx: &mut RequestContext, request: &mut Request<Body>) -> Prepared {
-        let path = request.uri().path();
-        if path == "/v1/models" || path.ends_with("/v1/models") {
-            return Prepared::Answer(if request.method() == Method::GET {
-                crate::response::json(StatusCode::OK, &self.listing)
+        if let Some(listing) = self.listing_for(request.uri().path()) {
+            return Prepared::Answer(if matches!(*request.method(), Method::GET | Method::HEAD) {
+                listing
             } else {
-                error(
-                    StatusCode::METHOD_NOT_ALLOWED,
-                    "method_not_allowed",
-                    "/v1/models is read with GET",
-                )
+                method_not_allowed("GET, HEAD", "model listings are read with GET")
             });
         }
         if request.method() != Method::POST {
-            return Prepared::Answer(error(
-                StatusCode::METHOD_NOT_ALLOWED,
-                "method_not_allowed",
+            return Prepared::Answer(method_not_allowed(
+                "POST",
                 format!("{} takes POST with a JSON body", request.uri().path()),
             ));
         }
@@ -161,6 +177,15 @@ impl Models {
         ctx.llm = Some(parsed);
         Prepared::Forward(entry.target.clone())
     }
+}
+
+/// 405 with the methods the path takes (RFC 9110 §15.5.6).
+fn method_not_allowed(allow: &'static str, message: impl Into<String>) -> Response<Body> {
+    let mut answer = error(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", message);
+    answer
+        .headers_mut()
+        .insert(http::header::ALLOW, http::HeaderValue::from_static(allow));
+    answer
 }
 
 /// A weighted choice among the served models behind a name.

@@ -1,5 +1,6 @@
 //! The parts of an OpenAI-style request body the gateway needs, read once.
 
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -21,8 +22,6 @@ pub(crate) struct LlmRequest {
     /// The prompt as sent: the raw JSON of `prompt` (completions) or `messages` (chat), for
     /// prefix affinity. A conversation's next turn repeats it as a prefix.
     pub(crate) prompt: Bytes,
-    /// `"stream": true`: the answer comes as server-sent events.
-    pub(crate) stream: bool,
     /// When the proxy had the whole request; LLM latencies count from here.
     pub(crate) since: Instant,
     /// Filled in as the response passes; the request's telemetry record reads it.
@@ -36,8 +35,6 @@ struct Probe<'a> {
     prompt: Option<&'a RawValue>,
     #[serde(borrow, default)]
     messages: Option<&'a RawValue>,
-    #[serde(default)]
-    stream: Option<bool>,
 }
 
 impl LlmRequest {
@@ -61,18 +58,20 @@ impl LlmRequest {
             requested_model,
             lora: false,
             prompt,
-            stream: probe.stream.unwrap_or(false),
             since: Instant::now(),
             record: Arc::default(),
         })
     }
 
-    /// The body with `model` replaced by `served`.
+    /// The body with `model` replaced by `served`; every other member passes through byte
+    /// for byte (members come out sorted by name).
     pub(crate) fn rewrite_model(&self, body: &[u8], served: &str) -> Result<Bytes, String> {
-        let mut value: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(body)
+        let mut members: BTreeMap<String, Box<RawValue>> = serde_json::from_slice(body)
             .map_err(|error| format!("the request body is not a JSON object: {error}"))?;
-        value.insert("model".into(), serde_json::Value::String(served.to_string()));
-        serde_json::to_vec(&value)
+        let model = serde_json::value::to_raw_value(served)
+            .map_err(|error| format!("could not encode the model name: {error}"))?;
+        members.insert("model".into(), model);
+        serde_json::to_vec(&members)
             .map(Bytes::from)
             .map_err(|error| format!("could not re-encode the request: {error}"))
     }
@@ -119,13 +118,13 @@ mod tests {
 
     #[test]
     fn rewriting_keeps_everything_but_the_model() {
-        let body = br#"{"model":"alias","prompt":"hi","max_tokens":3}"#;
+        let body = br#"{"model":"alias","prompt":"hi","seed":123456789012345678901234567890,"n":1.50}"#;
         let request = parse(std::str::from_utf8(body).unwrap()).unwrap();
         let rewritten = request.rewrite_model(body, "served").unwrap();
-        let value: serde_json::Value = serde_json::from_slice(&rewritten).unwrap();
         assert_eq!(
-            value,
-            serde_json::json!({"model":"served","prompt":"hi","max_tokens":3})
+            std::str::from_utf8(&rewritten).unwrap(),
+            r#"{"model":"served","n":1.50,"prompt":"hi","seed":123456789012345678901234567890}"#,
+            "numbers pass through as written"
         );
     }
 }

@@ -21,7 +21,7 @@ use crate::telemetry::LlmRecord;
 
 /// Parsing stops (the response still passes) past this much unparsed text: one SSE event or
 /// a whole JSON answer larger than this carries no usage worth the memory.
-const MAX_PENDING_BYTES: usize = 4 * 1024 * 1024;
+const MAX_PENDING_BYTES: usize = 1024 * 1024;
 
 pub(crate) struct Tap {
     inner: Body,
@@ -29,8 +29,12 @@ pub(crate) struct Tap {
     /// When the proxy had the whole request.
     since: Instant,
     streamed: bool,
-    /// An unfinished SSE event, or the JSON answer so far.
+    /// An unfinished SSE event (line ends normalized to `\n`), or the JSON answer so far.
     pending: BytesMut,
+    /// How far `pending` has been searched for the end of an event.
+    scanned: usize,
+    /// The last byte appended was a CR (its LF, if one follows, is dropped).
+    after_cr: bool,
     gave_up: bool,
     content_chunks: u64,
     ended: bool,
@@ -47,6 +51,8 @@ impl Tap {
             since,
             streamed,
             pending: BytesMut::new(),
+            scanned: 0,
+            after_cr: false,
             gave_up: false,
             content_chunks: 0,
             ended: false,
@@ -58,13 +64,30 @@ impl Tap {
         if self.gave_up {
             return;
         }
-        self.pending.extend_from_slice(data);
-        if self.streamed {
-            while let Some((end, next)) = find_event_end(&self.pending) {
-                let event = self.pending.split_to(end);
-                self.pending.advance(next - end);
+        if !self.streamed {
+            self.pending.extend_from_slice(data);
+        } else {
+            // SSE lines end in CRLF, LF or CR (WHATWG HTML, "Server-sent events"): keep LF only.
+            for &byte in data.iter() {
+                match byte {
+                    b'\r' => self.pending.extend_from_slice(b"\n"),
+                    b'\n' if self.after_cr => {}
+                    _ => self.pending.extend_from_slice(&[byte]),
+                }
+                self.after_cr = byte == b'\r';
+            }
+            // An event ends at a blank line; search only what is new (and the byte before).
+            loop {
+                let from = self.scanned.saturating_sub(1);
+                let Some(at) = self.pending[from..].windows(2).position(|pair| pair == b"\n\n") else {
+                    break;
+                };
+                let event = self.pending.split_to(from + at);
+                self.pending.advance(2);
+                self.scanned = 0;
                 self.event(&event);
             }
+            self.scanned = self.pending.len();
         }
         if self.pending.len() > MAX_PENDING_BYTES {
             self.gave_up = true;
@@ -75,7 +98,6 @@ impl Tap {
     /// One SSE event: its `data:` lines.
     fn event(&mut self, event: &[u8]) {
         for line in event.split(|&b| b == b'\n') {
-            let line = line.strip_suffix(b"\r").unwrap_or(line);
             let Some(payload) = line.strip_prefix(b"data:") else {
                 continue;
             };
@@ -127,22 +149,6 @@ fn error_event(error: &(dyn std::error::Error + Send + Sync)) -> Bytes {
         }
     });
     Bytes::from(format!("data: {error}\n\n"))
-}
-
-/// The end of the first complete SSE event: (where it ends, where the next begins).
-fn find_event_end(buffer: &[u8]) -> Option<(usize, usize)> {
-    let lf = buffer
-        .windows(2)
-        .position(|w| w == b"\n\n")
-        .map(|at| (at, at + 2));
-    let crlf = buffer
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .map(|at| (at, at + 4));
-    match (lf, crlf) {
-        (Some(a), Some(b)) => Some(if a.0 <= b.0 { a } else { b }),
-        (a, b) => a.or(b),
-    }
 }
 
 /// A chunk carries generated text: chat `choices[].delta.content` or completions'
@@ -288,6 +294,20 @@ mod tests {
         let record = record.lock().unwrap();
         assert!(record.interrupted);
         assert_eq!(record.output_tokens, Some(1));
+    }
+
+    #[test]
+    fn every_sse_line_ending_ends_events() {
+        // LF, CRLF and bare CR (WHATWG HTML, "Server-sent events"), split between frames.
+        let record = tapped(
+            true,
+            &[
+                "data: {\"choices\":[{\"text\":\"a\"}]}\r",
+                "\r\ndata: {\"choices\":[{\"text\":\"b\"}]}\r\rdata: {\"choices\":[{\"text\":\"c\"}]}\r\n\r",
+                "\ndata: {\"choices\":[{\"text\":\"d\"}]}\n\n",
+            ],
+        );
+        assert_eq!(record.output_tokens, Some(4));
     }
 
     #[test]

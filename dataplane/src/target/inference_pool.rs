@@ -6,14 +6,16 @@
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use bytes::Bytes;
 use http::uri::Authority;
-use http::{HeaderValue, Request, Response, StatusCode};
+use http::{Request, Response, StatusCode};
 use http_body::{Body as HttpBody, Frame, SizeHint};
 use portcullis_config::{EjectionSpec, InferencePoolSpec};
-use portcullis_picker::{EndpointInfo, PickRequest, Picker, PickerConfig, Refusal, Strategy, Weights};
+use portcullis_picker::{
+    block_hashes, PickRequest, Picker, PickerConfig, PrefixConfig, Refusal, Strategy, Weights,
+};
 
 use super::{ResponseFuture, Target};
 use crate::body::{self, Body, BoxError};
@@ -30,6 +32,8 @@ pub(crate) struct InferencePoolTarget {
     endpoints: Vec<Endpoint>,
     ejection: EjectionSpec,
     picker: Arc<Mutex<Picker>>,
+    /// How the picker cuts prompts; hashed before taking the picker's lock.
+    prefix: PrefixConfig,
     /// The picker counts time from here.
     epoch: Instant,
 }
@@ -50,16 +54,16 @@ impl InferencePoolTarget {
                     .map_err(|error| format!("InferencePool/{name}: endpoint {endpoint:?}: {error}"))
             })
             .collect::<Result<_, _>>()?;
-        let picker = Picker::new(
-            picker_config(spec),
-            vec![EndpointInfo::default(); endpoints.len()],
-        );
+        let config = picker_config(spec);
+        let prefix = config.prefix;
+        let picker = Picker::new(config, endpoints.len());
         Ok(InferencePoolTarget {
             name: Arc::from(format!("InferencePool/{name}")),
             spec: spec.clone(),
             endpoints,
             ejection: EjectionSpec::default(),
             picker: Arc::new(Mutex::new(picker)),
+            prefix,
             epoch: Instant::now(),
         })
     }
@@ -85,10 +89,10 @@ fn picker_config(spec: &InferencePoolSpec) -> PickerConfig {
             portcullis_config::Strategy::LeastRequest => Strategy::LeastRequest,
         },
         weights: picker.weights.map_or(defaults.weights, |w| Weights {
-            queue: w.queue,
-            kv_cache: w.kv_cache,
-            prefix: w.prefix,
-            lora: w.lora,
+            queue: w.queue.unwrap_or(defaults.weights.queue),
+            kv_cache: w.kv_cache.unwrap_or(defaults.weights.kv_cache),
+            prefix: w.prefix.unwrap_or(defaults.weights.prefix),
+            lora: w.lora.unwrap_or(defaults.weights.lora),
         }),
         queue_threshold: picker.queue_threshold.unwrap_or(defaults.queue_threshold),
         kv_cache_threshold: picker.kv_cache_threshold.unwrap_or(defaults.kv_cache_threshold),
@@ -124,24 +128,45 @@ impl Target for InferencePoolTarget {
                     format!("{} received a request the LLM stage did not read", self.name),
                 );
             };
+            let hashes = block_hashes(&llm.model, &llm.prompt, &self.prefix);
             let now = self.epoch.elapsed();
             let pick = self.picker().pick(
                 now,
                 &PickRequest {
                     model: &llm.model,
                     lora: llm.lora,
-                    prompt: &llm.prompt,
-                    priority: 0,
+                    prompt_hashes: &hashes,
                 },
                 |index| !self.endpoints[index].health.is_ejected(),
             );
-            let (record, since, streamed) = (llm.record.clone(), llm.since, llm.stream);
             let pick = match pick {
                 Ok(pick) => pick,
-                Err(refusal) => return self.refused(&refusal),
+                Err(refusal) => {
+                    let code = match refusal {
+                        Refusal::NoEndpoint => "no_endpoint",
+                        Refusal::SignalsUnavailable => "signals_unavailable",
+                    };
+                    return llm::error(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        code,
+                        format!("{}: {refusal}", self.name),
+                    );
+                }
             };
+            // Whatever happens from here (the client leaves, the exchange fails), dropping
+            // the credit gives the picker its count back.
+            let mut credit = Credit {
+                picker: self.picker.clone(),
+                endpoint: pick.endpoints[0],
+            };
+            {
+                let mut record = llm.record.lock().unwrap_or_else(PoisonError::into_inner);
+                record.pick_basis = Some(pick.basis.as_str());
+                record.prefix_blocks = Some((pick.prefix_hit_blocks, hashes.len() as u32));
+                record.saturated = pick.saturated;
+            }
+            let (record, since) = (llm.record.clone(), llm.since);
             ctx.decide(&self.name, pick.basis.as_str());
-            let first = pick.endpoints[0];
             let dispatch = Dispatch {
                 target: &self.name,
                 endpoints: pick
@@ -154,31 +179,24 @@ impl Target for InferencePoolTarget {
                 connect_fallback: true,
             };
             let response = upstream.send(ctx, route, dispatch, request).await;
-            let used = ctx
-                .endpoint
-                .as_ref()
-                .and_then(|label| {
-                    pick.endpoints
-                        .iter()
-                        .copied()
-                        .find(|&index| self.endpoints[index].label == *label)
-                })
-                .unwrap_or(first);
-            if used != first {
-                let mut picker = self.picker();
-                picker.finished(first);
-                picker.started(used, now);
+            let used = ctx.endpoint.as_ref().and_then(|label| {
+                pick.endpoints
+                    .iter()
+                    .copied()
+                    .find(|&index| self.endpoints[index].label == *label)
+            });
+            if let Some(used) = used.filter(|&used| used != credit.endpoint) {
+                self.picker().moved(credit.endpoint, used, now, &hashes);
+                credit.endpoint = used;
             }
             let (parts, body) = response.into_parts();
-            let streamed = streamed
-                || parts
-                    .headers
-                    .get(http::header::CONTENT_TYPE)
-                    .is_some_and(|value| value.as_bytes().starts_with(b"text/event-stream"));
+            let streamed = parts
+                .headers
+                .get(http::header::CONTENT_TYPE)
+                .is_some_and(|value| value.as_bytes().starts_with(b"text/event-stream"));
             let release = Release {
                 inner: body::boxed(llm::Tap::new(body, record, since, streamed)),
-                picker: self.picker.clone(),
-                endpoint: used,
+                _credit: credit,
             };
             Response::from_parts(parts, body::boxed(release))
         })
@@ -192,53 +210,26 @@ impl Target for InferencePoolTarget {
     }
 }
 
-impl InferencePoolTarget {
-    fn refused(&self, refusal: &Refusal) -> Response<Body> {
-        match refusal {
-            Refusal::Saturated { retry_after } => {
-                let mut answer = llm::error(
-                    StatusCode::TOO_MANY_REQUESTS,
-                    "pool_saturated",
-                    format!("{}: {refusal}", self.name),
-                );
-                answer
-                    .headers_mut()
-                    .insert(http::header::RETRY_AFTER, retry_after_header(*retry_after));
-                answer
-            }
-            Refusal::NoEndpoint => llm::error(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "no_endpoint",
-                format!("{}: {refusal}", self.name),
-            ),
-            Refusal::SignalsUnavailable => llm::error(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "signals_unavailable",
-                format!("{}: {refusal}", self.name),
-            ),
-        }
-    }
-}
-
-fn retry_after_header(wait: Duration) -> HeaderValue {
-    HeaderValue::from(wait.as_secs_f64().ceil().max(1.0) as u64)
-}
-
-/// The response body; releases the picker's in-flight count when the exchange ends (the
-/// body is dropped at its end, on error, or when the client leaves).
-struct Release {
-    inner: Body,
+/// A request counted in flight at `endpoint`; dropping it gives the count back.
+struct Credit {
     picker: Arc<Mutex<Picker>>,
     endpoint: usize,
 }
 
-impl Drop for Release {
+impl Drop for Credit {
     fn drop(&mut self) {
         self.picker
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .finished(self.endpoint);
     }
+}
+
+/// The response body; holds the request's credit until the exchange ends (the body is
+/// dropped at its end, on error, or when the client leaves).
+struct Release {
+    inner: Body,
+    _credit: Credit,
 }
 
 impl HttpBody for Release {

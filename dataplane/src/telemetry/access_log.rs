@@ -284,6 +284,10 @@ impl Serialize for Line<'_> {
                     "time_to_first_token_ms": llm.first_token.map(millis),
                     "time_per_output_token_ms": llm.time_per_output_token().map(millis),
                     "interrupted": llm.interrupted,
+                    "pick": llm.pick_basis,
+                    "prefix_hit_blocks": llm.prefix_blocks.map(|(hit, _)| hit),
+                    "prompt_blocks": llm.prefix_blocks.map(|(_, total)| total),
+                    "pool_saturated": llm.saturated,
                 }),
             )?;
         }

@@ -115,6 +115,12 @@ pub(crate) struct LlmRecord {
     pub(crate) output_tokens: Option<u64>,
     /// The server's stream broke off; the client got an error event instead of the rest.
     pub(crate) interrupted: bool,
+    /// What the picker based its choice on (`signals`, `own_counts`, `round_robin`, …).
+    pub(crate) pick_basis: Option<&'static str>,
+    /// Leading prompt blocks the chosen pod probably had cached, of the prompt's blocks.
+    pub(crate) prefix_blocks: Option<(u32, u32)>,
+    /// Every candidate pod was saturated.
+    pub(crate) saturated: bool,
 }
 
 impl LlmRecord {

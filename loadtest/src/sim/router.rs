@@ -11,7 +11,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use portcullis_picker::{EndpointInfo, PickRequest, Picker, PickerConfig, Signals};
+use portcullis_picker::{block_hashes, PickRequest, Picker, PickerConfig, PrefixConfig, Signals};
 use serde::{Deserialize, Serialize};
 
 use super::engine::{Engine, EngineMetrics};
@@ -147,6 +147,7 @@ impl Router for Oracle {
 /// what a proxy sees, the prompt and the signals.
 pub struct PickerRouter {
     picker: Picker,
+    prefix: PrefixConfig,
     prompt: Vec<u8>,
     /// Request id → pod, to report where a finished request ran.
     in_flight: HashMap<u64, usize>,
@@ -162,7 +163,8 @@ impl PickerRouter {
             ..PickerConfig::default()
         };
         Self {
-            picker: Picker::new(config, vec![EndpointInfo::default(); pods]),
+            prefix: config.prefix,
+            picker: Picker::new(config, pods),
             prompt: Vec::new(),
             in_flight: HashMap::new(),
         }
@@ -176,13 +178,13 @@ impl Router for PickerRouter {
         self.prompt.clear();
         self.prompt
             .extend(request.prompt.tokens().iter().flat_map(|t| t.to_le_bytes()));
+        let hashes = block_hashes(Self::MODEL, &self.prompt, &self.prefix);
         let pick = self.picker.pick(
             Duration::from_secs_f64(now),
             &PickRequest {
                 model: Self::MODEL,
                 lora: false,
-                prompt: &self.prompt,
-                priority: 0,
+                prompt_hashes: &hashes,
             },
             |_| true,
         );
@@ -199,7 +201,6 @@ impl Router for PickerRouter {
                 Signals {
                     sampled_at: Duration::from_secs_f64(sampled_at),
                     waiting: m.num_requests_waiting as u32,
-                    running: m.num_requests_running as u32,
                     kv_cache_usage: m.kv_cache_usage,
                     lora: None,
                 },

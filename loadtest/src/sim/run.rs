@@ -79,6 +79,15 @@ pub fn run_virtual(config: &VirtualConfig) -> anyhow::Result<Report> {
     config.profile.validate().context("profile")?;
     ensure!(config.pods > 0, "pods must be positive");
     ensure!(!config.routers.is_empty(), "no routers to compare");
+    let signals = config.signals;
+    ensure!(
+        signals.interval_s.is_finite() && (signals.interval_s == 0.0 || signals.interval_s >= 0.001),
+        "signals.interval_s must be 0 (no samples) or at least 0.001"
+    );
+    ensure!(
+        signals.delay_s.is_finite() && signals.delay_s >= 0.0,
+        "signals.delay_s must be a finite number of seconds, 0 or more"
+    );
     let arrivals = generate(&config.workload, &config.load, config.profile.block_size).context("workload")?;
     let routers = std::thread::scope(|scope| {
         let runs: Vec<_> = config
