@@ -112,6 +112,12 @@ fn llm_routes_choose_by_model_keep_prefixes_together_and_fall_back() {
         "{}",
         one.body
     );
+    let encoded = http_get(fleet.scored, "/v1/models/Qwen%2FQwen3-32B").unwrap();
+    assert_eq!(
+        encoded.status, 200,
+        "an encoded slash names the same model: {}",
+        encoded.body
+    );
     let none = http_get(fleet.scored, "/v1/models/gpt-4o").unwrap();
     assert_eq!(none.status, 404);
     assert_eq!(error_of(&none)["code"], "model_not_found");
@@ -355,13 +361,13 @@ fn a_pod_killed_mid_stream_ends_the_stream_with_an_error_event_and_new_requests_
 fn a_client_that_leaves_before_the_answer_gives_its_pod_back_and_policies_still_apply() {
     let dir = tempfile::tempdir().unwrap();
     let pods = [free_port(), free_port()];
-    // The first pod runs in real time: its 2,000-token answers take longer than the clients
-    // below wait. The second runs 200× faster and answers before they leave. A leaked credit
-    // would therefore pile up on the first pod only, and least-request would shun it.
-    let _sims = [
-        start_sim(dir.path(), 1, pods[0], "1"),
-        start_sim(dir.path(), 1, pods[1], "200"),
-    ];
+    // The first endpoint is a simulated pod in real time: its 2,000-token answers take far
+    // longer than the clients below wait. The second is the echo server, which answers at
+    // once. A credit leaked by a departed client would pile up on the pod only, and
+    // least-request would shun it from then on.
+    let _sim = start_sim(dir.path(), 1, pods[0], "1");
+    let _echo = start_echo(dir.path(), "echo", pods[1]);
+    wait_for("echo", TIMEOUT, || http_get(pods[1], "/").is_some());
     let (cp_port, admin, port) = (free_port(), free_port(), free_port());
     let cp = format!("127.0.0.1:{cp_port}");
     let _controlplane = start_controlplane(dir.path(), cp_port);
@@ -398,9 +404,18 @@ fn a_client_that_leaves_before_the_answer_gives_its_pod_back_and_policies_still_
         drop(stream);
     }
     std::thread::sleep(std::time::Duration::from_millis(500));
-    // With every credit back, least-request spreads sequential requests over both pods; a
-    // leak of even one would send all 16 to the other pod.
-    let before = served(&pods);
+    // With every credit back, least-request spreads sequential requests over both
+    // endpoints; a leak of even one would send all 16 to the echo server.
+    let per_endpoint = |port: u16| -> f64 {
+        let metrics = http_get(admin, "/metrics").unwrap().body;
+        metrics
+            .lines()
+            .filter(|line| line.starts_with("portcullis_proxy_gen_ai_requests_total"))
+            .filter(|line| line.contains(&format!("endpoint=\"127.0.0.1:{port}\"")))
+            .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    };
+    let before = [per_endpoint(pods[0]), per_endpoint(pods[1])];
     for i in 0..16 {
         let answer = completion(port, "Qwen/Qwen3-32B", &format!("short {i}"));
         assert_eq!(answer.status, 200, "{}", answer.body);
@@ -410,8 +425,14 @@ fn a_client_that_leaves_before_the_answer_gives_its_pod_back_and_policies_still_
             answer.head
         );
     }
-    let gained: Vec<u64> = served(&pods).iter().zip(&before).map(|(a, b)| a - b).collect();
-    assert!(gained.iter().all(|&n| n > 0), "both pods serve again: {gained:?}");
+    let gained = [
+        per_endpoint(pods[0]) - before[0],
+        per_endpoint(pods[1]) - before[1],
+    ];
+    assert!(
+        gained.iter().all(|&n| n > 0.0),
+        "both endpoints serve again: {gained:?}"
+    );
 
     // The LLM stage's own answers go through the policies too: /v1/models is tagged by the
     // route's HeaderPolicy and rate limited (40 a burst for this tenant) by the listener's.

@@ -59,6 +59,12 @@ impl EndpointState {
         self.recent.push_back(now);
     }
 
+    /// The last request started here went elsewhere: as if it had never been sent here.
+    pub fn moved_away(&mut self) {
+        self.in_flight = self.in_flight.saturating_sub(1);
+        self.recent.pop_back();
+    }
+
     pub fn finished(&mut self) {
         self.in_flight = self.in_flight.saturating_sub(1);
     }

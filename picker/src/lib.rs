@@ -179,7 +179,7 @@ impl Picker {
         if from == to || from >= self.endpoints.len() || to >= self.endpoints.len() {
             return;
         }
-        self.endpoints[from].finished();
+        self.endpoints[from].moved_away();
         self.endpoints[to].started(now);
         self.prefix.remove(from, prompt_hashes);
         self.prefix.insert(to, prompt_hashes);
@@ -264,7 +264,9 @@ impl Picker {
         // Per candidate, once: estimated waiting requests, KV-cache use and saturation (the
         // larger of the two as a fraction of its threshold; the Inference Extension's
         // utilization detector). An endpoint without fresh signals is judged on this
-        // proxy's own counts: its in-flight requests, KV-cache use unknown, never saturated.
+        // proxy's own counts: its in-flight requests, KV-cache use unknown; while other
+        // endpoints have fresh signals it counts as saturated (as in the Inference Extension:
+        // a late scrape is often an overloaded pod), so it is chosen only when everyone is.
         let per_waiting = 1.0 / config.queue_threshold;
         let per_kv_cache = 1.0 / config.kv_cache_threshold;
         let loads = &mut self.scratch.loads;
@@ -292,6 +294,9 @@ impl Picker {
             }
         }));
         let basis = if fresh > 0 {
+            for load in loads.iter_mut().filter(|load| load.kv_cache.is_none()) {
+                load.saturation = 1.0;
+            }
             Basis::Signals
         } else if config.failure_mode == FailureMode::FailClose {
             return Err(Refusal::SignalsUnavailable);

@@ -186,7 +186,9 @@ impl PrefixIndex {
         }
     }
 
-    /// Takes back what [`insert`](Self::insert) credited `endpoint` with.
+    /// Forgets the whole prefix family of `hashes` at `endpoint`, including blocks other
+    /// prompts sharing the prefix brought there: used when the endpoint refused a request,
+    /// where losing its affinity is the point.
     pub fn remove(&mut self, endpoint: usize, hashes: &[u64]) {
         let Some(&first) = hashes.first() else { return };
         for &hash in hashes {

@@ -137,24 +137,22 @@ fn stale_signals_fall_back_to_own_counts_or_refuse() {
 }
 
 #[test]
-fn an_endpoint_with_stale_signals_stays_a_candidate_on_own_counts() {
-    let mut p = picker(
-        2,
-        PickerConfig {
-            weights: Weights {
-                prefix: 0.0,
-                kv_cache: 0.0,
-                ..Weights::default()
-            },
-            ..PickerConfig::default()
-        },
-    );
-    // Endpoint 0 reports a queue; endpoint 1 has never reported. Endpoint 1 is judged on
-    // what this proxy sent it, which is nothing yet, so it is the better one.
-    p.observe(0, signals(Duration::ZERO, 3, 0.2));
-    let first = pick(&mut p, MS, b"a").unwrap();
-    assert_eq!(first.basis, Basis::Signals);
-    assert_eq!(first.endpoints, vec![1, 0]);
+fn an_endpoint_with_stale_signals_is_used_only_when_the_fresh_ones_are_saturated() {
+    let mut p = picker(3, PickerConfig::default());
+    // Endpoints 0 and 1 report; endpoint 2 never has. While a fresh endpoint has room, the
+    // silent one is set aside (a late scrape is often an overloaded pod).
+    p.observe(0, signals(Duration::ZERO, 1, 0.2));
+    p.observe(1, signals(Duration::ZERO, 2, 0.2));
+    let chosen = pick(&mut p, MS, b"a").unwrap();
+    assert_eq!(chosen.basis, Basis::Signals);
+    assert!(!chosen.endpoints.contains(&2), "{chosen:?}");
+    // Everyone with signals saturated: nothing is set aside, the silent one included, and
+    // it is judged on this proxy's own counts.
+    p.observe(0, signals(2 * MS, 9, 0.2));
+    p.observe(1, signals(2 * MS, 9, 0.2));
+    let chosen = pick(&mut p, 3 * MS, b"b").unwrap();
+    assert!(chosen.saturated);
+    assert_eq!(chosen.endpoints.len(), 3);
 }
 
 #[test]
@@ -205,9 +203,20 @@ fn a_fallback_takes_over_the_in_flight_count_and_the_prefix() {
     p.moved(refused, used, MS, &hashes(&prompt));
     assert_eq!((p.in_flight(refused), p.in_flight(used)), (0, 1));
     p.finished(used);
-    let again = pick(&mut p, 2 * MS, &prompt).unwrap();
-    assert_eq!(again.endpoints[0], used, "the prefix followed the request");
-    assert_eq!(again.prefix_hit_blocks, 12);
+    let hashes = hashes(&prompt);
+    let request = PickRequest {
+        model: "m",
+        lora: false,
+        prompt_hashes: &hashes,
+    };
+    let on_refused = p.pick(2 * MS, &request, |e| e == refused).unwrap();
+    assert_eq!(
+        on_refused.prefix_hit_blocks, 0,
+        "the refusing endpoint lost its credit"
+    );
+    p.finished(refused);
+    let on_used = p.pick(2 * MS, &request, |e| e == used).unwrap();
+    assert_eq!(on_used.prefix_hit_blocks, 12, "the prefix followed the request");
 }
 
 #[test]
@@ -259,13 +268,20 @@ fn nonsense_numbers_neither_panic_nor_poison_the_order() {
             ..PickerConfig::default()
         },
     );
-    p.observe(0, signals(Duration::ZERO, 0, f64::NAN));
-    p.observe(1, signals(Duration::ZERO, 0, 7.0));
-    // Endpoint 0's sample was dropped, so it is judged on own counts; endpoint 1's KV use was
-    // clamped to 1.0, which saturates it.
-    let chosen = pick(&mut p, MS, b"q").unwrap();
-    assert_eq!(chosen.basis, Basis::Signals);
-    assert_eq!(chosen.endpoints, vec![0]);
+    // Thresholds fall back to their defaults (5 waiting, 0.8 KV): endpoint 1 (0.5) has room,
+    // endpoint 0 (0.9) has not. Unsanitized, every saturation would be NaN and nothing picked.
+    p.observe(0, signals(Duration::ZERO, 0, 0.9));
+    p.observe(1, signals(Duration::ZERO, 0, 0.5));
+    assert_eq!(pick(&mut p, MS, b"q").unwrap().endpoints, vec![1]);
+    // A NaN sample is dropped; one above 1 is clamped to 1 (saturated).
+    p.observe(1, signals(2 * MS, 0, f64::NAN));
+    p.observe(0, signals(2 * MS, 0, 7.0));
+    let chosen = pick(&mut p, 3 * MS, b"q").unwrap();
+    assert_eq!(
+        chosen.endpoints,
+        vec![1],
+        "endpoint 1's earlier sample still stands"
+    );
 }
 
 #[test]

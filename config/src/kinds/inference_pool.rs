@@ -233,7 +233,7 @@ impl KindSpec for InferencePoolSpec {
         // Settings that act only on pod signals are refused until the control plane collects
         // them, rather than accepted and silently doing nothing (or, for FailClose, refusing
         // every request).
-        let mut needs_signals = |field: String| {
+        let needs_signals = |checker: &mut Checker<'_>, field: String| {
             checker.fail(
                 field,
                 "acts on pod signals (queue, KV-cache, LoRA state), which the control plane does \
@@ -241,14 +241,25 @@ impl KindSpec for InferencePoolSpec {
             );
         };
         if self.failure_mode == FailureMode::FailClose {
-            needs_signals("spec.failureMode".into());
+            checker.fail(
+                "spec.failureMode",
+                "FailClose answers 503 when no pod has fresh signals, and the control plane does \
+                 not collect pod signals yet: every request would be refused. Use FailOpen (the \
+                 default) for now",
+            );
         }
         for (index, model) in self.models.iter().enumerate() {
             if model.lora {
-                needs_signals(format!("spec.models[{index}].lora"));
+                needs_signals(checker, format!("spec.models[{index}].lora"));
             }
         }
         let picker = &self.picker;
+        if picker.strategy != Strategy::Scored && picker.weights.is_some() {
+            checker.fail(
+                "spec.picker.weights",
+                "weights apply to the Scored strategy only; RoundRobin and LeastRequest ignore them",
+            );
+        }
         let weights = picker.weights.unwrap_or_default();
         for (field, set) in [
             ("weights.kvCache", weights.kv_cache.is_some()),
@@ -258,7 +269,7 @@ impl KindSpec for InferencePoolSpec {
             ("staleness", picker.staleness.is_some()),
         ] {
             if set {
-                needs_signals(format!("spec.picker.{field}"));
+                needs_signals(checker, format!("spec.picker.{field}"));
             }
         }
     }
@@ -388,7 +399,7 @@ mod tests {
                 "qwen",
                 "{endpoints: ['127.0.0.1:8000'], models: [{name: Qwen/Qwen3-32B, aliases: [qwen]}, {name: sql}], \
                  rewrites: [{model: chat, targets: [{model: Qwen/Qwen3-32B, weight: 9}, {model: sql, weight: 1}]}], \
-                 picker: {strategy: RoundRobin, weights: {prefix: 5}, fallbacks: 2}}"
+                 picker: {weights: {prefix: 5}, fallbacks: 2}}"
             ),
             route("[{kind: InferencePool, name: qwen}]")
         );
@@ -419,7 +430,8 @@ mod tests {
             ("{endpoints: ['127.0.0.1:1'], models: [{name: 'a b'}]}", "must not contain whitespace"),
             ("{endpoints: ['127.0.0.1:1'], models: [{name: m}], picker: {weights: {queue: -1}}}", "spec.picker.weights.queue: -1 is outside 0–1000"),
             ("{endpoints: ['127.0.0.1:1'], models: [{name: m}], picker: {fallbacks: 0}}", "spec.picker.fallbacks"),
-            ("{endpoints: ['127.0.0.1:1'], models: [{name: m}], failureMode: FailClose}", "spec.failureMode: acts on pod signals"),
+            ("{endpoints: ['127.0.0.1:1'], models: [{name: m}], failureMode: FailClose}", "spec.failureMode: FailClose answers 503"),
+            ("{endpoints: ['127.0.0.1:1'], models: [{name: m}], picker: {strategy: LeastRequest, weights: {queue: 1}}}", "spec.picker.weights: weights apply to the Scored strategy only"),
             ("{endpoints: ['127.0.0.1:1'], models: [{name: m, lora: true}]}", "spec.models[0].lora: acts on pod signals"),
             ("{endpoints: ['127.0.0.1:1'], models: [{name: m}], picker: {weights: {kvCache: 1}}}", "spec.picker.weights.kvCache: acts on pod signals"),
             ("{endpoints: ['127.0.0.1:1'], models: [{name: m}], picker: {staleness: 1s}}", "spec.picker.staleness: acts on pod signals"),

@@ -94,10 +94,12 @@ impl Models {
         if rest.is_empty() || rest == "/" {
             return Some(crate::response::json(StatusCode::OK, &self.listing));
         }
-        let id = rest.strip_prefix('/')?;
+        // Clients encode the `/` of names like `Qwen/Qwen3-32B` (or not); normalization keeps
+        // `%2F` encoded, so decode here.
+        let id = percent_encoding::percent_decode_str(rest.strip_prefix('/')?).decode_utf8_lossy();
         let found = self.listing["data"]
             .as_array()
-            .and_then(|models| models.iter().find(|model| model["id"] == id));
+            .and_then(|models| models.iter().find(|model| model["id"] == *id));
         Some(match found {
             Some(model) => crate::response::json(StatusCode::OK, model),
             None => error(

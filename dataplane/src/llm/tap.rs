@@ -138,8 +138,8 @@ impl Tap {
     }
 }
 
-/// The last event of a stream the server broke off.
-fn error_event(error: &(dyn std::error::Error + Send + Sync)) -> Bytes {
+/// The last event of a stream the server broke off; `unfinished`: an event is still open.
+fn error_event(error: &(dyn std::error::Error + Send + Sync), unfinished: bool) -> Bytes {
     let error = serde_json::json!({
         "error": {
             "message": format!("the model server's response broke off: {error}"),
@@ -148,7 +148,8 @@ fn error_event(error: &(dyn std::error::Error + Send + Sync)) -> Bytes {
             "code": "upstream_stream_error",
         }
     });
-    Bytes::from(format!("data: {error}\n\n"))
+    let close = if unfinished { "\n\n" } else { "" };
+    Bytes::from(format!("{close}data: {error}\n\n"))
 }
 
 /// A chunk carries generated text: chat `choices[].delta.content` or completions'
@@ -193,13 +194,15 @@ impl HttpBody for Tap {
         let polled = Pin::new(&mut this.inner).poll_frame(cx);
         if let Poll::Ready(Some(Err(error))) = &polled {
             if this.streamed {
-                this.end();
                 this.closed = true;
                 this.record
                     .lock()
                     .unwrap_or_else(PoisonError::into_inner)
                     .interrupted = true;
-                return Poll::Ready(Some(Ok(Frame::data(error_event(&**error)))));
+                // An event the server left unfinished must not swallow the error event.
+                let unfinished = !this.pending.is_empty();
+                this.end();
+                return Poll::Ready(Some(Ok(Frame::data(error_event(&**error, unfinished)))));
             }
         }
         match &polled {
@@ -308,6 +311,38 @@ mod tests {
             ],
         );
         assert_eq!(record.output_tokens, Some(4));
+    }
+
+    #[test]
+    fn an_unfinished_event_is_closed_before_the_error_event() {
+        let frames: Vec<Result<Frame<Bytes>, BoxError>> = vec![
+            Ok(Frame::data(Bytes::from_static(
+                b"data: {\"choices\":[{\"text\":\"a\"}]}\r\n",
+            ))),
+            Err("reset".into()),
+        ];
+        let inner = body::boxed(http_body_util::StreamBody::new(futures::stream::iter(frames)));
+        let tap = Tap::new(inner, Arc::default(), Instant::now(), true);
+        let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        let collected = runtime.block_on(tap.collect()).unwrap().to_bytes();
+        let text = std::str::from_utf8(&collected).unwrap();
+        let events: Vec<&str> = text.split("\n\n").filter(|e| !e.trim().is_empty()).collect();
+        assert_eq!(events.len(), 2, "{text:?}");
+        assert!(events[1].trim_start().starts_with("data: {\"error\""), "{text:?}");
+    }
+
+    #[test]
+    fn an_event_end_split_between_frames_is_found() {
+        let record = tapped(
+            true,
+            &[
+                "data: {\"choices\":[{\"text\":\"a\"}]}\n",
+                "\n",
+                "data: {\"choices\":[{\"text\":\"b\"}]}\n",
+                "\n",
+            ],
+        );
+        assert_eq!(record.output_tokens, Some(2));
     }
 
     #[test]

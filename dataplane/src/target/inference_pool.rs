@@ -193,7 +193,11 @@ impl Target for InferencePoolTarget {
             let streamed = parts
                 .headers
                 .get(http::header::CONTENT_TYPE)
-                .is_some_and(|value| value.as_bytes().starts_with(b"text/event-stream"));
+                .is_some_and(|value| {
+                    // Media types are case-insensitive (RFC 9110 §8.3.1).
+                    value.as_bytes().len() >= 17
+                        && value.as_bytes()[..17].eq_ignore_ascii_case(b"text/event-stream")
+                });
             let release = Release {
                 inner: body::boxed(llm::Tap::new(body, record, since, streamed)),
                 _credit: credit,
