@@ -386,12 +386,14 @@ fn a_client_that_leaves_before_the_answer_gives_its_pod_back_and_policies_still_
         http_get(admin, "/readyz").is_some_and(|r| r.status == 200)
     });
 
-    // Ten clients each ask for a long, non-streamed answer (headers come only at its end) and
-    // hang up after half a second. Each pick credited a pod; each departure must give the
-    // credit back, or least-request would avoid those pods for good.
+    // Twenty clients each ask for a long, non-streamed answer (headers come only at its end)
+    // and hang up after a quarter of a second. Each pick credited an endpoint; each departure
+    // must give the credit back, or least-request would avoid that endpoint for good. (The
+    // echo server answers the ones sent to it before they hang up; that all twenty go there
+    // has odds of one in a million.)
     let body = serde_json::json!({"model": "Qwen/Qwen3-32B", "prompt": "a long story", "max_tokens": 2000})
         .to_string();
-    for _ in 0..10 {
+    for _ in 0..20 {
         use std::io::Write;
         let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
         write!(
@@ -400,7 +402,7 @@ fn a_client_that_leaves_before_the_answer_gives_its_pod_back_and_policies_still_
             body.len()
         )
         .unwrap();
-        std::thread::sleep(std::time::Duration::from_millis(500));
+        std::thread::sleep(std::time::Duration::from_millis(250));
         drop(stream);
     }
     std::thread::sleep(std::time::Duration::from_millis(500));
@@ -415,6 +417,15 @@ fn a_client_that_leaves_before_the_answer_gives_its_pod_back_and_policies_still_
             .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
             .sum()
     };
+    // The departures are on record as 499s of the pool, with the model they asked for.
+    wait_for("499 records of the departed clients", TIMEOUT, || {
+        http_get(admin, "/metrics").unwrap().body.lines().any(|line| {
+            line.starts_with("portcullis_proxy_gen_ai_requests_total")
+                && line.contains("pool=\"InferencePool/pool\"")
+                && line.contains("gen_ai_request_model=\"Qwen/Qwen3-32B\"")
+                && line.contains("status=\"499\"")
+        })
+    });
     let before = [per_endpoint(pods[0]), per_endpoint(pods[1])];
     for i in 0..16 {
         let answer = completion(port, "Qwen/Qwen3-32B", &format!("short {i}"));

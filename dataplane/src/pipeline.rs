@@ -230,6 +230,10 @@ impl Pipeline {
                 ),
                 Some(target) => {
                     ctx.target = Some(target.name().clone());
+                    // Known before the exchange, so a record written because the client left
+                    // (499) still says where the request was going.
+                    record.target = ctx.target.clone();
+                    record.llm = ctx.llm.as_ref().map(|llm| llm.record.clone());
                     target.forward(&mut ctx, &route, &self.upstream, request).await
                 }
             },
