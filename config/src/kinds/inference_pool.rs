@@ -231,8 +231,8 @@ impl KindSpec for InferencePoolSpec {
         }
         self.picker.check(checker);
         // Settings that act only on pod signals are refused until the control plane collects
-        // them, rather than accepted and silently doing nothing (or, for FailClose, refusing
-        // every request).
+        // them, rather than accepted and silently doing nothing; FailClose, which would refuse
+        // every request, has its own reason.
         let needs_signals = |checker: &mut Checker<'_>, field: String| {
             checker.fail(
                 field,
