@@ -21,6 +21,10 @@ pub struct VirtualArgs {
     /// Length of each stage of the built-in llm-d benchmark, in simulated seconds.
     #[arg(long, default_value_t = 30.0)]
     pub stage_seconds: f64,
+    /// Proxies the picker runs in, each with its own prefix index and counts (overrides the
+    /// experiment file's `proxies`).
+    #[arg(long)]
+    pub proxies: Option<usize>,
     /// Write the full report (every stage, router and replica counter) here as JSON.
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -31,7 +35,7 @@ pub struct VirtualArgs {
 }
 
 pub fn run(args: &VirtualArgs) -> anyhow::Result<Report> {
-    let config = match &args.file {
+    let mut config = match &args.file {
         Some(path) => {
             let text =
                 std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
@@ -42,6 +46,9 @@ pub fn run(args: &VirtualArgs) -> anyhow::Result<Report> {
         }
         None => VirtualConfig::llm_d_benchmark(Profile::qwen3_32b_tp2_h100()?, args.stage_seconds),
     };
+    if let Some(proxies) = args.proxies {
+        config.proxies = proxies;
+    }
     let report = run_virtual(&config)?;
     if let Some(path) = &args.json {
         std::fs::write(path, serde_json::to_string_pretty(&report)?)

@@ -305,7 +305,7 @@ mod tests {
         simulate(
             &profile,
             3,
-            router.build(3).as_mut(),
+            router.build(3, 1).as_mut(),
             &arrivals,
             max_in_flight,
             SignalSpec::default(),
@@ -372,7 +372,7 @@ mod tests {
         let outcome = simulate(
             &profile,
             2,
-            RouterKind::RoundRobin.build(2).as_mut(),
+            RouterKind::RoundRobin.build(2, 1).as_mut(),
             &arrivals,
             None,
             SignalSpec::default(),

@@ -56,12 +56,13 @@ impl RouterKind {
         }
     }
 
-    pub fn build(self, pods: usize) -> Box<dyn Router + Send> {
+    /// `proxies`: how many proxies the picker runs in (the other routers are one process).
+    pub fn build(self, pods: usize, proxies: usize) -> Box<dyn Router + Send> {
         match self {
             Self::RoundRobin => Box::<RoundRobin>::default(),
             Self::LeastQueue => Box::<LeastQueue>::default(),
             Self::Oracle => Box::new(Oracle),
-            Self::Picker => Box::new(PickerRouter::new(pods)),
+            Self::Picker => Box::new(PickerRouter::new(pods, proxies)),
         }
     }
 }
@@ -145,26 +146,40 @@ impl Router for Oracle {
 
 /// The proxy's picker with its default configuration. It never looks at an engine: it sees
 /// what a proxy sees, the prompt and the signals.
+///
+/// With several proxies, each has its own picker (its own prefix index and in-flight
+/// counts), requests reach them in turn as a layer-4 load balancer would spread them, and
+/// every sample of signals reaches all of them.
 pub struct PickerRouter {
-    picker: Picker,
+    proxies: Vec<Picker>,
+    next_proxy: usize,
     prefix: PrefixConfig,
     prompt: Vec<u8>,
-    /// Request id → pod, to report where a finished request ran.
-    in_flight: HashMap<u64, usize>,
+    /// Request id → (proxy, pod), to report where a finished request ran.
+    in_flight: HashMap<u64, (usize, usize)>,
 }
 
 impl PickerRouter {
     /// The model name seeds the prefix hashes; any fixed name does.
     const MODEL: &'static str = "simulated";
 
-    pub fn new(pods: usize) -> Self {
+    pub fn new(pods: usize, proxies: usize) -> Self {
         let config = PickerConfig {
             seed: 1,
             ..PickerConfig::default()
         };
         Self {
             prefix: config.prefix,
-            picker: Picker::new(config, pods),
+            proxies: (0..proxies.max(1) as u64)
+                .map(|proxy| {
+                    let config = PickerConfig {
+                        seed: 1 + proxy,
+                        ..config.clone()
+                    };
+                    Picker::new(config, pods)
+                })
+                .collect(),
+            next_proxy: 0,
             prompt: Vec::new(),
             in_flight: HashMap::new(),
         }
@@ -179,7 +194,9 @@ impl Router for PickerRouter {
         self.prompt
             .extend(request.prompt.tokens().iter().flat_map(|t| t.to_le_bytes()));
         let hashes = block_hashes(Self::MODEL, &self.prompt, &self.prefix);
-        let pick = self.picker.pick(
+        let proxy = self.next_proxy;
+        self.next_proxy = (self.next_proxy + 1) % self.proxies.len();
+        let pick = self.proxies[proxy].pick(
             Duration::from_secs_f64(now),
             &PickRequest {
                 model: Self::MODEL,
@@ -190,27 +207,29 @@ impl Router for PickerRouter {
         );
         let pick = pick.map_err(|refusal| format!("picker refused: {refusal}"))?;
         let pod = pick.endpoints[0].min(pods.len() - 1);
-        self.in_flight.insert(request.id, pod);
+        self.in_flight.insert(request.id, (proxy, pod));
         Ok(pod)
     }
 
     fn observe(&mut self, sampled_at: f64, metrics: &[EngineMetrics]) {
-        for (pod, m) in metrics.iter().enumerate() {
-            self.picker.observe(
-                pod,
-                Signals {
-                    sampled_at: Duration::from_secs_f64(sampled_at),
-                    waiting: m.num_requests_waiting as u32,
-                    kv_cache_usage: m.kv_cache_usage,
-                    lora: None,
-                },
-            );
+        for picker in &mut self.proxies {
+            for (pod, m) in metrics.iter().enumerate() {
+                picker.observe(
+                    pod,
+                    Signals {
+                        sampled_at: Duration::from_secs_f64(sampled_at),
+                        waiting: m.num_requests_waiting as u32,
+                        kv_cache_usage: m.kv_cache_usage,
+                        lora: None,
+                    },
+                );
+            }
         }
     }
 
     fn finished(&mut self, request_id: u64) {
-        if let Some(pod) = self.in_flight.remove(&request_id) {
-            self.picker.finished(pod);
+        if let Some((proxy, pod)) = self.in_flight.remove(&request_id) {
+            self.proxies[proxy].finished(pod);
         }
     }
 }

@@ -23,6 +23,14 @@ pub struct VirtualConfig {
     /// How metrics reach routers that read them.
     #[serde(default)]
     pub signals: SignalSpec,
+    /// Proxies the picker runs in, each with its own prefix index and counts (requests reach
+    /// them in turn). Default 1.
+    #[serde(default = "one_proxy")]
+    pub proxies: usize,
+}
+
+fn one_proxy() -> usize {
+    1
 }
 
 impl VirtualConfig {
@@ -69,6 +77,7 @@ impl VirtualConfig {
                 max_in_flight: Some(900),
             },
             signals: SignalSpec::default(),
+            proxies: 1,
         }
     }
 }
@@ -79,6 +88,7 @@ pub fn run_virtual(config: &VirtualConfig) -> anyhow::Result<Report> {
     config.profile.validate().context("profile")?;
     ensure!(config.pods > 0, "pods must be positive");
     ensure!(!config.routers.is_empty(), "no routers to compare");
+    ensure!(config.proxies > 0, "proxies must be positive");
     let signals = config.signals;
     ensure!(
         signals.interval_s.is_finite() && (signals.interval_s == 0.0 || signals.interval_s >= 0.001),
@@ -96,7 +106,7 @@ pub fn run_virtual(config: &VirtualConfig) -> anyhow::Result<Report> {
             .map(|&kind| {
                 let arrivals = &arrivals;
                 scope.spawn(move || {
-                    let mut router = kind.build(config.pods);
+                    let mut router = kind.build(config.pods, config.proxies);
                     let outcome = simulate(
                         &config.profile,
                         config.pods,

@@ -92,7 +92,7 @@ fn calibration_shortened() {
 /// stage rates up to 60 QPS at 30 s each (the published stages last 20–50 s), signals sampled
 /// every 50 ms and delivered 150 ms later. Over the top stages (43–60 QPS, the window the
 /// calibration used before the picker existed): at least 95% of the oracle's requests/s (the
-/// issue asks 90%) and 2.5× round-robin's (measured 2.61×; the issue asks 2.6×, which even the
+/// issue asks 90%) and 2.5× round-robin's (measured 2.62×; the issue asks 2.6×, which even the
 /// oracle reaches only in this window, see docs/benchmarks/llm-d-calibration.md), TTFT p50 at
 /// the last stage within 2× the oracle's. A few seconds with the simulator optimized (see the
 /// workspace's dev profile).
@@ -132,6 +132,23 @@ fn picker_on_the_llm_d_benchmark() {
     );
 }
 
+/// Proxies that each keep their own prefix index spread a prompt group over several pods: a
+/// picker split over two proxies serves clearly less than one (see the calibration doc).
+#[test]
+fn pickers_in_separate_proxies_do_not_share_affinity() {
+    let mut config = VirtualConfig::llm_d_benchmark(Profile::qwen3_32b_tp2_h100().unwrap(), 30.0);
+    config.routers = vec![RouterKind::Picker];
+    let from = config.load.stages.iter().position(|s| s.rate >= 43.0).unwrap();
+    let rps = |config: &VirtualConfig| {
+        let report = run_virtual(config).unwrap();
+        mean_from(router(&report, "picker"), from, |s| s.requests_per_s)
+    };
+    let one = rps(&config);
+    config.proxies = 2;
+    let two = rps(&config);
+    assert!(two < 0.8 * one, "one proxy {one:.2} req/s, two proxies {two:.2}");
+}
+
 #[test]
 fn same_seed_same_report() {
     let config = |seed| VirtualConfig {
@@ -154,6 +171,7 @@ fn same_seed_same_report() {
             max_in_flight: None,
         },
         signals: SignalSpec::default(),
+        proxies: 1,
     };
     let a = run_virtual(&config(5)).unwrap();
     let b = run_virtual(&config(5)).unwrap();
