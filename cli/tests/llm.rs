@@ -6,19 +6,15 @@
 
 mod support;
 
-use std::collections::HashMap;
-
 use support::*;
 
 struct Fleet {
     _sims: Vec<Process>,
-    controlplane: Process,
-    _proxy: Process,
+    gateway: Gateway,
     pods: Vec<u16>,
     /// Listener of the route to the scored pool, and of the one to the round-robin pool.
     scored: u16,
     round_robin: u16,
-    admin: u16,
 }
 
 /// Three simulated pods; a scored pool over them, and a round-robin pool over a port where
@@ -27,11 +23,7 @@ fn fleet(dir: &std::path::Path) -> Fleet {
     // One simulator process per pod: each on a port known to be free.
     let pods: Vec<u16> = (0..3).map(|_| free_port()).collect();
     let sims = pods.iter().map(|&pod| start_sim(dir, 1, pod, "20")).collect();
-    let (cp_port, admin, scored, round_robin, dead) =
-        (free_port(), free_port(), free_port(), free_port(), free_port());
-    let cp = format!("127.0.0.1:{cp_port}");
-    let controlplane = start_controlplane(dir, cp_port);
-    let proxy = start_proxy(dir, "llm", &cp, admin, &[]);
+    let (scored, round_robin, dead) = (free_port(), free_port(), free_port());
     let endpoints: Vec<String> = pods.iter().map(|p| format!("'127.0.0.1:{p}'")).collect();
     let header = "apiVersion: portcullis.dev/v1alpha1";
     let config = format!(
@@ -44,19 +36,26 @@ fn fleet(dir: &std::path::Path) -> Fleet {
         endpoints.join(", "),
         pods[0],
     );
-    apply(dir, "llm.yaml", &config, &cp);
-    wait_for("proxy ready", TIMEOUT, || {
-        http_get(admin, "/readyz").is_some_and(|r| r.status == 200)
-    });
     Fleet {
         _sims: sims,
-        controlplane,
-        _proxy: proxy,
+        gateway: start_gateway(dir, &config),
         pods,
         scored,
         round_robin,
-        admin,
     }
+}
+
+/// A gateway with one LLM route (`llm`, on listener `gw`) to an InferencePool `pool` with
+/// `pool_spec`, plus any `extra` documents; the listener's port.
+fn pool_gateway(dir: &std::path::Path, pool_spec: &str, extra: &str) -> (Gateway, u16) {
+    let port = free_port();
+    let header = "apiVersion: portcullis.dev/v1alpha1";
+    let config = format!(
+        "{header}\nkind: Listener\nmetadata: {{name: gw}}\nspec: {{address: 127.0.0.1, port: {port}}}\n---\n\
+         {header}\nkind: InferencePool\nmetadata: {{name: pool}}\nspec: {pool_spec}\n---\n\
+         {header}\nkind: Route\nmetadata: {{name: llm}}\nspec: {{listeners: [gw], backends: [{{kind: InferencePool, name: pool}}], timeout: 60s}}\n{extra}"
+    );
+    (start_gateway(dir, &config), port)
 }
 
 fn completion(port: u16, model: &str, prompt: &str) -> HttpResponse {
@@ -67,13 +66,7 @@ fn completion(port: u16, model: &str, prompt: &str) -> HttpResponse {
 /// Requests each pod has completed, from its vLLM metrics.
 fn served(pods: &[u16]) -> Vec<u64> {
     pods.iter()
-        .map(|&pod| {
-            let text = http_get(pod, "/metrics").expect("pod metrics").body;
-            text.lines()
-                .filter(|line| line.starts_with("vllm:request_success_total"))
-                .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
-                .sum::<f64>() as u64
-        })
+        .map(|&pod| metric(pod, "vllm:request_success_total", &[]) as u64)
         .collect()
 }
 
@@ -195,15 +188,14 @@ fn llm_routes_choose_by_model_keep_prefixes_together_and_fall_back() {
         assert_eq!(answer.status, 200, "{}", answer.body);
     }
     assert_eq!(served(&fleet.pods[..1])[0] - before[0], 4);
-    let metrics = http_get(fleet.admin, "/metrics").unwrap().body;
-    let connect_errors: HashMap<&str, f64> = metrics
-        .lines()
-        .filter(|line| line.starts_with("portcullis_proxy_upstream_errors_total") && line.contains("connect"))
-        .filter_map(|line| Some((line, line.rsplit(' ').next()?.parse().ok()?)))
-        .collect();
+    let admin = fleet.gateway.admin;
     assert!(
-        connect_errors.values().sum::<f64>() >= 1.0,
-        "the dead endpoint's refusals are counted: {connect_errors:?}"
+        metric(
+            admin,
+            "portcullis_proxy_upstream_errors_total",
+            &["kind=\"connect\""]
+        ) >= 1.0,
+        "the dead endpoint's refusals are counted"
     );
 
     // A streamed answer passes event by event and is measured on the way: usage, time to
@@ -226,66 +218,35 @@ fn llm_routes_choose_by_model_keep_prefixes_together_and_fall_back() {
         "{}",
         streamed.body
     );
-    let metrics = http_get(fleet.admin, "/metrics").unwrap().body;
-    let sum = |prefix: &str, needle: &str| -> f64 {
-        metrics
-            .lines()
-            .filter(|line| line.starts_with(prefix) && line.contains(needle))
-            .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum()
-    };
-    let requests_to_pool = sum(
-        "portcullis_proxy_gen_ai_requests_total",
-        "pool=\"InferencePool/qwen\"",
-    );
+    let gen_ai =
+        |name: &str, labels: &[&str]| metric(admin, &format!("portcullis_proxy_gen_ai_{name}"), labels);
+    let qwen = "pool=\"InferencePool/qwen\"";
     // 3 model names + 6 with a shared prefix + 12 unrelated + 1 streamed.
-    assert_eq!(requests_to_pool, 22.0, "{metrics}");
+    assert_eq!(gen_ai("requests_total", &[qwen]), 22.0);
     assert_eq!(
-        sum(
-            "portcullis_proxy_gen_ai_token_usage_total",
-            "gen_ai_token_type=\"output\""
-        ),
+        gen_ai("token_usage_total", &["gen_ai_token_type=\"output\""]),
         (21 * 3 + 5 + 4 * 3) as f64,
-        "every answer's completion tokens, from the servers' usage: {metrics}"
+        "every answer's completion tokens, from the servers' usage"
     );
-    assert!(
-        sum(
-            "portcullis_proxy_gen_ai_token_usage_total",
-            "gen_ai_token_type=\"input\""
-        ) > 0.0
-    );
-    assert_eq!(
-        sum(
-            "portcullis_proxy_gen_ai_server_time_to_first_token_seconds_count",
-            "InferencePool/qwen"
-        ),
-        1.0
-    );
-    assert_eq!(
-        sum(
-            "portcullis_proxy_gen_ai_server_time_per_output_token_seconds_count",
-            "InferencePool/qwen"
-        ),
-        1.0
-    );
-    assert_eq!(
-        sum(
+    assert!(gen_ai("token_usage_total", &["gen_ai_token_type=\"input\""]) > 0.0);
+    assert_eq!(gen_ai("server_time_to_first_token_seconds_count", &[qwen]), 1.0);
+    assert_eq!(gen_ai("server_time_per_output_token_seconds_count", &[qwen]), 1.0);
+    let decisions = |decision: &str| {
+        metric(
+            admin,
             "portcullis_proxy_policy_decisions_total",
-            "decision=\"own_counts\""
-        ),
+            &[&format!("decision=\"{decision}\"")],
+        )
+    };
+    assert_eq!(
+        decisions("own_counts"),
         22.0,
         "no signals are replicated yet: every pick ran on the proxy's own counts"
     );
-    assert_eq!(
-        sum(
-            "portcullis_proxy_policy_decisions_total",
-            "decision=\"round_robin\""
-        ),
-        4.0
-    );
+    assert_eq!(decisions("round_robin"), 4.0);
 
     // Without the control plane the proxy keeps routing on what it holds.
-    fleet.controlplane.kill();
+    fleet.gateway.controlplane.kill();
     for i in 0..3 {
         let answer = completion(fleet.scored, "qwen", &format!("{system}Still there {i}?"));
         assert_eq!(answer.status, 200, "{}", answer.body);
@@ -300,21 +261,14 @@ fn a_pod_killed_mid_stream_ends_the_stream_with_an_error_event_and_new_requests_
     // Two simulator processes, so one can die alone; real time, so a stream lasts seconds.
     let mut doomed_pod = start_sim(dir.path(), 1, doomed, "1");
     let _survivor_pod = start_sim(dir.path(), 1, survivor, "1");
-    let (cp_port, admin, port) = (free_port(), free_port(), free_port());
-    let cp = format!("127.0.0.1:{cp_port}");
-    let _controlplane = start_controlplane(dir.path(), cp_port);
-    let _proxy = start_proxy(dir.path(), "llm", &cp, admin, &[]);
-    let header = "apiVersion: portcullis.dev/v1alpha1";
     // Round-robin, so the first request deterministically goes to the doomed pod.
-    let config = format!(
-        "{header}\nkind: Listener\nmetadata: {{name: gw}}\nspec: {{address: 127.0.0.1, port: {port}}}\n---\n\
-         {header}\nkind: InferencePool\nmetadata: {{name: pool}}\nspec: {{endpoints: ['127.0.0.1:{doomed}', '127.0.0.1:{survivor}'], models: [{{name: Qwen/Qwen3-32B}}], picker: {{strategy: RoundRobin}}}}\n---\n\
-         {header}\nkind: Route\nmetadata: {{name: llm}}\nspec: {{listeners: [gw], backends: [{{kind: InferencePool, name: pool}}], timeout: 60s}}\n"
+    let (_gateway, port) = pool_gateway(
+        dir.path(),
+        &format!(
+            "{{endpoints: ['127.0.0.1:{doomed}', '127.0.0.1:{survivor}'], models: [{{name: Qwen/Qwen3-32B}}], picker: {{strategy: RoundRobin}}}}"
+        ),
+        "",
     );
-    apply(dir.path(), "pool.yaml", &config, &cp);
-    wait_for("proxy ready", TIMEOUT, || {
-        http_get(admin, "/readyz").is_some_and(|r| r.status == 200)
-    });
 
     let body = serde_json::json!({
         "model": "Qwen/Qwen3-32B", "prompt": "tell a long story", "max_tokens": 2000, "stream": true
@@ -368,33 +322,38 @@ fn a_client_that_leaves_before_the_answer_gives_its_pod_back_and_policies_still_
     let _sim = start_sim(dir.path(), 1, pods[0], "1");
     let _echo = start_echo(dir.path(), "echo", pods[1]);
     wait_for("echo", TIMEOUT, || http_get(pods[1], "/").is_some());
-    let (cp_port, admin, port) = (free_port(), free_port(), free_port());
-    let cp = format!("127.0.0.1:{cp_port}");
-    let _controlplane = start_controlplane(dir.path(), cp_port);
-    let _proxy = start_proxy(dir.path(), "llm", &cp, admin, &[]);
     let header = "apiVersion: portcullis.dev/v1alpha1";
-    let config = format!(
-        "{header}\nkind: Listener\nmetadata: {{name: gw}}\nspec: {{address: 127.0.0.1, port: {port}}}\n---\n\
-         {header}\nkind: InferencePool\nmetadata: {{name: pool}}\nspec: {{endpoints: ['127.0.0.1:{}', '127.0.0.1:{}'], models: [{{name: Qwen/Qwen3-32B}}], picker: {{strategy: LeastRequest}}}}\n---\n\
-         {header}\nkind: Route\nmetadata: {{name: llm}}\nspec: {{listeners: [gw], backends: [{{kind: InferencePool, name: pool}}], timeout: 60s}}\n---\n\
-         {header}\nkind: HeaderPolicy\nmetadata: {{name: tag}}\nspec: {{targetRefs: [{{kind: Route, name: llm}}], response: {{set: [{{name: x-gateway, value: portcullis}}]}}}}\n---\n\
-         {header}\nkind: RateLimitPolicy\nmetadata: {{name: listings}}\nspec: {{targetRefs: [{{kind: Listener, name: gw}}], requestsPerSecond: 0.001, burst: 40, key: {{header: x-tenant}}}}\n",
-        pods[0], pods[1]
+    let policies = format!(
+        "---\n{header}\nkind: HeaderPolicy\nmetadata: {{name: tag}}\nspec: {{targetRefs: [{{kind: Route, name: llm}}], response: {{set: [{{name: x-gateway, value: portcullis}}]}}}}\n---\n\
+         {header}\nkind: RateLimitPolicy\nmetadata: {{name: listings}}\nspec: {{targetRefs: [{{kind: Listener, name: gw}}], requestsPerSecond: 0.001, burst: 40, key: {{header: x-tenant}}}}\n"
     );
-    apply(dir.path(), "pool.yaml", &config, &cp);
-    wait_for("proxy ready", TIMEOUT, || {
-        http_get(admin, "/readyz").is_some_and(|r| r.status == 200)
-    });
+    let (gateway, port) = pool_gateway(
+        dir.path(),
+        &format!(
+            "{{endpoints: ['127.0.0.1:{}', '127.0.0.1:{}'], models: [{{name: Qwen/Qwen3-32B}}], picker: {{strategy: LeastRequest}}}}",
+            pods[0], pods[1]
+        ),
+        &policies,
+    );
+    let admin = gateway.admin;
+    let pool_requests = |labels: &[&str]| {
+        let mut labels = labels.to_vec();
+        labels.push("pool=\"InferencePool/pool\"");
+        metric(admin, "portcullis_proxy_gen_ai_requests_total", &labels)
+    };
 
     // Twenty clients each ask for a long, non-streamed answer (headers come only at its end)
-    // and hang up after a quarter of a second. Each pick credited an endpoint; each departure
-    // must give the credit back, or least-request would avoid that endpoint for good. (The
-    // echo server answers the ones sent to it before they hang up; that all twenty go there
-    // has odds of one in a million.)
+    // and hang up once it is placed: answered by the echo server, or being prefilled at the
+    // pod. Each pick credited an endpoint; each departure must give the credit back, or
+    // least-request would avoid that endpoint for good. Each request's record is awaited
+    // before the next: it is written when the proxy lets go of the request, credit included.
+    // (That all twenty go to the echo server, leaving nothing to check, has odds of one in a
+    // million.)
     let body = serde_json::json!({"model": "Qwen/Qwen3-32B", "prompt": "a long story", "max_tokens": 2000})
         .to_string();
-    for _ in 0..20 {
-        use std::io::Write;
+    for sent in 1..=20 {
+        use std::io::{Read, Write};
+        let prefilled = metric(pods[0], "vllm:prompt_tokens_total", &[]);
         let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
         write!(
             stream,
@@ -402,30 +361,26 @@ fn a_client_that_leaves_before_the_answer_gives_its_pod_back_and_policies_still_
             body.len()
         )
         .unwrap();
-        std::thread::sleep(std::time::Duration::from_millis(250));
+        stream
+            .set_read_timeout(Some(std::time::Duration::from_millis(20)))
+            .unwrap();
+        wait_for("the request placed", TIMEOUT, || {
+            let mut first = [0u8; 1];
+            matches!(stream.read(&mut first), Ok(1))
+                || metric(pods[0], "vllm:prompt_tokens_total", &[]) > prefilled
+        });
         drop(stream);
+        wait_for("the request's record", TIMEOUT, || {
+            pool_requests(&[]) >= sent as f64
+        });
     }
-    std::thread::sleep(std::time::Duration::from_millis(500));
+    assert!(
+        pool_requests(&["gen_ai_request_model=\"Qwen/Qwen3-32B\"", "status=\"499\""]) >= 1.0,
+        "the departures are on record as 499s of the pool, with the model they asked for"
+    );
     // With every credit back, least-request spreads sequential requests over both
     // endpoints; a leak of even one would send all 16 to the echo server.
-    let per_endpoint = |port: u16| -> f64 {
-        let metrics = http_get(admin, "/metrics").unwrap().body;
-        metrics
-            .lines()
-            .filter(|line| line.starts_with("portcullis_proxy_gen_ai_requests_total"))
-            .filter(|line| line.contains(&format!("endpoint=\"127.0.0.1:{port}\"")))
-            .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum()
-    };
-    // The departures are on record as 499s of the pool, with the model they asked for.
-    wait_for("499 records of the departed clients", TIMEOUT, || {
-        http_get(admin, "/metrics").unwrap().body.lines().any(|line| {
-            line.starts_with("portcullis_proxy_gen_ai_requests_total")
-                && line.contains("pool=\"InferencePool/pool\"")
-                && line.contains("gen_ai_request_model=\"Qwen/Qwen3-32B\"")
-                && line.contains("status=\"499\"")
-        })
-    });
+    let per_endpoint = |port: u16| pool_requests(&[&format!("endpoint=\"127.0.0.1:{port}\"")]);
     let before = [per_endpoint(pods[0]), per_endpoint(pods[1])];
     for i in 0..16 {
         let answer = completion(port, "Qwen/Qwen3-32B", &format!("short {i}"));

@@ -72,32 +72,15 @@ fn run_loadtest(dir: &Path, name: &str, scenario: &str) -> PathBuf {
     out
 }
 
-/// A control plane and a proxy routing every request on a fresh listener to `upstream`.
-struct Gateway {
-    _controlplane: Process,
-    _proxy: Process,
-    port: u16,
-}
-
-fn gateway(dir: &Path, upstream: u16) -> Gateway {
-    let (cp_port, admin, port) = (free_port(), free_port(), free_port());
-    let cp = format!("127.0.0.1:{cp_port}");
-    let controlplane = start_controlplane(dir, cp_port);
-    let proxy = start_proxy(dir, "gw", &cp, admin, &[]);
+/// A gateway routing every request on a fresh listener to `upstream`; the listener's port.
+fn gateway(dir: &Path, upstream: u16) -> (Gateway, u16) {
+    let port = free_port();
     let config = format!(
         "apiVersion: portcullis.dev/v1alpha1\nkind: Listener\nmetadata: {{name: gw}}\nspec: {{address: 127.0.0.1, port: {port}}}\n---\n\
          apiVersion: portcullis.dev/v1alpha1\nkind: Backend\nmetadata: {{name: upstream}}\nspec: {{endpoints: ['127.0.0.1:{upstream}']}}\n---\n\
          apiVersion: portcullis.dev/v1alpha1\nkind: Route\nmetadata: {{name: all}}\nspec: {{listeners: [gw], backends: [{{name: upstream}}], timeout: 60s}}\n"
     );
-    apply(dir, "gateway.yaml", &config, &cp);
-    wait_for("gateway ready", TIMEOUT, || {
-        http_get(admin, "/readyz").is_some_and(|r| r.status == 200)
-    });
-    Gateway {
-        _controlplane: controlplane,
-        _proxy: proxy,
-        port,
-    }
+    (start_gateway(dir, &config), port)
 }
 
 #[test]
@@ -107,21 +90,18 @@ fn openai_client_streams_from_the_simulator_direct_and_through_the_gateway() {
     let _sim = start_sim(dir.path(), 1, pod, "10");
     let direct = peer("openai_stream.py", &[&format!("http://127.0.0.1:{pod}")]);
     assert!(direct.starts_with("OK"), "{direct}");
-    let gateway = gateway(dir.path(), pod);
+    let (_gateway, gateway_port) = gateway(dir.path(), pod);
     let through = peer(
         "openai_stream.py",
-        &[&format!("http://127.0.0.1:{}", gateway.port)],
+        &[&format!("http://127.0.0.1:{}", gateway_port)],
     );
     assert!(through.starts_with("OK"), "{through}");
 }
 
-/// A control plane and a proxy serving an LLM route: an InferencePool over `pods`, its model
-/// also reachable by the alias `qwen`.
-fn pool_gateway(dir: &Path, pods: &[u16]) -> Gateway {
-    let (cp_port, admin, port) = (free_port(), free_port(), free_port());
-    let cp = format!("127.0.0.1:{cp_port}");
-    let controlplane = start_controlplane(dir, cp_port);
-    let proxy = start_proxy(dir, "llm", &cp, admin, &[]);
+/// A gateway serving an LLM route: an InferencePool over `pods`, its model also reachable
+/// by the alias `qwen`; the listener's port.
+fn pool_gateway(dir: &Path, pods: &[u16]) -> (Gateway, u16) {
+    let port = free_port();
     let endpoints: Vec<String> = pods.iter().map(|pod| format!("'127.0.0.1:{pod}'")).collect();
     let config = format!(
         "apiVersion: portcullis.dev/v1alpha1\nkind: Listener\nmetadata: {{name: gw}}\nspec: {{address: 127.0.0.1, port: {port}}}\n---\n\
@@ -129,15 +109,7 @@ fn pool_gateway(dir: &Path, pods: &[u16]) -> Gateway {
          apiVersion: portcullis.dev/v1alpha1\nkind: Route\nmetadata: {{name: llm}}\nspec: {{listeners: [gw], backends: [{{kind: InferencePool, name: qwen}}], timeout: 60s}}\n",
         endpoints.join(", ")
     );
-    apply(dir, "pool.yaml", &config, &cp);
-    wait_for("gateway ready", TIMEOUT, || {
-        http_get(admin, "/readyz").is_some_and(|r| r.status == 200)
-    });
-    Gateway {
-        _controlplane: controlplane,
-        _proxy: proxy,
-        port,
-    }
+    (start_gateway(dir, &config), port)
 }
 
 #[test]
@@ -145,8 +117,8 @@ fn openai_client_and_inference_perf_through_an_inference_pool() {
     let dir = tempfile::tempdir().unwrap();
     let pods = [free_port(), free_port()];
     let _sims = pods.map(|pod| start_sim(dir.path(), 1, pod, "10"));
-    let gateway = pool_gateway(dir.path(), &pods);
-    let url = format!("http://127.0.0.1:{}", gateway.port);
+    let (_gateway, gateway_port) = pool_gateway(dir.path(), &pods);
+    let url = format!("http://127.0.0.1:{}", gateway_port);
     // Streamed chunk by chunk through the picker, under the alias the pods do not know.
     let through = peer("openai_stream.py", &[&url, "qwen"]);
     assert!(through.starts_with("OK"), "{through}");
@@ -185,7 +157,7 @@ fn openai_client_and_inference_perf_through_an_inference_pool() {
     // Every request inference-perf counted reached a pod (plus the openai client's one).
     let served: f64 = pods
         .iter()
-        .map(|&pod| metric(pod, "vllm:request_success_total"))
+        .map(|&pod| metric(pod, "vllm:request_success_total", &[]))
         .sum();
     assert_eq!(served, ok + 1.0, "{text}");
 }
@@ -208,8 +180,8 @@ fn mcp_python_client_calls_the_test_server_in_both_eras_direct_and_through_the_g
     wait_for("MCP server", TIMEOUT, || {
         std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
     });
-    let gateway = gateway(dir.path(), port);
-    for target in [port, gateway.port] {
+    let (_gateway, gateway_port) = gateway(dir.path(), port);
+    for target in [port, gateway_port] {
         let url = format!("http://127.0.0.1:{target}/mcp");
         for mode in ["legacy", "2026-07-28", "auto"] {
             let output = peer("mcp_client.py", &[&url, mode, "10"]);
@@ -223,7 +195,7 @@ fn mcp_python_client_calls_the_test_server_in_both_eras_direct_and_through_the_g
             "api: {{type: mcp, era: {era}, operation: tools_call, tool: get-sum}}\n\
              targets:\n  - {{name: direct, url: 'http://127.0.0.1:{port}/mcp'}}\n  - {{name: gateway, url: 'http://127.0.0.1:{}/mcp'}}\n\
              load: {{type: closed_loop, stages: [{{clients: 2, duration: 2s}}]}}\n",
-            gateway.port
+            gateway_port
         );
         let out = run_loadtest(dir.path(), &format!("mcp-{era}"), &scenario);
         let csv = std::fs::read_to_string(out.join("report.csv")).unwrap();
@@ -237,12 +209,12 @@ fn loadtest_compares_the_direct_path_with_the_gateway() {
     let dir = tempfile::tempdir().unwrap();
     let pod = free_port();
     let _sim = start_sim(dir.path(), 1, pod, "20");
-    let gateway = gateway(dir.path(), pod);
+    let (_gateway, gateway_port) = gateway(dir.path(), pod);
     let scenario = format!(
         "api: {{type: chat, streaming: true}}\nmodel: Qwen/Qwen3-32B\ntargets:\n  - {{name: direct, url: 'http://127.0.0.1:{pod}'}}\n  - {{name: gateway, url: 'http://127.0.0.1:{}'}}\n\
          data: {{type: shared_prefix, num_groups: 2, num_prompts_per_group: 2, system_prompt_len: 256, question_len: 32, output_len: 16}}\n\
          load: {{type: poisson, stages: [{{rate: 4, duration: 2s}}, {{rate: 8, duration: 2s}}], seed: 7}}\nrequest_timeout: 60s\n",
-        gateway.port
+        gateway_port
     );
     let out = run_loadtest(dir.path(), "results", &scenario);
     let csv = std::fs::read_to_string(out.join("report.csv")).unwrap();
@@ -265,13 +237,6 @@ fn loadtest_compares_the_direct_path_with_the_gateway() {
 }
 
 /// Sum of every series of one metric on a simulated pod's `/metrics`.
-fn metric(port: u16, name: &str) -> f64 {
-    let body = http_get(port, "/metrics").unwrap().body;
-    body.lines()
-        .filter(|line| line.starts_with(name) && line[name.len()..].starts_with(['{', ' ']))
-        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
 
 #[test]
 fn inference_perf_agrees_with_the_simulator_counters_and_our_load_generator() {
@@ -310,8 +275,12 @@ fn inference_perf_agrees_with_the_simulator_counters_and_our_load_generator() {
     );
     // What inference-perf counted is what the simulated engine served: every request, and
     // exactly max_tokens (20, ignore_eos) output tokens each.
-    assert_eq!(metric(pod, "vllm:request_success_total"), ok, "{text}");
-    assert_eq!(metric(pod, "vllm:generation_tokens_total"), ok * 20.0, "{text}");
+    assert_eq!(metric(pod, "vllm:request_success_total", &[]), ok, "{text}");
+    assert_eq!(
+        metric(pod, "vllm:generation_tokens_total", &[]),
+        ok * 20.0,
+        "{text}"
+    );
 
     // Our load generator on the same workload and pod measures the same latencies. run.sh
     // sends 4 groups × 3 prompts of 200 + 50 Qwen tokens, which the simulator's stand-in

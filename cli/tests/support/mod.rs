@@ -309,3 +309,38 @@ pub fn start_sim(dir: &Path, pods: u16, port: u16, time_scale: &str) -> Process 
     });
     process
 }
+
+/// A control plane and a proxy on fresh ports, with `config` applied and the proxy ready.
+pub struct Gateway {
+    pub controlplane: Process,
+    pub proxy: Process,
+    /// The proxy's admin port (`/readyz`, `/metrics`).
+    pub admin: u16,
+}
+
+pub fn start_gateway(dir: &Path, config: &str) -> Gateway {
+    let (cp_port, admin) = (free_port(), free_port());
+    let cp = format!("127.0.0.1:{cp_port}");
+    let controlplane = start_controlplane(dir, cp_port);
+    let proxy = start_proxy(dir, "gw", &cp, admin, &[]);
+    apply(dir, "gateway.yaml", config, &cp);
+    wait_for("proxy ready", TIMEOUT, || {
+        http_get(admin, "/readyz").is_some_and(|r| r.status == 200)
+    });
+    Gateway {
+        controlplane,
+        proxy,
+        admin,
+    }
+}
+
+/// The sum of metric `name`'s series on `port`'s `/metrics` whose labels contain every one of
+/// `labels` (written as in the exposition, e.g. `status="499"`).
+pub fn metric(port: u16, name: &str, labels: &[&str]) -> f64 {
+    let body = http_get(port, "/metrics").map(|r| r.body).unwrap_or_default();
+    body.lines()
+        .filter(|line| line.starts_with(name) && line[name.len()..].starts_with(['{', ' ']))
+        .filter(|line| labels.iter().all(|label| line.contains(label)))
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}

@@ -59,17 +59,7 @@ impl KindSpec for BackendSpec {
     const INFO: &'static KindInfo = &KindInfo::of::<BackendSpec>("Backend", "backends", &["be"]);
 
     fn check(&self, checker: &mut Checker<'_>) {
-        if self.endpoints.is_empty() {
-            checker.fail("spec.endpoints", "at least one endpoint is required");
-        }
-        for (index, endpoint) in self.endpoints.iter().enumerate() {
-            if let Err(problem) = check_endpoint(endpoint) {
-                checker.fail(
-                    format!("spec.endpoints[{index}]"),
-                    format!("{endpoint:?}: {problem}"),
-                );
-            }
-        }
+        check_endpoints(&self.endpoints, checker);
         if let Some(ejection) = &self.ejection {
             if ejection.consecutive_failures == 0 {
                 checker.fail("spec.ejection.consecutiveFailures", "must be at least 1");
@@ -81,7 +71,22 @@ impl KindSpec for BackendSpec {
     }
 }
 
-pub(super) fn check_endpoint(endpoint: &str) -> Result<(), &'static str> {
+/// `spec.endpoints` of a kind that lists `host:port` endpoints (Backend, InferencePool).
+pub(super) fn check_endpoints(endpoints: &[String], checker: &mut Checker<'_>) {
+    if endpoints.is_empty() {
+        checker.fail("spec.endpoints", "at least one endpoint is required");
+    }
+    for (index, endpoint) in endpoints.iter().enumerate() {
+        if let Err(problem) = check_endpoint(endpoint) {
+            checker.fail(
+                format!("spec.endpoints[{index}]"),
+                format!("{endpoint:?}: {problem}"),
+            );
+        }
+    }
+}
+
+fn check_endpoint(endpoint: &str) -> Result<(), &'static str> {
     let (host, port) = endpoint.rsplit_once(':').ok_or("expected host:port")?;
     match host.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
         // Colons belong only to bracketed IPv6 literals.

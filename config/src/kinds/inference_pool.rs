@@ -7,7 +7,7 @@ use crate::kind::{KindInfo, KindSpec};
 use crate::set::ConfigSet;
 use crate::{HumanDuration, RouteSpec};
 
-use super::backend::check_endpoint;
+use super::backend::check_endpoints;
 
 /// Model servers (vLLM pods) serving the same models, behind an endpoint picker. A Route
 /// whose backends are InferencePools is an OpenAI-compatible LLM route: each request goes to
@@ -173,17 +173,7 @@ impl KindSpec for InferencePoolSpec {
         &KindInfo::of::<InferencePoolSpec>("InferencePool", "inferencepools", &["ip", "pool"]);
 
     fn check(&self, checker: &mut Checker<'_>) {
-        if self.endpoints.is_empty() {
-            checker.fail("spec.endpoints", "at least one endpoint is required");
-        }
-        for (index, endpoint) in self.endpoints.iter().enumerate() {
-            if let Err(problem) = check_endpoint(endpoint) {
-                checker.fail(
-                    format!("spec.endpoints[{index}]"),
-                    format!("{endpoint:?}: {problem}"),
-                );
-            }
-        }
+        check_endpoints(&self.endpoints, checker);
         if self.models.is_empty() {
             checker.fail("spec.models", "at least one model is required");
         }

@@ -236,18 +236,25 @@ mod tests {
     use super::*;
     use crate::body;
 
-    fn tapped(streamed: bool, chunks: &[&str]) -> LlmRecord {
-        let frames: Vec<Result<Frame<Bytes>, BoxError>> = chunks
-            .iter()
-            .map(|c| Ok(Frame::data(Bytes::copy_from_slice(c.as_bytes()))))
-            .collect();
+    /// Runs `frames` through a tap: what the client receives, and the record.
+    fn run(streamed: bool, frames: Vec<Result<Frame<Bytes>, BoxError>>) -> (String, LlmRecord) {
         let inner = body::boxed(http_body_util::StreamBody::new(futures::stream::iter(frames)));
         let record = Arc::new(Mutex::new(LlmRecord::default()));
         let tap = Tap::new(inner, record.clone(), Instant::now(), streamed);
         let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
         let collected = runtime.block_on(tap.collect()).unwrap().to_bytes();
-        assert_eq!(collected, chunks.concat().as_bytes(), "the body passes unchanged");
         let record = record.lock().unwrap().clone();
+        (String::from_utf8(collected.to_vec()).unwrap(), record)
+    }
+
+    fn data(text: &str) -> Result<Frame<Bytes>, BoxError> {
+        Ok(Frame::data(Bytes::copy_from_slice(text.as_bytes())))
+    }
+
+    /// A body that ends normally passes unchanged; returns the record.
+    fn tapped(streamed: bool, chunks: &[&str]) -> LlmRecord {
+        let (received, record) = run(streamed, chunks.iter().map(|c| data(c)).collect());
+        assert_eq!(received, chunks.concat(), "the body passes unchanged");
         record
     }
 
@@ -276,17 +283,10 @@ mod tests {
     #[test]
     fn a_broken_stream_ends_with_an_error_event() {
         let first = "data: {\"choices\":[{\"text\":\"a\"}]}\n\n";
-        let frames: Vec<Result<Frame<Bytes>, BoxError>> = vec![
-            Ok(Frame::data(Bytes::from_static(first.as_bytes()))),
-            Err("connection reset".into()),
-            Ok(Frame::data(Bytes::from_static(b"never seen"))),
-        ];
-        let inner = body::boxed(http_body_util::StreamBody::new(futures::stream::iter(frames)));
-        let record = Arc::new(Mutex::new(LlmRecord::default()));
-        let tap = Tap::new(inner, record.clone(), Instant::now(), true);
-        let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
-        let collected = runtime.block_on(tap.collect()).unwrap().to_bytes();
-        let text = std::str::from_utf8(&collected).unwrap();
+        let (text, record) = run(
+            true,
+            vec![data(first), Err("connection reset".into()), data("never seen")],
+        );
         let last = text.strip_prefix(first).unwrap().trim_end();
         let event: serde_json::Value = serde_json::from_str(last.strip_prefix("data: ").unwrap()).unwrap();
         assert_eq!(event["error"]["code"], "upstream_stream_error");
@@ -294,7 +294,6 @@ mod tests {
             .as_str()
             .unwrap()
             .contains("connection reset"));
-        let record = record.lock().unwrap();
         assert!(record.interrupted);
         assert_eq!(record.output_tokens, Some(1));
     }
@@ -315,17 +314,13 @@ mod tests {
 
     #[test]
     fn an_unfinished_event_is_closed_before_the_error_event() {
-        let frames: Vec<Result<Frame<Bytes>, BoxError>> = vec![
-            Ok(Frame::data(Bytes::from_static(
-                b"data: {\"choices\":[{\"text\":\"a\"}]}\r\n",
-            ))),
-            Err("reset".into()),
-        ];
-        let inner = body::boxed(http_body_util::StreamBody::new(futures::stream::iter(frames)));
-        let tap = Tap::new(inner, Arc::default(), Instant::now(), true);
-        let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
-        let collected = runtime.block_on(tap.collect()).unwrap().to_bytes();
-        let text = std::str::from_utf8(&collected).unwrap();
+        let (text, _) = run(
+            true,
+            vec![
+                data("data: {\"choices\":[{\"text\":\"a\"}]}\r\n"),
+                Err("reset".into()),
+            ],
+        );
         let events: Vec<&str> = text.split("\n\n").filter(|e| !e.trim().is_empty()).collect();
         assert_eq!(events.len(), 2, "{text:?}");
         assert!(events[1].trim_start().starts_with("data: {\"error\""), "{text:?}");

@@ -27,16 +27,7 @@ impl BackendTarget {
         spec: &BackendSpec,
         upstream: &Upstream,
     ) -> Result<BackendTarget, String> {
-        let endpoints = spec
-            .endpoints
-            .iter()
-            .map(|endpoint| {
-                endpoint
-                    .parse::<Authority>()
-                    .map(|authority| upstream.health.endpoint(authority))
-                    .map_err(|error| format!("Backend/{name}: endpoint {endpoint:?}: {error}"))
-            })
-            .collect::<Result<_, _>>()?;
+        let endpoints = super::endpoints(&format!("Backend/{name}"), &spec.endpoints, upstream)?;
         Ok(BackendTarget {
             name: Arc::from(format!("Backend/{name}")),
             endpoints,

@@ -32,8 +32,9 @@ pub(crate) struct InferencePoolTarget {
     endpoints: Vec<Endpoint>,
     ejection: EjectionSpec,
     picker: Arc<Mutex<Picker>>,
-    /// How the picker cuts prompts; hashed before taking the picker's lock.
-    prefix: PrefixConfig,
+    /// How the picker cuts prompts, hashed before taking the picker's lock; `None` for the
+    /// plain strategies, which do not look at prompts.
+    prefix: Option<PrefixConfig>,
     /// The picker counts time from here.
     epoch: Instant,
 }
@@ -44,21 +45,13 @@ impl InferencePoolTarget {
         spec: &InferencePoolSpec,
         upstream: &Upstream,
     ) -> Result<InferencePoolTarget, String> {
-        let endpoints: Vec<Endpoint> = spec
-            .endpoints
-            .iter()
-            .map(|endpoint| {
-                endpoint
-                    .parse::<Authority>()
-                    .map(|authority| upstream.health.endpoint(authority))
-                    .map_err(|error| format!("InferencePool/{name}: endpoint {endpoint:?}: {error}"))
-            })
-            .collect::<Result<_, _>>()?;
+        let label = format!("InferencePool/{name}");
+        let endpoints = super::endpoints(&label, &spec.endpoints, upstream)?;
         let config = picker_config(spec);
-        let prefix = config.prefix;
+        let prefix = (config.strategy == Strategy::Scored).then_some(config.prefix);
         let picker = Picker::new(config, endpoints.len());
         Ok(InferencePoolTarget {
-            name: Arc::from(format!("InferencePool/{name}")),
+            name: Arc::from(label),
             spec: spec.clone(),
             endpoints,
             ejection: EjectionSpec::default(),
@@ -128,7 +121,10 @@ impl Target for InferencePoolTarget {
                     format!("{} received a request the LLM stage did not read", self.name),
                 );
             };
-            let hashes = block_hashes(&llm.model, &llm.prompt, &self.prefix);
+            let hashes = self
+                .prefix
+                .map(|prefix| block_hashes(&llm.model, &llm.prompt, &prefix))
+                .unwrap_or_default();
             let now = self.epoch.elapsed();
             let pick = self.picker().pick(
                 now,
@@ -199,7 +195,7 @@ impl Target for InferencePoolTarget {
                         && value.as_bytes()[..17].eq_ignore_ascii_case(b"text/event-stream")
                 });
             let release = Release {
-                inner: body::boxed(llm::Tap::new(body, record, since, streamed)),
+                inner: llm::Tap::new(body, record, since, streamed),
                 _credit: credit,
             };
             Response::from_parts(parts, body::boxed(release))
@@ -232,7 +228,7 @@ impl Drop for Credit {
 /// The response body; holds the request's credit until the exchange ends (the body is
 /// dropped at its end, on error, or when the client leaves).
 struct Release {
-    inner: Body,
+    inner: llm::Tap,
     _credit: Credit,
 }
 

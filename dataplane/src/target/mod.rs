@@ -21,7 +21,7 @@ use rand::Rng;
 use crate::body::Body;
 use crate::policy::RequestContext;
 use crate::route::Route;
-use crate::upstream::Upstream;
+use crate::upstream::{Endpoint, Upstream};
 
 pub(crate) type ResponseFuture<'a> = Pin<Box<dyn Future<Output = Response<Body>> + Send + 'a>>;
 
@@ -78,6 +78,19 @@ pub(crate) fn compile(
         targets.pools.insert(metadata.name.clone(), pool);
     }
     Ok(targets)
+}
+
+/// The endpoints of a target, with their shared health (`target` names it in errors).
+fn endpoints(target: &str, endpoints: &[String], upstream: &Upstream) -> Result<Vec<Endpoint>, String> {
+    endpoints
+        .iter()
+        .map(|endpoint| {
+            endpoint
+                .parse::<Authority>()
+                .map(|authority| upstream.health.endpoint(authority))
+                .map_err(|error| format!("{target}: endpoint {endpoint:?}: {error}"))
+        })
+        .collect()
 }
 
 /// A route's targets with their weights.
