@@ -67,14 +67,19 @@ impl Tap {
         if !self.streamed {
             self.pending.extend_from_slice(data);
         } else {
-            // SSE lines end in CRLF, LF or CR (WHATWG HTML, "Server-sent events"): keep LF only.
-            for &byte in data.iter() {
-                match byte {
-                    b'\r' => self.pending.extend_from_slice(b"\n"),
-                    b'\n' if self.after_cr => {}
-                    _ => self.pending.extend_from_slice(&[byte]),
+            // SSE lines end in CRLF, LF or CR (WHATWG HTML, "Server-sent events"): keep LF
+            // only. Most servers send LF alone: such a chunk is copied as it is.
+            if self.after_cr || data.contains(&b'\r') {
+                for &byte in data.iter() {
+                    match byte {
+                        b'\r' => self.pending.extend_from_slice(b"\n"),
+                        b'\n' if self.after_cr => {}
+                        _ => self.pending.extend_from_slice(&[byte]),
+                    }
+                    self.after_cr = byte == b'\r';
                 }
-                self.after_cr = byte == b'\r';
+            } else {
+                self.pending.extend_from_slice(data);
             }
             // An event ends at a blank line; search only what is new (and the byte before).
             loop {
