@@ -6,6 +6,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "portcullis/v1/admin.proto",
         "portcullis/v1/config_stream.proto",
         "portcullis/v1/raft.proto",
+        "portcullis/v1/signals.proto",
     ];
     for file in files {
         println!("cargo:rerun-if-changed={file}");

@@ -7,6 +7,7 @@ mod metrics;
 mod network;
 mod node;
 mod registry;
+mod signals;
 mod store;
 mod stream;
 mod types;

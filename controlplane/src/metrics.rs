@@ -56,6 +56,16 @@ pub struct Metrics {
     stream_acks: Counter,
     stream_nacks: Counter,
     admin_requests: Family<AdminLabels, Counter>,
+    signal_entries: Counter,
+    signal_entry_bytes: Counter,
+    signal_write_failures: Counter,
+    signal_scrapes: Family<ScrapeLabels, Counter>,
+    signal_batches_sent: Counter,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ScrapeLabels {
+    result: &'static str,
 }
 
 impl Metrics {
@@ -69,6 +79,25 @@ impl Metrics {
 
     pub fn nack_received(&self) {
         self.stream_nacks.inc();
+    }
+
+    /// One signals-log entry committed, `bytes` long as JSON.
+    pub fn signals_committed(&self, bytes: usize) {
+        self.signal_entries.inc();
+        self.signal_entry_bytes.inc_by(bytes as u64);
+    }
+
+    pub fn signals_failed(&self) {
+        self.signal_write_failures.inc();
+    }
+
+    pub fn signal_scraped(&self, ok: bool) {
+        let result = if ok { "ok" } else { "error" };
+        self.signal_scrapes.get_or_create(&ScrapeLabels { result }).inc();
+    }
+
+    pub fn signals_sent(&self) {
+        self.signal_batches_sent.inc();
     }
 
     /// Counts one Admin write by its outcome and hands the outcome back unchanged.
@@ -114,6 +143,31 @@ impl Metrics {
             "portcullis_admin_requests",
             "Admin API writes (Apply, Delete, AddNode) by gRPC method and status code",
             self.admin_requests.clone(),
+        );
+        registry.register(
+            "portcullis_signals_entries",
+            "Entries committed to the signals log (this node leading the signals group)",
+            self.signal_entries.clone(),
+        );
+        registry.register(
+            "portcullis_signals_entry_bytes",
+            "Bytes of the signals-log entries committed (JSON, as replicated)",
+            self.signal_entry_bytes.clone(),
+        );
+        registry.register(
+            "portcullis_signals_write_failures",
+            "Signals-log writes that failed while this node led the signals group",
+            self.signal_write_failures.clone(),
+        );
+        registry.register(
+            "portcullis_signals_scrapes",
+            "Reads of inference pods' /metrics, by result",
+            self.signal_scrapes.clone(),
+        );
+        registry.register(
+            "portcullis_signals_batches_sent",
+            "Signal batches sent to proxies on the signal stream",
+            self.signal_batches_sent.clone(),
         );
         registry.register_collector(Box::new(NodeCollector { raft, view, proxies }));
         registry

@@ -1,4 +1,5 @@
-//! The admin port: liveness, readiness, metrics and what the proxy is serving.
+//! The admin port: liveness, readiness, metrics, what the proxy is serving and the pod
+//! signals its pickers hold.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -50,6 +51,22 @@ impl Handler for AdminHandler {
                     "ready": self.state.not_ready_reason().is_none(),
                 });
                 response::json(StatusCode::OK, &status)
+            }
+            "/signals" => {
+                // `?pool=NAME` reports one pool: a 512-pod report is large to poll.
+                let only = request.uri().query().and_then(|query| {
+                    query
+                        .split('&')
+                        .find_map(|pair| pair.strip_prefix("pool="))
+                        .map(str::to_string)
+                });
+                let snapshot = self.state.current();
+                let pools: serde_json::Map<String, serde_json::Value> = snapshot
+                    .pools()
+                    .filter(|(name, _)| only.as_ref().is_none_or(|only| only == *name))
+                    .map(|(name, pool)| (name.clone(), pool.report()))
+                    .collect();
+                response::json(StatusCode::OK, &serde_json::json!({ "pools": pools }))
             }
             other => response::error(
                 StatusCode::NOT_FOUND,

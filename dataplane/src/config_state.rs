@@ -23,7 +23,7 @@ use crate::normalize::Forwarding;
 use crate::pipeline::Pipeline;
 use crate::policy::{Policy, PolicyIndex};
 use crate::route::{Route, RouteTable};
-use crate::target::{self, Target, Targets, WeightedTargets};
+use crate::target::{self, InferencePoolTarget, Target, Targets, WeightedTargets};
 use crate::telemetry::Telemetry;
 use crate::upstream::{RetryPolicy, Upstream};
 
@@ -93,6 +93,16 @@ struct Listeners {
     /// Drains of listeners that a newer version removed; shutdown waits for them too.
     retiring: Vec<JoinHandle<()>>,
     closed: bool,
+}
+
+impl Snapshot {
+    pub(crate) fn pool(&self, name: &str) -> Option<&Arc<InferencePoolTarget>> {
+        self.targets.pools.get(name)
+    }
+
+    pub(crate) fn pools(&self) -> impl Iterator<Item = (&String, &Arc<InferencePoolTarget>)> {
+        self.targets.pools.iter()
+    }
 }
 
 impl ConfigState {

@@ -3,7 +3,7 @@
 //! route in the live config ([`config_state`]), the [`policy`] chain may change or answer
 //! it, a [`target`] decides where it goes and [`upstream`] sends it there and streams the
 //! answer back; [`telemetry`] records it. The config arrives from the control plane
-//! ([`subscription`]), survives restarts in [`cache`], and [`admin`] reports on it all.
+//! ([`subscription`]; pod signals for the pickers beside it, [`signals`]), survives restarts in [`cache`], and [`admin`] reports on it all.
 
 mod admin;
 mod body;
@@ -16,6 +16,7 @@ mod pipeline;
 mod policy;
 mod response;
 mod route;
+mod signals;
 mod subscription;
 mod target;
 mod telemetry;
@@ -38,7 +39,8 @@ use crate::admin::AdminHandler;
 use crate::cache::ConfigCache;
 use crate::config_state::ConfigState;
 use crate::listener::{Limits, RunningListener};
-use crate::subscription::Subscriber;
+use crate::signals::SignalSubscriber;
+use crate::subscription::{run_forever, Subscriber};
 use crate::telemetry::Telemetry;
 pub use crate::telemetry::{AccessLogConfig, AccessLogDestination, TelemetryConfig};
 
@@ -67,6 +69,7 @@ pub struct Proxy {
     admin: RunningListener,
     admin_addr: SocketAddr,
     subscription: JoinHandle<()>,
+    signals: JoinHandle<()>,
 }
 
 impl Proxy {
@@ -91,19 +94,25 @@ impl Proxy {
         };
         let admin = RunningListener::spawn(admin_socket, admin_handler, Limits::admin(), ADMIN_DRAIN_GRACE);
         state.restore_from_cache().await;
-        let subscriber = Subscriber {
+        let signals = tokio::spawn(run_forever(SignalSubscriber {
+            state: state.clone(),
+            controlplane: controlplane.clone(),
+            proxy_id: config.proxy_id.clone(),
+            shard: config.shard.clone(),
+        }));
+        let subscription = tokio::spawn(run_forever(Subscriber {
             state: state.clone(),
             controlplane,
             proxy_id: config.proxy_id,
             shard: config.shard,
-        };
-        let subscription = tokio::spawn(subscriber.run());
+        }));
         tracing::info!(%admin_addr, "proxy started");
         Ok(Proxy {
             state,
             admin,
             admin_addr,
             subscription,
+            signals,
         })
     }
 
@@ -116,6 +125,7 @@ impl Proxy {
     pub async fn shutdown(self) -> anyhow::Result<()> {
         // No new version may start listeners while the old ones drain.
         self.subscription.abort();
+        self.signals.abort();
         self.state.shutdown().await;
         self.admin.drain().await.context("admin server task failed")?;
         self.state.telemetry().shutdown().await;

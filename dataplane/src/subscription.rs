@@ -1,6 +1,8 @@
 //! The control-plane client: receive snapshots, apply, acknowledge; reconnect forever.
+//! Pod signals come on their own stream ([`crate::signals`]), with the same reconnection.
 
 use std::collections::BTreeMap;
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -10,7 +12,7 @@ use portcullis_proto::v1::{Ack, Hello, Nack, ProxyMessage};
 use rand::Rng;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
-use tonic::transport::Endpoint;
+use tonic::transport::{Channel, Endpoint};
 
 use crate::config_state::ConfigState;
 
@@ -28,44 +30,60 @@ pub(crate) struct Subscriber {
     pub(crate) shard: BTreeMap<String, String>,
 }
 
-impl Subscriber {
-    /// Never returns: losing the control plane only means serving the last good config
-    /// until it is back.
-    pub(crate) async fn run(self) {
-        let mut backoff = FIRST_RETRY;
-        loop {
-            let mut received = 0;
-            match self.session(&mut received).await {
-                Ok(()) => {
-                    tracing::warn!(controlplane = %self.controlplane.uri(), "config stream closed by the control plane")
-                }
-                Err(error) => {
-                    tracing::warn!(controlplane = %self.controlplane.uri(), %error, "config stream failed")
-                }
-            }
-            if received > 0 {
-                backoff = FIRST_RETRY;
-            }
-            // Jitter keeps a fleet of proxies from reconnecting in lockstep.
-            let delay = backoff.mul_f64(rand::rng().random_range(0.5..=1.0));
-            tokio::time::sleep(delay).await;
-            backoff = (backoff * 2).min(MAX_RETRY);
+/// A stream from the control plane, reopened for as long as the proxy runs.
+pub(crate) trait Stream {
+    /// What the stream carries, for logs.
+    const NAME: &'static str;
+
+    fn controlplane(&self) -> &Endpoint;
+
+    /// One stream, counting the messages it delivered.
+    fn session(&self, received: &mut usize) -> impl Future<Output = anyhow::Result<()>> + Send;
+}
+
+/// Never returns: losing the control plane only means serving the last good config (and the
+/// picker's own counts) until it is back.
+pub(crate) async fn run_forever<S: Stream>(stream: S) {
+    let mut backoff = FIRST_RETRY;
+    loop {
+        let mut received = 0;
+        let controlplane = stream.controlplane().uri().clone();
+        match stream.session(&mut received).await {
+            Ok(()) => tracing::warn!(%controlplane, "{} stream closed by the control plane", S::NAME),
+            Err(error) => tracing::warn!(%controlplane, %error, "{} stream failed", S::NAME),
         }
+        if received > 0 {
+            backoff = FIRST_RETRY;
+        }
+        // Jitter keeps a fleet of proxies from reconnecting in lockstep.
+        let delay = backoff.mul_f64(rand::rng().random_range(0.5..=1.0));
+        tokio::time::sleep(delay).await;
+        backoff = (backoff * 2).min(MAX_RETRY);
+    }
+}
+
+pub(crate) async fn connect(controlplane: &Endpoint) -> Result<Channel, tonic::transport::Error> {
+    controlplane
+        .clone()
+        .connect_timeout(Duration::from_secs(5))
+        // A stream can be idle for long: pings are what notice a control plane that
+        // vanished without closing the connection.
+        .http2_keep_alive_interval(Duration::from_secs(10))
+        .keep_alive_timeout(Duration::from_secs(5))
+        .keep_alive_while_idle(true)
+        .connect()
+        .await
+}
+
+impl Stream for Subscriber {
+    const NAME: &'static str = "config";
+
+    fn controlplane(&self) -> &Endpoint {
+        &self.controlplane
     }
 
-    /// One stream, counting the snapshots it delivered.
     async fn session(&self, received: &mut usize) -> anyhow::Result<()> {
-        let channel = self
-            .controlplane
-            .clone()
-            .connect_timeout(Duration::from_secs(5))
-            // The stream is idle while the config does not change: pings are what notice a
-            // control plane that vanished without closing the connection.
-            .http2_keep_alive_interval(Duration::from_secs(10))
-            .keep_alive_timeout(Duration::from_secs(5))
-            .keep_alive_while_idle(true)
-            .connect()
-            .await?;
+        let channel = connect(&self.controlplane).await?;
         let mut client = ConfigStreamClient::new(channel).max_decoding_message_size(MAX_SNAPSHOT_BYTES);
         let (outbound, outbound_stream) = mpsc::channel(8);
         let hello = Hello {

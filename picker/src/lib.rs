@@ -185,6 +185,11 @@ impl Picker {
         self.prefix.insert(to, prompt_hashes);
     }
 
+    /// The latest signals of `endpoint`, fresh or not.
+    pub fn signals(&self, endpoint: usize) -> Option<&Signals> {
+        self.endpoints.get(endpoint)?.signals.as_ref()
+    }
+
     /// Requests this proxy has in flight at `endpoint`.
     pub fn in_flight(&self, endpoint: usize) -> u32 {
         self.endpoints.get(endpoint).map_or(0, |e| e.in_flight)

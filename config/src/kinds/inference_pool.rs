@@ -1,4 +1,5 @@
 use std::collections::HashMap;
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
@@ -28,6 +29,9 @@ pub struct InferencePoolSpec {
     pub rewrites: Vec<ModelRewrite>,
     #[serde(default, skip_serializing_if = "PickerSpec::is_default")]
     pub picker: PickerSpec,
+    /// How the control plane collects the pods' signals.
+    #[serde(default, skip_serializing_if = "SignalsSpec::is_default")]
+    pub signals: SignalsSpec,
     /// What the picker does when no pod has fresh signals.
     #[serde(default, skip_serializing_if = "FailureMode::is_default")]
     pub failure_mode: FailureMode,
@@ -64,6 +68,30 @@ pub struct RewriteTarget {
     pub weight: u32,
 }
 
+/// The control plane's leader reads every endpoint's vLLM `/metrics` (waiting and running
+/// requests, KV-cache use, loaded LoRA adapters) once per `interval` and replicates the
+/// readings to every control-plane node and, beside the config stream, to every proxy.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct SignalsSpec {
+    /// Time between two reads of a pod. Default 50ms (the Inference Extension's refresh
+    /// interval); at least 10ms, at most 10s.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub interval: Option<HumanDuration>,
+}
+
+impl SignalsSpec {
+    pub const DEFAULT_INTERVAL: Duration = Duration::from_millis(50);
+
+    fn is_default(&self) -> bool {
+        *self == SignalsSpec::default()
+    }
+
+    pub fn interval(&self) -> Duration {
+        self.interval.map_or(Self::DEFAULT_INTERVAL, |interval| interval.0)
+    }
+}
+
 /// How the pool's picker chooses a pod; the defaults are the Inference Extension's.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
@@ -78,7 +106,8 @@ pub struct PickerSpec {
     /// KV-cache use (0–1) at which a pod counts as saturated. Default 0.8.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kv_cache_threshold: Option<f64>,
-    /// Signals older than this are unknown. Default 200ms.
+    /// Signals older than this are unknown. Default 200ms; at least twice `signals.interval`,
+    /// or pods would fall stale between two reads.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub staleness: Option<HumanDuration>,
     /// Pods tried per request: the pick and the ones to try when it refuses the connection.
@@ -88,8 +117,14 @@ pub struct PickerSpec {
 }
 
 impl PickerSpec {
+    pub const DEFAULT_STALENESS: Duration = Duration::from_millis(200);
+
     fn is_default(&self) -> bool {
         *self == PickerSpec::default()
+    }
+
+    pub fn staleness(&self) -> Duration {
+        self.staleness.map_or(Self::DEFAULT_STALENESS, |staleness| staleness.0)
     }
 }
 
@@ -220,47 +255,24 @@ impl KindSpec for InferencePoolSpec {
             }
         }
         self.picker.check(checker);
-        // Settings that act only on pod signals are refused until the control plane collects
-        // them, rather than accepted and silently doing nothing; FailClose, which would refuse
-        // every request, has its own reason.
-        let needs_signals = |checker: &mut Checker<'_>, field: String| {
+        let interval = self.signals.interval();
+        if !(Duration::from_millis(10)..=Duration::from_secs(10)).contains(&interval) {
+            checker.fail("spec.signals.interval", "must be between 10ms and 10s");
+        } else if self.picker.staleness() < interval * 2 {
             checker.fail(
-                field,
-                "acts on pod signals (queue, KV-cache, LoRA state), which the control plane does \
-                 not collect yet: it would have no effect. Leave it out for now",
-            );
-        };
-        if self.failure_mode == FailureMode::FailClose {
-            checker.fail(
-                "spec.failureMode",
-                "FailClose answers 503 when no pod has fresh signals, and the control plane does \
-                 not collect pod signals yet: every request would be refused. Use FailOpen (the \
-                 default) for now",
+                "spec.picker.staleness",
+                format!(
+                    "{:?} is less than twice spec.signals.interval ({interval:?}): pods would \
+                     fall stale between two reads",
+                    self.picker.staleness()
+                ),
             );
         }
-        for (index, model) in self.models.iter().enumerate() {
-            if model.lora {
-                needs_signals(checker, format!("spec.models[{index}].lora"));
-            }
-        }
-        let picker = &self.picker;
-        if picker.strategy != Strategy::Scored && picker.weights.is_some() {
+        if self.picker.strategy != Strategy::Scored && self.picker.weights.is_some() {
             checker.fail(
                 "spec.picker.weights",
                 "weights apply to the Scored strategy only; RoundRobin and LeastRequest ignore them",
             );
-        }
-        let weights = picker.weights.unwrap_or_default();
-        for (field, set) in [
-            ("weights.kvCache", weights.kv_cache.is_some()),
-            ("weights.lora", weights.lora.is_some()),
-            ("queueThreshold", picker.queue_threshold.is_some()),
-            ("kvCacheThreshold", picker.kv_cache_threshold.is_some()),
-            ("staleness", picker.staleness.is_some()),
-        ] {
-            if set {
-                needs_signals(checker, format!("spec.picker.{field}"));
-            }
         }
     }
 
@@ -389,7 +401,8 @@ mod tests {
                 "qwen",
                 "{endpoints: ['127.0.0.1:8000'], models: [{name: Qwen/Qwen3-32B, aliases: [qwen]}, {name: sql}], \
                  rewrites: [{model: chat, targets: [{model: Qwen/Qwen3-32B, weight: 9}, {model: sql, weight: 1}]}], \
-                 picker: {weights: {prefix: 5}, fallbacks: 2}}"
+                 picker: {weights: {prefix: 5, kvCache: 1, lora: 2}, fallbacks: 2, queueThreshold: 3, staleness: 1s}, \
+                 signals: {interval: 100ms}, failureMode: FailClose}"
             ),
             route("[{kind: InferencePool, name: qwen}]")
         );
@@ -420,12 +433,11 @@ mod tests {
             ("{endpoints: ['127.0.0.1:1'], models: [{name: 'a b'}]}", "must not contain whitespace"),
             ("{endpoints: ['127.0.0.1:1'], models: [{name: m}], picker: {weights: {queue: -1}}}", "spec.picker.weights.queue: -1 is outside 0–1000"),
             ("{endpoints: ['127.0.0.1:1'], models: [{name: m}], picker: {fallbacks: 0}}", "spec.picker.fallbacks"),
-            ("{endpoints: ['127.0.0.1:1'], models: [{name: m}], failureMode: FailClose}", "spec.failureMode: FailClose answers 503"),
             ("{endpoints: ['127.0.0.1:1'], models: [{name: m}], picker: {strategy: LeastRequest, weights: {queue: 1}}}", "spec.picker.weights: weights apply to the Scored strategy only"),
-            ("{endpoints: ['127.0.0.1:1'], models: [{name: m, lora: true}]}", "spec.models[0].lora: acts on pod signals"),
-            ("{endpoints: ['127.0.0.1:1'], models: [{name: m}], picker: {weights: {kvCache: 1}}}", "spec.picker.weights.kvCache: acts on pod signals"),
-            ("{endpoints: ['127.0.0.1:1'], models: [{name: m}], picker: {staleness: 1s}}", "spec.picker.staleness: acts on pod signals"),
-            ("{endpoints: ['127.0.0.1:1'], models: [{name: m}], picker: {queueThreshold: 3}}", "spec.picker.queueThreshold: acts on pod signals"),
+            ("{endpoints: ['127.0.0.1:1'], models: [{name: m}], signals: {interval: 1ms}}", "spec.signals.interval: must be between 10ms and 10s"),
+            ("{endpoints: ['127.0.0.1:1'], models: [{name: m}], signals: {interval: 1m}}", "spec.signals.interval: must be between 10ms and 10s"),
+            ("{endpoints: ['127.0.0.1:1'], models: [{name: m}], signals: {interval: 150ms}}", "spec.picker.staleness: 200ms is less than twice spec.signals.interval (150ms)"),
+            ("{endpoints: ['127.0.0.1:1'], models: [{name: m}], picker: {staleness: 60ms}}", "spec.picker.staleness: 60ms is less than twice"),
         ];
         for (spec, expected) in cases {
             let error = apply(&pool("p", spec)).unwrap_err();

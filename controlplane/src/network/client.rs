@@ -9,21 +9,32 @@ use openraft::raft::{
     AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
     VoteRequest, VoteResponse,
 };
-use openraft::{AnyError, BasicNode};
+use openraft::{AnyError, BasicNode, RaftTypeConfig};
 use portcullis_proto::v1::raft_client::RaftClient;
-use portcullis_proto::v1::RaftPayload;
+use portcullis_proto::v1::{RaftGroup, RaftPayload};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tonic::transport::{Channel, Endpoint};
 
 use crate::node::MAX_MESSAGE_SIZE;
-use crate::types::{NodeId, TypeConfig};
+use crate::types::NodeId;
 
-/// Creates one lazily connected client per target node.
-#[derive(Clone, Default)]
-pub struct NetworkFactory;
+/// Creates one lazily connected client per target node, for the Raft group `group`.
+#[derive(Clone)]
+pub struct NetworkFactory {
+    group: RaftGroup,
+}
 
-impl RaftNetworkFactory<TypeConfig> for NetworkFactory {
+impl NetworkFactory {
+    pub fn new(group: RaftGroup) -> Self {
+        Self { group }
+    }
+}
+
+impl<C> RaftNetworkFactory<C> for NetworkFactory
+where
+    C: RaftTypeConfig<NodeId = NodeId, Node = BasicNode>,
+{
     type Network = PeerClient;
 
     async fn new_client(&mut self, target: NodeId, node: &BasicNode) -> PeerClient {
@@ -32,6 +43,7 @@ impl RaftNetworkFactory<TypeConfig> for NetworkFactory {
             .map_err(|error| format!("invalid address {:?} of node {target}: {error}", node.addr));
         PeerClient {
             target,
+            group: self.group,
             client: channel.map(|channel| {
                 RaftClient::new(channel)
                     .max_decoding_message_size(MAX_MESSAGE_SIZE)
@@ -43,6 +55,7 @@ impl RaftNetworkFactory<TypeConfig> for NetworkFactory {
 
 pub struct PeerClient {
     target: NodeId,
+    group: RaftGroup,
     /// An unusable address is kept as an error so every RPC reports it as unreachable.
     client: Result<RaftClient<Channel>, String>,
 }
@@ -76,7 +89,10 @@ impl PeerClient {
             Err(message) => return Err(Unreachable::new(&AnyError::error(message)).into()),
         };
         let json = serde_json::to_vec(request).map_err(|e| NetworkError::new(&e))?;
-        let payload = RaftPayload { json };
+        let payload = RaftPayload {
+            json,
+            group: self.group.into(),
+        };
         let response = match rpc {
             Rpc::AppendEntries => client.append_entries(payload).await,
             Rpc::InstallSnapshot => client.install_snapshot(payload).await,
@@ -97,18 +113,21 @@ impl PeerClient {
         let result: Result<Resp, RaftError<NodeId, E>> = serde_json::from_slice(&response.into_inner().json)
             .map_err(|e| {
                 NetworkError::new(&AnyError::error(format!(
-                    "undecodable {rpc:?} response from node {}: {e}",
-                    self.target
+                    "undecodable {rpc:?} response from node {} ({:?} group): {e}",
+                    self.target, self.group
                 )))
             })?;
         result.map_err(|error| RPCError::RemoteError(RemoteError::new(self.target, error)))
     }
 }
 
-impl RaftNetwork<TypeConfig> for PeerClient {
+impl<C> RaftNetwork<C> for PeerClient
+where
+    C: RaftTypeConfig<NodeId = NodeId, Node = BasicNode>,
+{
     async fn append_entries(
         &mut self,
-        rpc: AppendEntriesRequest<TypeConfig>,
+        rpc: AppendEntriesRequest<C>,
         _option: RPCOption,
     ) -> RpcResult<AppendEntriesResponse<NodeId>, Infallible> {
         // Halving converges on a size that fits; one entry cannot be split further.
@@ -119,7 +138,7 @@ impl RaftNetwork<TypeConfig> for PeerClient {
 
     async fn install_snapshot(
         &mut self,
-        rpc: InstallSnapshotRequest<TypeConfig>,
+        rpc: InstallSnapshotRequest<C>,
         _option: RPCOption,
     ) -> RpcResult<InstallSnapshotResponse<NodeId>, InstallSnapshotError> {
         self.call(Rpc::InstallSnapshot, &rpc, None).await

@@ -12,6 +12,8 @@ use openraft::{BasicNode, SnapshotPolicy};
 use portcullis_proto::v1::admin_server::AdminServer;
 use portcullis_proto::v1::config_stream_server::ConfigStreamServer;
 use portcullis_proto::v1::raft_server::RaftServer;
+use portcullis_proto::v1::signal_stream_server::SignalStreamServer;
+use portcullis_proto::v1::RaftGroup;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -22,6 +24,7 @@ use crate::admin::AdminService;
 use crate::metrics::{Metrics, MetricsListener, MetricsServer};
 use crate::network::{NetworkFactory, RaftService};
 use crate::registry::ProxyRegistry;
+use crate::signals::{SignalStreamService, Signals, VOTE_EMBARGO};
 use crate::store::{LogStore, StateMachineStore, Storage};
 use crate::stream::ConfigStreamService;
 use crate::types::Raft;
@@ -53,6 +56,7 @@ pub struct ControlPlaneConfig {
 pub struct ControlPlane {
     local_addr: SocketAddr,
     raft: Raft,
+    signals: Signals,
     storage: Storage,
     shutdown: watch::Sender<bool>,
     server: JoinHandle<Result<(), tonic::transport::Error>>,
@@ -92,9 +96,15 @@ impl ControlPlane {
         let log = LogStore::open(&storage).context("opening Raft log")?;
         let state_machine = StateMachineStore::open(&storage)?;
         let view = state_machine.subscribe();
-        let raft = Raft::new(config.node_id, raft_config()?, NetworkFactory, log, state_machine)
-            .await
-            .context("starting Raft")?;
+        let raft = Raft::new(
+            config.node_id,
+            raft_config()?,
+            NetworkFactory::new(RaftGroup::Config),
+            log,
+            state_machine,
+        )
+        .await
+        .context("starting Raft")?;
 
         let listener = TcpListener::bind(config.listen)
             .await
@@ -113,6 +123,7 @@ impl ControlPlane {
         let (shutdown, shutdown_rx) = watch::channel(false);
         let registry = ProxyRegistry::default();
         let metrics = Metrics::default();
+        let signals = Signals::start(config.node_id, raft.clone(), view.clone(), metrics.clone()).await?;
         let (reporter, health_service) = tonic_health::server::health_reporter();
         reporter.set_service_status("", ServingStatus::NotServing).await;
         let health = tokio::spawn(report_health(raft.clone(), reporter));
@@ -139,10 +150,20 @@ impl ControlPlane {
                 .max_decoding_message_size(MAX_MESSAGE_SIZE)
                 .max_encoding_message_size(MAX_MESSAGE_SIZE),
             )
+            .add_service(SignalStreamServer::new(SignalStreamService::new(
+                signals.subscribe(),
+                view.clone(),
+                shutdown_rx.clone(),
+                metrics.clone(),
+            )))
             .add_service(
-                RaftServer::new(RaftService::new(raft.clone()))
-                    .max_decoding_message_size(MAX_MESSAGE_SIZE)
-                    .max_encoding_message_size(MAX_MESSAGE_SIZE),
+                RaftServer::new(RaftService::new(
+                    raft.clone(),
+                    signals.raft().clone(),
+                    VOTE_EMBARGO,
+                ))
+                .max_decoding_message_size(MAX_MESSAGE_SIZE)
+                .max_encoding_message_size(MAX_MESSAGE_SIZE),
             )
             .serve_with_incoming_shutdown(TcpListenerStream::new(listener), wait_for_shutdown(shutdown_rx));
         let metrics = metrics_listener
@@ -153,6 +174,7 @@ impl ControlPlane {
         Ok(ControlPlane {
             local_addr,
             raft,
+            signals,
             storage,
             shutdown,
             server,
@@ -188,6 +210,7 @@ impl ControlPlane {
                 server.abort();
             }
         }
+        self.signals.shutdown().await?;
         self.raft.shutdown().await.context("stopping Raft")?;
         self.storage
             .close(SHUTDOWN_GRACE)

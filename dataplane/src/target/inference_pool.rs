@@ -3,10 +3,11 @@
 //! the connection. The picker is credited when a request starts and released when its
 //! response ends, so its in-flight counts are this proxy's real load on each pod.
 
+use std::collections::HashMap;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::uri::Authority;
@@ -14,8 +15,10 @@ use http::{Request, Response, StatusCode};
 use http_body::{Body as HttpBody, Frame, SizeHint};
 use portcullis_config::{EjectionSpec, InferencePoolSpec};
 use portcullis_picker::{
-    block_hashes, PickRequest, Picker, PickerConfig, PrefixConfig, Refusal, Strategy, Weights,
+    block_hashes, LoraSignals, PickRequest, Picker, PickerConfig, PrefixConfig, Refusal, Signals, Strategy,
+    Weights,
 };
+use portcullis_proto::v1::PodSignals;
 
 use super::{ResponseFuture, Target};
 use crate::body::{self, Body, BoxError};
@@ -30,6 +33,10 @@ pub(crate) struct InferencePoolTarget {
     /// picker learned) across config versions.
     spec: InferencePoolSpec,
     endpoints: Vec<Endpoint>,
+    /// Endpoint index by its address as written in the spec (how signals name pods).
+    by_address: HashMap<String, usize>,
+    /// Signals older than this are not handed to the picker.
+    staleness: Duration,
     ejection: EjectionSpec,
     picker: Arc<Mutex<Picker>>,
     /// How the picker cuts prompts, hashed before taking the picker's lock; `None` for the
@@ -49,11 +56,19 @@ impl InferencePoolTarget {
         let endpoints = super::endpoints(&label, &spec.endpoints, upstream)?;
         let config = picker_config(spec);
         let prefix = (config.strategy == Strategy::Scored).then_some(config.prefix);
+        let staleness = config.staleness;
         let picker = Picker::new(config, endpoints.len());
         Ok(InferencePoolTarget {
             name: Arc::from(label),
             spec: spec.clone(),
             endpoints,
+            by_address: spec
+                .endpoints
+                .iter()
+                .enumerate()
+                .map(|(index, address)| (address.clone(), index))
+                .collect(),
+            staleness,
             ejection: EjectionSpec::default(),
             picker: Arc::new(Mutex::new(picker)),
             prefix,
@@ -63,6 +78,72 @@ impl InferencePoolTarget {
 
     pub(crate) fn spec(&self) -> &InferencePoolSpec {
         &self.spec
+    }
+
+    /// Hands one scrape round to the picker, all under one lock. The age the control plane
+    /// measured when it sent the round places the sample on this proxy's clock (transit
+    /// time aside), so the proxy needs no clock agreement with the control plane.
+    pub(crate) fn observe(&self, pods: &[PodSignals]) {
+        let now = self.epoch.elapsed();
+        let mut picker = self.picker();
+        for pod in pods {
+            let age = Duration::from_millis(u64::from(pod.age_ms));
+            // Already stale: nothing the picker would use. Skipping it also keeps a sample
+            // older than this target from looking younger than it is.
+            if age > self.staleness {
+                continue;
+            }
+            let Some(&index) = self.by_address.get(&pod.endpoint) else {
+                continue;
+            };
+            picker.observe(
+                index,
+                Signals {
+                    sampled_at: now.saturating_sub(age),
+                    waiting: pod.waiting,
+                    kv_cache_usage: pod.kv_cache_usage,
+                    lora: pod.lora.as_ref().map(|lora| LoraSignals {
+                        running: lora.running.clone(),
+                        waiting: lora.waiting.clone(),
+                        max_loras: lora.max_loras,
+                    }),
+                },
+            );
+        }
+    }
+
+    /// What the picker holds per endpoint, for the admin port's `/signals`.
+    pub(crate) fn report(&self) -> serde_json::Value {
+        let now = self.epoch.elapsed();
+        let picker = self.picker();
+        let endpoints: serde_json::Map<String, serde_json::Value> = self
+            .spec
+            .endpoints
+            .iter()
+            .enumerate()
+            .map(|(index, address)| {
+                let signals = picker.signals(index).map(|signals| {
+                    let age = now.saturating_sub(signals.sampled_at);
+                    serde_json::json!({
+                        "ageMs": age.as_secs_f64() * 1000.0,
+                        "fresh": age <= self.staleness,
+                        "waiting": signals.waiting,
+                        "kvCacheUsage": signals.kv_cache_usage,
+                        "lora": signals.lora.as_ref().map(|lora| serde_json::json!({
+                            "running": lora.running,
+                            "waiting": lora.waiting,
+                            "maxLoras": lora.max_loras,
+                        })),
+                    })
+                });
+                let entry = serde_json::json!({
+                    "inFlight": picker.in_flight(index),
+                    "signals": signals,
+                });
+                (address.clone(), entry)
+            })
+            .collect();
+        serde_json::json!({ "endpoints": endpoints })
     }
 
     fn picker(&self) -> std::sync::MutexGuard<'_, Picker> {
@@ -89,7 +170,7 @@ fn picker_config(spec: &InferencePoolSpec) -> PickerConfig {
         }),
         queue_threshold: picker.queue_threshold.unwrap_or(defaults.queue_threshold),
         kv_cache_threshold: picker.kv_cache_threshold.unwrap_or(defaults.kv_cache_threshold),
-        staleness: picker.staleness.map_or(defaults.staleness, |d| d.0),
+        staleness: picker.staleness(),
         failure_mode: match spec.failure_mode {
             portcullis_config::FailureMode::FailOpen => portcullis_picker::FailureMode::FailOpen,
             portcullis_config::FailureMode::FailClose => portcullis_picker::FailureMode::FailClose,

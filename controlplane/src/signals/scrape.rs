@@ -1,0 +1,245 @@
+//! Collection: while this node leads the signals group, one task per InferencePool reads
+//! every endpoint's `/metrics` once per interval, and one proposer turns the finished
+//! rounds into signals-log entries (whatever finished while the previous entry was being
+//! committed goes into the next one, so the entry rate adapts to the commit latency).
+
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Empty, Limited};
+use hyper::Uri;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use openraft::error::{ClientWriteError, RaftError};
+use portcullis_config::InferencePoolSpec;
+use tokio::sync::{mpsc, watch};
+use tokio::task::{AbortHandle, JoinSet};
+use tokio::time::MissedTickBehavior;
+
+use super::exposition::read_vllm;
+use super::stream::unix_ms;
+use super::types::{EndpointRound, PoolRound, Reading, SignalEntry, SignalsRaft};
+use crate::metrics::Metrics;
+use crate::types::NodeId;
+use crate::view::ConfigView;
+
+/// A `/metrics` body larger than this is refused (vLLM's is tens of KiB).
+const MAX_METRICS_BYTES: usize = 4 * 1024 * 1024;
+
+type HttpClient = Client<HttpConnector, Empty<Bytes>>;
+
+enum Update {
+    Round(PoolRound),
+    Removed(String),
+}
+
+/// Collects while this node leads the signals group; idle otherwise. Never returns.
+pub async fn run(node_id: NodeId, raft: SignalsRaft, config: watch::Receiver<ConfigView>, metrics: Metrics) {
+    let mut raft_metrics = raft.metrics();
+    loop {
+        let leading = raft_metrics.borrow_and_update().current_leader == Some(node_id);
+        if leading {
+            tracing::info!("leading the signals group: collecting pod signals");
+            let lost = async {
+                while raft_metrics.borrow_and_update().current_leader == Some(node_id) {
+                    if raft_metrics.changed().await.is_err() {
+                        return;
+                    }
+                }
+            };
+            tokio::select! {
+                () = lost => {}
+                () = collect(raft.clone(), config.clone(), metrics.clone()) => {}
+            }
+            tracing::info!("no longer leading the signals group: collection stopped");
+        } else if raft_metrics.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
+/// Keeps one scrape task per pool in step with the config, until the config source ends.
+async fn collect(raft: SignalsRaft, mut config: watch::Receiver<ConfigView>, metrics: Metrics) {
+    let mut connector = HttpConnector::new();
+    connector.set_nodelay(true);
+    let client: HttpClient = Client::builder(TokioExecutor::new())
+        .pool_idle_timeout(Duration::from_secs(30))
+        .build(connector);
+    let (updates, rounds) = mpsc::channel(1024);
+    let mut tasks = JoinSet::new();
+    tasks.spawn(propose(raft, rounds, metrics.clone()));
+    // Per pool: what its task scrapes, to restart it only when that changes.
+    let mut running: HashMap<String, (Vec<String>, Duration, AbortHandle)> = HashMap::new();
+    config.mark_changed();
+    while config.changed().await.is_ok() {
+        let view = config.borrow_and_update().clone();
+        let pools: HashMap<&str, &InferencePoolSpec> = view
+            .config
+            .specs::<InferencePoolSpec>()
+            .map(|(metadata, spec)| (metadata.name.as_str(), spec))
+            .collect();
+        let gone: Vec<String> = running
+            .keys()
+            .filter(|name| !pools.contains_key(name.as_str()))
+            .cloned()
+            .collect();
+        for name in gone {
+            if let Some((_, _, task)) = running.remove(&name) {
+                task.abort();
+            }
+            if updates.send(Update::Removed(name)).await.is_err() {
+                return;
+            }
+        }
+        for (name, spec) in pools {
+            let interval = spec.signals.interval();
+            if let Some((endpoints, every, _)) = running.get(name) {
+                if *endpoints == spec.endpoints && *every == interval {
+                    continue;
+                }
+            }
+            let scraper = PoolScraper {
+                pool: name.to_string(),
+                endpoints: spec.endpoints.clone(),
+                interval,
+                client: client.clone(),
+                updates: updates.clone(),
+                metrics: metrics.clone(),
+            };
+            let task = tasks.spawn(scraper.run());
+            if let Some((_, _, previous)) =
+                running.insert(name.to_string(), (spec.endpoints.clone(), interval, task))
+            {
+                previous.abort();
+            }
+        }
+    }
+}
+
+/// Drains finished rounds into signals-log entries, one write at a time.
+async fn propose(raft: SignalsRaft, mut updates: mpsc::Receiver<Update>, metrics: Metrics) {
+    while let Some(first) = updates.recv().await {
+        let mut rounds: HashMap<String, PoolRound> = HashMap::new();
+        let mut removed: HashSet<String> = HashSet::new();
+        let mut add = |update| match update {
+            Update::Round(round) => {
+                removed.remove(&round.pool);
+                rounds.insert(round.pool.clone(), round);
+            }
+            Update::Removed(pool) => {
+                rounds.remove(&pool);
+                removed.insert(pool);
+            }
+        };
+        add(first);
+        while let Ok(update) = updates.try_recv() {
+            add(update);
+        }
+        let entry = SignalEntry {
+            rounds: rounds.into_values().collect(),
+            removed_pools: removed.into_iter().collect(),
+        };
+        let bytes = serde_json::to_vec(&entry).map_or(0, |json| json.len());
+        match raft.client_write(entry).await {
+            Ok(_) => metrics.signals_committed(bytes),
+            // Leadership moved on; `run` stops this collection.
+            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(_))) => return,
+            Err(error) => {
+                tracing::warn!(%error, "could not replicate pod signals");
+                metrics.signals_failed();
+            }
+        }
+    }
+}
+
+struct PoolScraper {
+    pool: String,
+    endpoints: Vec<String>,
+    interval: Duration,
+    client: HttpClient,
+    updates: mpsc::Sender<Update>,
+    metrics: Metrics,
+}
+
+impl PoolScraper {
+    async fn run(self) {
+        let uris: Vec<Result<Uri, String>> = self
+            .endpoints
+            .iter()
+            .map(|endpoint| {
+                format!("http://{endpoint}/metrics")
+                    .parse::<Uri>()
+                    .map_err(|e| format!("invalid endpoint {endpoint:?}: {e}"))
+            })
+            .collect();
+        // Whether each endpoint's last read failed: failures are logged when they start and
+        // when they end, not every round.
+        let mut failing = vec![false; uris.len()];
+        let mut ticker = tokio::time::interval(self.interval);
+        ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        loop {
+            ticker.tick().await;
+            let reads = uris.iter().map(|uri| self.read(uri));
+            let readings = futures::future::join_all(reads).await;
+            let mut endpoints = Vec::with_capacity(readings.len());
+            for (index, reading) in readings.into_iter().enumerate() {
+                let endpoint = &self.endpoints[index];
+                let reading = match reading {
+                    Ok(reading) => {
+                        if std::mem::replace(&mut failing[index], false) {
+                            tracing::info!(pool = %self.pool, %endpoint, "pod signals readable again");
+                        }
+                        self.metrics.signal_scraped(true);
+                        Some(reading)
+                    }
+                    Err(error) => {
+                        if !std::mem::replace(&mut failing[index], true) {
+                            tracing::warn!(pool = %self.pool, %endpoint, %error, "cannot read pod signals");
+                        }
+                        self.metrics.signal_scraped(false);
+                        None
+                    }
+                };
+                endpoints.push(EndpointRound {
+                    endpoint: endpoint.clone(),
+                    reading,
+                });
+            }
+            let round = PoolRound {
+                pool: self.pool.clone(),
+                endpoints,
+            };
+            if self.updates.send(Update::Round(round)).await.is_err() {
+                return;
+            }
+        }
+    }
+
+    /// One `GET /metrics`; a pod slower than the interval misses the round.
+    async fn read(&self, uri: &Result<Uri, String>) -> Result<Reading, String> {
+        let uri = uri.as_ref().map_err(Clone::clone)?;
+        let sampled_at_ms = unix_ms();
+        let read = async {
+            let response = self
+                .client
+                .get(uri.clone())
+                .await
+                .map_err(|e| format!("request failed: {e}"))?;
+            if !response.status().is_success() {
+                return Err(format!("answered {}", response.status()));
+            }
+            let body = Limited::new(response.into_body(), MAX_METRICS_BYTES)
+                .collect()
+                .await
+                .map_err(|e| format!("reading the body: {e}"))?
+                .to_bytes();
+            let text = std::str::from_utf8(&body).map_err(|_| "the body is not UTF-8".to_string())?;
+            read_vllm(text, sampled_at_ms)
+        };
+        tokio::time::timeout(self.interval, read)
+            .await
+            .map_err(|_| format!("no answer within {:?}", self.interval))?
+    }
+}

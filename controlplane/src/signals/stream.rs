@@ -1,0 +1,186 @@
+//! SignalStream: each proxy gets the latest scrape round of every pool in its shard, then
+//! each new round, one message per change of the replicated signals. Any control-plane node
+//! serves it from its own copy of the signals state machine.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use portcullis_config::{InferencePoolSpec, ShardSelector};
+use portcullis_proto::v1::signal_stream_server::SignalStream;
+use portcullis_proto::v1::{self as wire, SignalBatch, SignalSubscription};
+use tokio::sync::{mpsc, watch};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status};
+
+use super::store::{PoolSignals, SignalView};
+use super::types::Reading;
+use crate::metrics::Metrics;
+use crate::view::ConfigView;
+
+pub struct SignalStreamService {
+    signals: watch::Receiver<SignalView>,
+    config: watch::Receiver<ConfigView>,
+    shutdown: watch::Receiver<bool>,
+    metrics: Metrics,
+}
+
+impl SignalStreamService {
+    pub fn new(
+        signals: watch::Receiver<SignalView>,
+        config: watch::Receiver<ConfigView>,
+        shutdown: watch::Receiver<bool>,
+        metrics: Metrics,
+    ) -> Self {
+        Self {
+            signals,
+            config,
+            shutdown,
+            metrics,
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl SignalStream for SignalStreamService {
+    type SubscribeStream = ReceiverStream<Result<SignalBatch, Status>>;
+
+    async fn subscribe(
+        &self,
+        request: Request<SignalSubscription>,
+    ) -> Result<Response<Self::SubscribeStream>, Status> {
+        let subscription = request.into_inner();
+        if subscription.proxy_id.is_empty() {
+            return Err(Status::invalid_argument("SignalSubscription.proxy_id is empty"));
+        }
+        let (outbound, rx) = mpsc::channel(2);
+        let session = Session {
+            shard: subscription.shard.into_iter().collect(),
+            outbound,
+            signals: self.signals.clone(),
+            config: self.config.clone(),
+            shutdown: self.shutdown.clone(),
+            metrics: self.metrics.clone(),
+            sent: HashMap::new(),
+        };
+        tracing::debug!(proxy_id = %subscription.proxy_id, "proxy subscribed to signals");
+        tokio::spawn(session.run());
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+}
+
+struct Session {
+    shard: ShardSelector,
+    outbound: mpsc::Sender<Result<SignalBatch, Status>>,
+    signals: watch::Receiver<SignalView>,
+    config: watch::Receiver<ConfigView>,
+    shutdown: watch::Receiver<bool>,
+    metrics: Metrics,
+    /// Per pool, the pool generation last sent: a pool goes out again only when it moved.
+    sent: HashMap<String, u64>,
+}
+
+impl Session {
+    async fn run(mut self) {
+        let mut pools = BTreeSet::new();
+        self.config.mark_changed();
+        self.signals.mark_changed();
+        let mut pending = false;
+        loop {
+            tokio::select! {
+                changed = self.config.changed() => {
+                    if changed.is_err() {
+                        return;
+                    }
+                    pools = pools_in_shard(&mut self.config, &self.shard);
+                    // A pool that left the shard and comes back is sent whole again.
+                    self.sent.retain(|pool, _| pools.contains(pool));
+                    pending = true;
+                }
+                changed = self.signals.changed() => {
+                    if changed.is_err() {
+                        return;
+                    }
+                    pending = true;
+                }
+                // Waiting for room before building: a slow proxy skips rounds it has not been
+                // sent yet instead of queueing stale ones.
+                permit = self.outbound.reserve(), if pending => {
+                    let Ok(permit) = permit else { return };
+                    pending = false;
+                    let view = self.signals.borrow_and_update().clone();
+                    if let Some(batch) = batch(&mut self.sent, &view, &pools) {
+                        self.metrics.signals_sent();
+                        permit.send(Ok(batch));
+                    }
+                }
+                _ = self.shutdown.changed() => return,
+            }
+        }
+    }
+}
+
+fn pools_in_shard(config: &mut watch::Receiver<ConfigView>, shard: &ShardSelector) -> BTreeSet<String> {
+    let view = config.borrow_and_update().clone();
+    let slice = view.config.slice(shard);
+    slice
+        .specs::<InferencePoolSpec>()
+        .map(|(metadata, _)| metadata.name.clone())
+        .collect()
+}
+
+/// The pools of `pools` that moved since they were last sent (per `sent`), or `None`.
+fn batch(
+    sent: &mut HashMap<String, u64>,
+    view: &SignalView,
+    pools: &BTreeSet<String>,
+) -> Option<SignalBatch> {
+    let now_ms = unix_ms();
+    let mut batch = SignalBatch {
+        generation: view.generation,
+        pools: Vec::new(),
+    };
+    for (name, pool) in &view.pools {
+        if !pools.contains(name) || sent.get(name) == Some(&pool.generation) {
+            continue;
+        }
+        sent.insert(name.clone(), pool.generation);
+        batch.pools.push(to_wire(name, pool, now_ms));
+    }
+    (!batch.pools.is_empty()).then_some(batch)
+}
+
+pub(crate) fn unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|elapsed| u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX))
+        .unwrap_or_default()
+}
+
+fn to_wire(name: &str, pool: &Arc<PoolSignals>, now_ms: u64) -> wire::PoolSignals {
+    let pods = pool
+        .endpoints
+        .iter()
+        .filter_map(|(endpoint, reading)| Some(pod(endpoint, reading.as_ref()?, now_ms)))
+        .collect();
+    wire::PoolSignals {
+        pool: name.to_string(),
+        pods,
+    }
+}
+
+fn pod(endpoint: &str, reading: &Reading, now_ms: u64) -> wire::PodSignals {
+    let age = now_ms.saturating_sub(reading.sampled_at_ms);
+    wire::PodSignals {
+        endpoint: endpoint.to_string(),
+        age_ms: u32::try_from(age).unwrap_or(u32::MAX),
+        waiting: reading.waiting,
+        running: reading.running,
+        kv_cache_usage: reading.kv_cache_usage,
+        lora: reading.lora.as_ref().map(|lora| wire::LoraSignals {
+            max_loras: lora.max_loras,
+            running: lora.running.clone(),
+            waiting: lora.waiting.clone(),
+        }),
+    }
+}
