@@ -81,14 +81,11 @@ fn llm_routes_choose_by_model_keep_prefixes_together_and_fall_back() {
     let dir = tempfile::tempdir().unwrap();
     let mut fleet = fleet(dir.path());
     wait_for("the pods' signals on the proxy", TIMEOUT, || {
-        let body = http_get(fleet.gateway.admin, "/signals?pool=qwen")
-            .map(|r| r.body)
-            .unwrap_or_default();
-        let view: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+        let report = pool_report(fleet.gateway.admin, "qwen");
         fleet
             .pods
             .iter()
-            .all(|pod| !view["pools"]["qwen"]["endpoints"][format!("127.0.0.1:{pod}")]["signals"].is_null())
+            .all(|pod| !report["endpoints"][format!("127.0.0.1:{pod}")]["signals"].is_null())
     });
 
     // Aliases and rewrites reach the pods as the served name: a pod knows no "qwen".

@@ -10,40 +10,9 @@ use support::*;
 
 const MODEL: &str = "Qwen/Qwen3-32B";
 
-/// A simulated pod that runs one request at a time, so a few requests sent to it directly
-/// build a queue (`vllm:num_requests_waiting`) the control plane will read.
-fn single_seat_pod(dir: &std::path::Path, port: u16) -> Process {
-    let profile_path = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../loadtest/profiles/qwen3-32b-tp2-h100.json"
-    );
-    let mut profile: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(profile_path).unwrap()).unwrap();
-    profile["max_num_seqs"] = 1.into();
-    let profile = write_file(dir, &format!("profile-{port}.json"), &profile.to_string());
-    let pod = Process::start(
-        &format!("pod-{port}"),
-        dir,
-        &[
-            "sim",
-            "vllm",
-            "--port",
-            &port.to_string(),
-            "--profile",
-            profile.to_str().unwrap(),
-        ],
-    );
-    wait_for("simulated pod", TIMEOUT, || {
-        http_get(port, "/health").is_some_and(|r| r.status == 200)
-    });
-    pod
-}
-
-/// The pool's view on the proxy's admin port: `/signals` → `pools.<pool>.endpoints.<endpoint>`.
+/// A pod's signals as the proxy's picker holds them.
 fn proxy_signals(admin: u16, pool: &str, pod: u16) -> serde_json::Value {
-    let body = http_get(admin, "/signals").map(|r| r.body).unwrap_or_default();
-    let json: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
-    json["pools"][pool]["endpoints"][format!("127.0.0.1:{pod}")]["signals"].clone()
+    pool_report(admin, pool)["endpoints"][format!("127.0.0.1:{pod}")]["signals"].clone()
 }
 
 fn completion(port: u16, max_tokens: u32) -> HttpResponse {

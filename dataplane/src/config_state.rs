@@ -23,7 +23,7 @@ use crate::normalize::Forwarding;
 use crate::pipeline::Pipeline;
 use crate::policy::{Policy, PolicyIndex};
 use crate::route::{Route, RouteTable};
-use crate::target::{self, InferencePoolTarget, Target, Targets, WeightedTargets};
+use crate::target::{self, InferencePoolTarget, Targets, WeightedTargets};
 use crate::telemetry::Telemetry;
 use crate::upstream::{RetryPolicy, Upstream};
 
@@ -423,14 +423,17 @@ pub(crate) fn compile(
 /// from mixing them with other kinds), `None` for any other route.
 fn llm_models(spec: &RouteSpec, targets: &Targets) -> Option<llm::Models> {
     let pool_kind = Kind::of::<InferencePoolSpec>();
-    let pools: Vec<(&InferencePoolSpec, Arc<dyn Target>)> = spec
+    let pools: Vec<llm::RoutePool<'_>> = spec
         .backends
         .iter()
         .filter(|backend| Kind::from_name(&backend.kind) == Some(pool_kind))
         .filter_map(|backend| {
             let pool = targets.pools.get(&backend.name)?;
-            let target: Arc<dyn Target> = pool.clone();
-            Some((pool.spec(), target))
+            Some(llm::RoutePool {
+                spec: pool.spec(),
+                target: pool.clone(),
+                priority_class: backend.priority_class.as_deref().map(Arc::from),
+            })
         })
         .collect();
     (!pools.is_empty()).then(|| llm::Models::compile(&pools))

@@ -204,12 +204,7 @@ impl Picker {
         request: &PickRequest<'_>,
         healthy: impl Fn(usize) -> bool,
     ) -> Result<Pick, Refusal> {
-        let mut candidates = std::mem::take(&mut self.scratch.candidates);
-        candidates.clear();
-        candidates.extend((0..self.endpoints.len()).filter(|&e| healthy(e)));
-        if candidates.is_empty() {
-            candidates.extend(0..self.endpoints.len());
-        }
+        let candidates = self.candidates(healthy);
         let result = if candidates.is_empty() {
             Err(Refusal::NoEndpoint)
         } else {
@@ -257,12 +252,33 @@ impl Picker {
         }
     }
 
-    fn scored(
-        &mut self,
-        now: Duration,
-        request: &PickRequest<'_>,
-        candidates: &[usize],
-    ) -> Result<Pick, Refusal> {
+    /// The healthy endpoints, or all if none is healthy (the scratch list; hand it back).
+    fn candidates(&mut self, healthy: impl Fn(usize) -> bool) -> Vec<usize> {
+        let mut candidates = std::mem::take(&mut self.scratch.candidates);
+        candidates.clear();
+        candidates.extend((0..self.endpoints.len()).filter(|&e| healthy(e)));
+        if candidates.is_empty() {
+            candidates.extend(0..self.endpoints.len());
+        }
+        candidates
+    }
+
+    /// Whether every candidate is saturated now, judged as a pick would judge it, without
+    /// crediting anyone: an admission queue asks this before letting a request through. Only
+    /// the Scored strategy detects saturation.
+    pub fn saturated(&mut self, now: Duration, healthy: impl Fn(usize) -> bool) -> bool {
+        if self.config.strategy != Strategy::Scored {
+            return false;
+        }
+        let candidates = self.candidates(healthy);
+        let saturated = matches!(self.assess(now, &candidates), Ok((_, true)));
+        self.scratch.candidates = candidates;
+        saturated
+    }
+
+    /// Fills `scratch.loads` with the candidates' loads; the basis of the pick and whether
+    /// every candidate is saturated.
+    fn assess(&mut self, now: Duration, candidates: &[usize]) -> Result<(Basis, bool), Refusal> {
         let config = &self.config;
         let staleness = config.staleness;
         let endpoints = &self.endpoints;
@@ -309,9 +325,22 @@ impl Picker {
             Basis::OwnCounts
         };
         let saturated = loads.iter().all(|load| load.saturation >= 1.0);
+        Ok((basis, saturated))
+    }
+
+    fn scored(
+        &mut self,
+        now: Duration,
+        request: &PickRequest<'_>,
+        candidates: &[usize],
+    ) -> Result<Pick, Refusal> {
+        let (basis, saturated) = self.assess(now, candidates)?;
+        let loads = &mut self.scratch.loads;
         if !saturated {
             loads.retain(|load| load.saturation < 1.0);
         }
+        let config = &self.config;
+        let endpoints = &self.endpoints;
 
         self.prefix
             .match_lengths(request.prompt_hashes, &mut self.scratch.matched);

@@ -313,3 +313,33 @@ fn plain_strategies_stay_selectable() {
     assert_eq!(chosen.endpoints[0], a);
     assert_eq!(chosen.basis, Basis::LeastRequest);
 }
+
+#[test]
+fn saturation_is_judged_without_crediting_anyone() {
+    let mut picker = Picker::new(PickerConfig::default(), 2);
+    let now = Duration::from_secs(1);
+    let busy = |waiting| Signals {
+        sampled_at: now,
+        waiting,
+        kv_cache_usage: 0.1,
+        lora: None,
+    };
+    picker.observe(0, busy(5));
+    picker.observe(1, busy(4));
+    assert!(
+        !picker.saturated(now, |_| true),
+        "endpoint 1 has room (4 < 5 waiting)"
+    );
+    assert_eq!(picker.in_flight(1), 0, "asking credits nobody");
+    // Ejecting the one with room leaves only saturated candidates.
+    assert!(picker.saturated(now, |e| e == 0));
+    picker.observe(1, busy(5));
+    assert!(picker.saturated(now, |_| true));
+    let plain = PickerConfig {
+        strategy: Strategy::RoundRobin,
+        ..PickerConfig::default()
+    };
+    let mut plain = Picker::new(plain, 1);
+    plain.observe(0, busy(50));
+    assert!(!plain.saturated(now, |_| true), "only Scored detects saturation");
+}

@@ -124,17 +124,30 @@ pub fn http_get(port: u16, path: &str) -> Option<HttpResponse> {
 /// One HTTP/1.1 request on a fresh connection, with a JSON body if given. `None` when
 /// nothing answers.
 pub fn http_request(port: u16, method: &str, path: &str, json: Option<&str>) -> Option<HttpResponse> {
+    http_request_with(port, method, path, &[], json)
+}
+
+/// [`http_request`] with extra header fields.
+pub fn http_request_with(
+    port: u16,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    json: Option<&str>,
+) -> Option<HttpResponse> {
     let mut stream = TcpStream::connect(("127.0.0.1", port)).ok()?;
     stream.set_read_timeout(Some(Duration::from_secs(30))).ok()?;
     let body = json.unwrap_or_default();
-    let content = if json.is_some() {
-        format!(
+    let mut content: String = headers
+        .iter()
+        .map(|(name, value)| format!("{name}: {value}\r\n"))
+        .collect();
+    if json.is_some() {
+        content.push_str(&format!(
             "Content-Type: application/json\r\nContent-Length: {}\r\n",
             body.len()
-        )
-    } else {
-        String::new()
-    };
+        ));
+    }
     write!(
         stream,
         "{method} {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n{content}\r\n{body}"
@@ -170,6 +183,44 @@ fn dechunk(mut body: &str) -> String {
         body = rest[size..].trim_start_matches("\r\n");
     }
     out
+}
+
+/// A simulated pod that runs one request at a time, so a few requests sent to it directly
+/// build a queue (`vllm:num_requests_waiting`) the control plane will read.
+pub fn single_seat_pod(dir: &Path, port: u16) -> Process {
+    let profile_path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../loadtest/profiles/qwen3-32b-tp2-h100.json"
+    );
+    let mut profile: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(profile_path).unwrap()).unwrap();
+    profile["max_num_seqs"] = 1.into();
+    let profile = write_file(dir, &format!("profile-{port}.json"), &profile.to_string());
+    let pod = Process::start(
+        &format!("pod-{port}"),
+        dir,
+        &[
+            "sim",
+            "vllm",
+            "--port",
+            &port.to_string(),
+            "--profile",
+            profile.to_str().unwrap(),
+        ],
+    );
+    wait_for("simulated pod", TIMEOUT, || {
+        http_get(port, "/health").is_some_and(|r| r.status == 200)
+    });
+    pod
+}
+
+/// What a proxy's picker holds for one pool (its admin port's `/signals?pool=`).
+pub fn pool_report(admin: u16, pool: &str) -> serde_json::Value {
+    let body = http_get(admin, &format!("/signals?pool={pool}"))
+        .map(|r| r.body)
+        .unwrap_or_default();
+    let json: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+    json["pools"][pool].clone()
 }
 
 /// Polls `check` until it holds or `timeout` passes; panics with `what` on timeout.

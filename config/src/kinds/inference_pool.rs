@@ -35,6 +35,143 @@ pub struct InferencePoolSpec {
     /// What the picker does when no pod has fresh signals.
     #[serde(default, skip_serializing_if = "FailureMode::is_default")]
     pub failure_mode: FailureMode,
+    /// Priority classes, load shedding and per-tenant fairness when every pod is saturated.
+    /// Absent: every request is picked as it arrives, saturated or not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority: Option<PrioritySpec>,
+}
+
+/// When every pod is saturated (the picker's saturation filter), requests wait in the proxy
+/// instead of piling onto pods' first-come-first-served queues: the highest class first and,
+/// within a class, tenants in turn, one request each. Classes with a negative value are
+/// sheddable (the Inference Extension's convention): at saturation they are refused at once
+/// with 429 and `Retry-After`. A request that waits longer than `maxWait`, or finds
+/// `maxQueued` requests of its class or above waiting, is refused the same way.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct PrioritySpec {
+    pub classes: Vec<PriorityClass>,
+    /// The class of a request that names none (and whose route fixes none).
+    pub default: String,
+    /// The request header naming a class; a route's `backends[].priorityClass` overrides it.
+    /// Default `x-portcullis-priority`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub header: Option<String>,
+    /// The request header naming the tenant, for fairness within a class; requests without
+    /// it share one anonymous tenant. Default `x-portcullis-tenant`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant_header: Option<String>,
+    /// Requests a proxy holds for this pool at most. Default 1024; 1 to 65,536.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_queued: Option<u32>,
+    /// The longest a request waits for a pod. Default 30s; 1ms to 10m.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_wait: Option<HumanDuration>,
+    /// Sent as `Retry-After` (whole seconds, rounded up) with a 429. Default 1s; 1s to 1h.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_after: Option<HumanDuration>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct PriorityClass {
+    pub name: String,
+    /// Higher goes first; below 0 is sheddable.
+    pub value: i32,
+}
+
+impl PrioritySpec {
+    pub const DEFAULT_HEADER: &'static str = "x-portcullis-priority";
+    pub const DEFAULT_TENANT_HEADER: &'static str = "x-portcullis-tenant";
+    pub const DEFAULT_MAX_QUEUED: u32 = 1024;
+    pub const DEFAULT_MAX_WAIT: Duration = Duration::from_secs(30);
+    pub const DEFAULT_RETRY_AFTER: Duration = Duration::from_secs(1);
+
+    pub fn header(&self) -> &str {
+        self.header.as_deref().unwrap_or(Self::DEFAULT_HEADER)
+    }
+
+    pub fn tenant_header(&self) -> &str {
+        self.tenant_header.as_deref().unwrap_or(Self::DEFAULT_TENANT_HEADER)
+    }
+
+    pub fn max_queued(&self) -> u32 {
+        self.max_queued.unwrap_or(Self::DEFAULT_MAX_QUEUED)
+    }
+
+    pub fn max_wait(&self) -> Duration {
+        self.max_wait.map_or(Self::DEFAULT_MAX_WAIT, |wait| wait.0)
+    }
+
+    pub fn retry_after(&self) -> Duration {
+        self.retry_after.map_or(Self::DEFAULT_RETRY_AFTER, |after| after.0)
+    }
+
+    pub fn class(&self, name: &str) -> Option<&PriorityClass> {
+        self.classes.iter().find(|class| class.name == name)
+    }
+
+    fn check(&self, strategy: Strategy, checker: &mut Checker<'_>) {
+        if strategy != Strategy::Scored {
+            checker.fail(
+                "spec.priority",
+                "priority classes need the Scored strategy: only it detects saturation, so \
+                 with RoundRobin or LeastRequest nothing would ever wait or be shed",
+            );
+        }
+        if self.classes.is_empty() {
+            checker.fail("spec.priority.classes", "at least one class is required");
+        }
+        for (index, class) in self.classes.iter().enumerate() {
+            let valid = !class.name.is_empty()
+                && class.name.len() <= 63
+                && class
+                    .name
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
+            if !valid {
+                checker.fail(
+                    format!("spec.priority.classes[{index}].name"),
+                    format!("{:?}: must be 1 to 63 lowercase letters, digits or '-'", class.name),
+                );
+            }
+            if self.classes[..index].iter().any(|earlier| earlier.name == class.name) {
+                checker.fail(
+                    format!("spec.priority.classes[{index}].name"),
+                    format!("{:?} is defined twice", class.name),
+                );
+            }
+        }
+        if self.class(&self.default).is_none() {
+            checker.fail(
+                "spec.priority.default",
+                format!("{:?} is not one of spec.priority.classes", self.default),
+            );
+        }
+        for (field, header) in [("header", self.header()), ("tenantHeader", self.tenant_header())] {
+            if http::HeaderName::from_bytes(header.as_bytes()).is_err() {
+                checker.fail(
+                    format!("spec.priority.{field}"),
+                    format!("invalid header name {header:?}"),
+                );
+            }
+        }
+        if self.header().eq_ignore_ascii_case(self.tenant_header()) {
+            checker.fail(
+                "spec.priority.tenantHeader",
+                "must differ from spec.priority.header",
+            );
+        }
+        if !(1..=65_536).contains(&self.max_queued()) {
+            checker.fail("spec.priority.maxQueued", "must be between 1 and 65,536");
+        }
+        if !(Duration::from_millis(1)..=Duration::from_secs(600)).contains(&self.max_wait()) {
+            checker.fail("spec.priority.maxWait", "must be between 1ms and 10m");
+        }
+        if !(Duration::from_secs(1)..=Duration::from_secs(3600)).contains(&self.retry_after()) {
+            checker.fail("spec.priority.retryAfter", "must be between 1s and 1h");
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -268,6 +405,9 @@ impl KindSpec for InferencePoolSpec {
                 ),
             );
         }
+        if let Some(priority) = &self.priority {
+            priority.check(self.picker.strategy, checker);
+        }
         if self.picker.strategy != Strategy::Scored && self.picker.weights.is_some() {
             checker.fail(
                 "spec.picker.weights",
@@ -288,6 +428,22 @@ impl KindSpec for InferencePoolSpec {
                 let Some(pool) = set.spec::<InferencePoolSpec>(&backend.name) else {
                     continue;
                 };
+                if let Some(class) = &backend.priority_class {
+                    let defined = pool
+                        .priority
+                        .as_ref()
+                        .is_some_and(|priority| priority.class(class).is_some());
+                    if !defined {
+                        errors.push(FieldError::new(
+                            format!("Route/{}", metadata.name),
+                            format!("spec.backends[{index}].priorityClass"),
+                            format!(
+                                "{class:?} is not a class of InferencePool/{} (its spec.priority.classes)",
+                                backend.name
+                            ),
+                        ));
+                    }
+                }
                 let listed_before = route.backends[..index]
                     .iter()
                     .any(|earlier| earlier.kind == backend.kind && earlier.name == backend.name);
@@ -438,6 +594,43 @@ mod tests {
             ("{endpoints: ['127.0.0.1:1'], models: [{name: m}], signals: {interval: 1m}}", "spec.signals.interval: must be between 10ms and 10s"),
             ("{endpoints: ['127.0.0.1:1'], models: [{name: m}], signals: {interval: 150ms}}", "spec.picker.staleness: 200ms is less than twice spec.signals.interval (150ms)"),
             ("{endpoints: ['127.0.0.1:1'], models: [{name: m}], picker: {staleness: 60ms}}", "spec.picker.staleness: 60ms is less than twice"),
+            (
+                "{endpoints: ['127.0.0.1:1'], models: [{name: m}], picker: {strategy: RoundRobin}, priority: {classes: [{name: a, value: 0}], default: a}}",
+                "spec.priority: priority classes need the Scored strategy",
+            ),
+            ("{endpoints: ['127.0.0.1:1'], models: [{name: m}], priority: {classes: [], default: a}}", "spec.priority.classes: at least one class is required"),
+            (
+                "{endpoints: ['127.0.0.1:1'], models: [{name: m}], priority: {classes: [{name: a, value: 0}], default: b}}",
+                "spec.priority.default: \"b\" is not one of spec.priority.classes",
+            ),
+            (
+                "{endpoints: ['127.0.0.1:1'], models: [{name: m}], priority: {classes: [{name: a, value: 0}, {name: a, value: 1}], default: a}}",
+                "spec.priority.classes[1].name: \"a\" is defined twice",
+            ),
+            (
+                "{endpoints: ['127.0.0.1:1'], models: [{name: m}], priority: {classes: [{name: A, value: 0}], default: A}}",
+                "spec.priority.classes[0].name: \"A\": must be 1 to 63 lowercase letters",
+            ),
+            (
+                "{endpoints: ['127.0.0.1:1'], models: [{name: m}], priority: {classes: [{name: a, value: 0}], default: a, header: 'bad header'}}",
+                "spec.priority.header: invalid header name",
+            ),
+            (
+                "{endpoints: ['127.0.0.1:1'], models: [{name: m}], priority: {classes: [{name: a, value: 0}], default: a, header: x-t, tenantHeader: X-T}}",
+                "spec.priority.tenantHeader: must differ from spec.priority.header",
+            ),
+            (
+                "{endpoints: ['127.0.0.1:1'], models: [{name: m}], priority: {classes: [{name: a, value: 0}], default: a, maxQueued: 0, maxWait: 0s, retryAfter: 100ms}}",
+                "spec.priority.maxQueued: must be between 1 and 65,536",
+            ),
+            (
+                "{endpoints: ['127.0.0.1:1'], models: [{name: m}], priority: {classes: [{name: a, value: 0}], default: a, maxWait: 0s}}",
+                "spec.priority.maxWait: must be between 1ms and 10m",
+            ),
+            (
+                "{endpoints: ['127.0.0.1:1'], models: [{name: m}], priority: {classes: [{name: a, value: 0}], default: a, retryAfter: 100ms}}",
+                "spec.priority.retryAfter: must be between 1s and 1h",
+            ),
         ];
         for (spec, expected) in cases {
             let error = apply(&pool("p", spec)).unwrap_err();
@@ -483,5 +676,48 @@ mod tests {
             error.contains("spec.backends[0].weight: weights do not apply to InferencePools"),
             "{error}"
         );
+    }
+
+    #[test]
+    fn a_route_fixes_a_priority_class_only_of_its_pool() {
+        let prioritized = pool(
+            "p",
+            "{endpoints: ['127.0.0.1:1'], models: [{name: m}], \
+             priority: {classes: [{name: interactive, value: 10}, {name: batch, value: -1}], default: interactive}}",
+        );
+        let set = apply(&format!(
+            "{LISTENER}{prioritized}{}",
+            route("[{kind: InferencePool, name: p, priorityClass: batch}]")
+        ))
+        .unwrap();
+        let priority = set.spec::<super::InferencePoolSpec>("p").unwrap().priority.clone().unwrap();
+        assert_eq!(priority.header(), "x-portcullis-priority");
+        assert_eq!(priority.class("batch").map(|class| class.value), Some(-1));
+        let error = apply(&format!(
+            "{LISTENER}{prioritized}{}",
+            route("[{kind: InferencePool, name: p, priorityClass: bulk}]")
+        ))
+        .unwrap_err();
+        assert!(
+            error.contains("Route/llm: spec.backends[0].priorityClass: \"bulk\" is not a class of InferencePool/p"),
+            "{error}"
+        );
+        let plain = pool("q", "{endpoints: ['127.0.0.1:1'], models: [{name: k}]}");
+        let error = apply(&format!(
+            "{LISTENER}{plain}{}",
+            route("[{kind: InferencePool, name: q, priorityClass: batch}]")
+        ))
+        .unwrap_err();
+        assert!(error.contains("is not a class of InferencePool/q"), "{error}");
+        let backend = "---\napiVersion: portcullis.dev/v1alpha1\nkind: Backend\nmetadata: {name: b}\nspec: {endpoints: ['127.0.0.1:3']}\n";
+        let error = apply(&format!("{LISTENER}{backend}{}", route("[{name: b, priorityClass: batch}]"))).unwrap_err();
+        assert!(
+            error.contains("spec.backends[0].priorityClass: priority classes apply to InferencePools only"),
+            "{error}"
+        );
+        // Taking away the class a route fixes is refused while the route names it.
+        let unprioritized = parse_documents(&pool("p", "{endpoints: ['127.0.0.1:1'], models: [{name: m}]}")).unwrap();
+        let error = set.apply(unprioritized).map(|_| ()).unwrap_err().to_string();
+        assert!(error.contains("is not a class of InferencePool/p"), "{error}");
     }
 }

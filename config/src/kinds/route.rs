@@ -78,6 +78,10 @@ pub struct BackendRef {
     /// Relative share of requests; defaults to 1. A weight of 0 sends nothing.
     #[serde(default = "default_weight")]
     pub weight: u32,
+    /// For an InferencePool: the priority class of every request this route sends it (one of
+    /// the pool's `spec.priority.classes`); the request's priority header is then ignored.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority_class: Option<String>,
 }
 
 /// Kinds a route may send to.
@@ -218,6 +222,12 @@ impl KindSpec for RouteSpec {
             );
         }
         for (index, backend) in self.backends.iter().enumerate() {
+            if backend.kind != pool && backend.priority_class.is_some() {
+                checker.fail(
+                    format!("spec.backends[{index}].priorityClass"),
+                    "priority classes apply to InferencePools only",
+                );
+            }
             if backend.kind == pool && backend.weight != default_weight() {
                 checker.fail(
                     format!("spec.backends[{index}].weight"),

@@ -27,6 +27,8 @@ use crate::target::Target;
 /// What a client's model name stands for.
 struct Entry {
     target: Arc<dyn Target>,
+    /// The priority class the route fixes for this pool.
+    priority_class: Option<Arc<str>>,
     /// (served model, is a LoRA adapter, weight); one entry unless the name is a rewrite.
     choices: Vec<(Arc<str>, bool, u32)>,
 }
@@ -38,6 +40,14 @@ pub(crate) struct Models {
     listing: serde_json::Value,
 }
 
+/// One of a route's pools, as the route sends to it.
+pub(crate) struct RoutePool<'a> {
+    pub(crate) spec: &'a InferencePoolSpec,
+    pub(crate) target: Arc<dyn Target>,
+    /// The priority class the route fixes for the pool's requests.
+    pub(crate) priority_class: Option<Arc<str>>,
+}
+
 /// What the LLM stage decided.
 pub(crate) enum Prepared {
     /// Send to this pool (the parsed request is in the context).
@@ -47,10 +57,15 @@ pub(crate) enum Prepared {
 }
 
 impl Models {
-    pub(crate) fn compile(pools: &[(&InferencePoolSpec, Arc<dyn Target>)]) -> Models {
+    pub(crate) fn compile(pools: &[RoutePool<'_>]) -> Models {
         let mut by_name = HashMap::new();
         let mut ids = Vec::new();
-        for (spec, target) in pools {
+        for RoutePool {
+            spec,
+            target,
+            priority_class,
+        } in pools
+        {
             for (name, meaning) in spec.names() {
                 let choices = match meaning {
                     ModelName::Served(model) | ModelName::Alias(model) => {
@@ -75,6 +90,7 @@ impl Models {
                     name.to_string(),
                     Entry {
                         target: target.clone(),
+                        priority_class: priority_class.clone(),
                         choices,
                     },
                 );
@@ -176,6 +192,7 @@ impl Models {
             .model = served.clone();
         parsed.model = served;
         parsed.lora = lora;
+        parsed.priority_class = entry.priority_class.clone();
         ctx.llm = Some(parsed);
         Prepared::Forward(entry.target.clone())
     }

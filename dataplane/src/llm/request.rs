@@ -19,6 +19,8 @@ pub(crate) struct LlmRequest {
     pub(crate) model: Arc<str>,
     /// `model` is a LoRA adapter.
     pub(crate) lora: bool,
+    /// The priority class the route fixes for its pool, if any.
+    pub(crate) priority_class: Option<Arc<str>>,
     /// The prompt as sent: the raw JSON of `prompt` (completions) or `messages` (chat), for
     /// prefix affinity. A conversation's next turn repeats it as a prefix.
     pub(crate) prompt: Bytes,
@@ -57,6 +59,7 @@ impl LlmRequest {
             model: Arc::from(requested_model.as_str()),
             requested_model,
             lora: false,
+            priority_class: None,
             prompt,
             since: Instant::now(),
             record: Arc::default(),

@@ -187,6 +187,7 @@ mod tests {
                 kind: "Backend".into(),
                 name: name.to_string(),
                 weight: *weight,
+                priority_class: None,
             })
             .collect();
         WeightedTargets::resolve(&refs, &targets).unwrap()
@@ -217,6 +218,7 @@ mod tests {
             kind: "Backend".into(),
             name: "ghost".into(),
             weight: 1,
+            priority_class: None,
         }];
         assert!(WeightedTargets::resolve(&refs, &HashMap::new()).is_err());
     }

@@ -1,0 +1,145 @@
+//! Priority classes at saturation, end to end: one simulated pod that runs one request at a
+//! time, and a pool whose pods count as saturated at one waiting request. While requests
+//! sent straight to the pod keep it saturated, the proxy refuses sheddable requests with 429
+//! and `Retry-After`, holds the others, and lets them in highest class first and tenants in
+//! turn once the pod has room; a request that waits past `maxWait` is refused.
+
+mod support;
+
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use support::*;
+
+const MODEL: &str = "Qwen/Qwen3-32B";
+
+fn completion(port: u16, headers: &[(&str, &str)], max_tokens: u32) -> HttpResponse {
+    let body = serde_json::json!({ "model": MODEL, "prompt": "hello", "max_tokens": max_tokens }).to_string();
+    http_request_with(port, "POST", "/v1/completions", headers, Some(&body)).expect("an answer")
+}
+
+fn error_code(response: &HttpResponse) -> String {
+    let json: serde_json::Value = serde_json::from_str(&response.body).unwrap_or_default();
+    json["error"]["code"].as_str().unwrap_or_default().to_string()
+}
+
+#[test]
+fn saturated_pools_shed_low_classes_and_let_waiting_requests_in_by_class_and_tenant() {
+    let dir = tempfile::tempdir().unwrap();
+    let pod = free_port();
+    let _pod = single_seat_pod(dir.path(), pod);
+    let (main, bulk, strict) = (free_port(), free_port(), free_port());
+    let header = "apiVersion: portcullis.dev/v1alpha1";
+    let pool = |name: &str, max_wait: &str| {
+        format!(
+            "{header}\nkind: InferencePool\nmetadata: {{name: {name}}}\nspec:\n  endpoints: ['127.0.0.1:{pod}']\n  \
+             models: [{{name: {MODEL}}}]\n  picker: {{queueThreshold: 1, staleness: 1s}}\n  \
+             priority:\n    classes: [{{name: interactive, value: 10}}, {{name: standard, value: 0}}, {{name: batch, value: -1}}]\n    \
+             default: standard\n    tenantHeader: x-tenant\n    maxWait: {max_wait}\n    retryAfter: 2s\n---\n"
+        )
+    };
+    let listener_and_route = |name: &str, port: u16, pool: &str, class: &str| {
+        format!(
+            "{header}\nkind: Listener\nmetadata: {{name: {name}}}\nspec: {{address: 127.0.0.1, port: {port}}}\n---\n\
+             {header}\nkind: Route\nmetadata: {{name: {name}}}\nspec: {{listeners: [{name}], backends: [{{kind: InferencePool, name: {pool}{class}}}], timeout: 60s}}\n---\n"
+        )
+    };
+    let config = format!(
+        "{}{}{}{}{}",
+        pool("main", "60s"),
+        pool("strict", "300ms"),
+        listener_and_route("main", main, "main", ""),
+        listener_and_route("bulk", bulk, "main", ", priorityClass: batch"),
+        listener_and_route("strict", strict, "strict", ""),
+    );
+    let gateway = start_gateway(dir.path(), &config);
+    let admin = gateway.admin;
+
+    // Not saturated: every class goes straight through.
+    assert_eq!(completion(bulk, &[], 2).status, 200);
+
+    // Saturate the pod: one request running and two waiting, sent to it directly (about 3 s
+    // each), until the proxy's signals show the queue.
+    let direct: Vec<_> = (0..3)
+        .map(|_| std::thread::spawn(move || completion(pod, &[], 250)))
+        .collect();
+    wait_for("the pod's queue in the proxy's signals", TIMEOUT, || {
+        pool_report(admin, "main")["endpoints"][format!("127.0.0.1:{pod}")]["signals"]["waiting"]
+            .as_u64()
+            .is_some_and(|waiting| waiting >= 1)
+    });
+
+    // Sheddable: the route's class, and the header's on a route without one.
+    let shed = completion(bulk, &[("x-portcullis-priority", "interactive")], 2);
+    assert_eq!(
+        shed.status, 429,
+        "the route's class wins over the header: {}",
+        shed.body
+    );
+    assert_eq!(error_code(&shed), "pool_saturated", "{}", shed.body);
+    assert!(
+        shed.head.to_ascii_lowercase().contains("retry-after: 2"),
+        "{}",
+        shed.head
+    );
+    let shed = completion(main, &[("x-portcullis-priority", "batch")], 2);
+    assert_eq!(shed.status, 429, "{}", shed.body);
+    let unknown = completion(main, &[("x-portcullis-priority", "urgent")], 2);
+    assert_eq!(unknown.status, 400, "{}", unknown.body);
+    assert_eq!(error_code(&unknown), "unknown_priority_class");
+    assert!(
+        unknown.body.contains("batch, interactive, standard"),
+        "{}",
+        unknown.body
+    );
+
+    // A request that waits longer than its pool's maxWait is refused.
+    let started = Instant::now();
+    let late = completion(strict, &[], 2);
+    assert_eq!(late.status, 429, "{}", late.body);
+    assert_eq!(error_code(&late), "queue_timeout", "{}", late.body);
+    assert!(started.elapsed().as_millis() >= 300);
+
+    // Queue four requests of tenant a, then two of tenant b, then one interactive request.
+    let finished: Arc<Mutex<Vec<String>>> = Arc::default();
+    let mut waiting = Vec::new();
+    let mut enqueue = |label: &'static str, tenant: &'static str, class: &'static str, queued: u64| {
+        let finished = finished.clone();
+        waiting.push(std::thread::spawn(move || {
+            let answer = completion(main, &[("x-tenant", tenant), ("x-portcullis-priority", class)], 2);
+            finished.lock().unwrap().push(label.to_string());
+            answer
+        }));
+        wait_for("the request in the proxy's queue", TIMEOUT, || {
+            pool_report(admin, "main")["queued"].as_u64() == Some(queued)
+        });
+    };
+    for (n, label) in ["a1", "a2", "a3", "a4"].into_iter().enumerate() {
+        enqueue(label, "a", "standard", n as u64 + 1);
+    }
+    enqueue("b1", "b", "standard", 5);
+    enqueue("b2", "b", "standard", 6);
+    enqueue("urgent", "c", "interactive", 7);
+
+    for answer in waiting {
+        let answer = answer.join().unwrap();
+        assert_eq!(answer.status, 200, "{}", answer.body);
+    }
+    for answer in direct {
+        assert_eq!(answer.join().unwrap().status, 200);
+    }
+    // One request at a time reaches the single-seat pod, so answers finish in the order the
+    // proxy let them in: the interactive class first, then tenants a and b in turn.
+    let order = finished.lock().unwrap().clone();
+    assert_eq!(order, ["urgent", "a1", "b1", "a2", "b2", "a3", "a4"]);
+    assert_eq!(pool_report(admin, "main")["queued"], 0);
+    let decisions = |decision: &str| {
+        metric(
+            admin,
+            "portcullis_proxy_policy_decisions_total",
+            &[&format!("decision=\"{decision}\"")],
+        )
+    };
+    assert_eq!(decisions("queued"), 8.0, "seven waited here, and the late one");
+    assert_eq!(decisions("shed"), 3.0, "two sheddable, one late");
+}

@@ -1,0 +1,688 @@
+//! The InferencePool: model servers behind the endpoint picker (`portcullis-picker`). Each
+//! request's pod comes from the picker; its fallbacks are tried, in order, when a pod refuses
+//! the connection. The picker is credited when a request starts and released when its
+//! response ends, so its in-flight counts are this proxy's real load on each pod.
+//!
+//! A pool with priority classes admits requests first (`admission.rs`): while every pod is
+//! saturated, sheddable requests are refused with 429 and the others wait in the proxy, to be
+//! picked highest class first and tenants in turn as requests finish or signals show room.
+
+mod admission;
+
+use std::collections::HashMap;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::uri::Authority;
+use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode};
+use http_body::{Body as HttpBody, Frame, SizeHint};
+use portcullis_config::{EjectionSpec, InferencePoolSpec, PrioritySpec};
+use portcullis_picker::{
+    block_hashes, LoraSignals, Pick, PickRequest, Picker, PickerConfig, PrefixConfig, Refusal, Signals,
+    Strategy, Weights,
+};
+use tokio::sync::oneshot;
+
+use admission::Queue;
+use portcullis_proto::v1::PodSignals;
+
+use super::{ResponseFuture, Target};
+use crate::body::{self, Body, BoxError};
+use crate::llm;
+use crate::policy::RequestContext;
+use crate::route::Route;
+use crate::upstream::{Dispatch, Endpoint, Upstream};
+
+pub(crate) struct InferencePoolTarget {
+    name: Arc<str>,
+    /// The spec it was compiled from: an unchanged pool keeps its picker (and what the
+    /// picker learned) and its admission queue across config versions.
+    spec: InferencePoolSpec,
+    /// Endpoint index by its address as written in the spec (how signals name pods).
+    by_address: HashMap<String, usize>,
+    /// Signals older than this are not handed to the picker.
+    staleness: Duration,
+    ejection: EjectionSpec,
+    /// How the picker cuts prompts, hashed before taking the picker's lock; `None` for the
+    /// plain strategies, which do not look at prompts.
+    prefix: Option<PrefixConfig>,
+    pool: Arc<PoolState>,
+}
+
+/// What requests in flight share with the target: their credits give counts back and let
+/// the next waiting request in.
+struct PoolState {
+    endpoints: Vec<Endpoint>,
+    picker: Mutex<Picker>,
+    /// The picker counts time from here.
+    epoch: Instant,
+    admission: Option<Admission>,
+}
+
+/// Priority classes and the queue of requests waiting for a pod. Lock order: `queue`, then
+/// the picker.
+struct Admission {
+    classes: HashMap<String, i32>,
+    default: (Arc<str>, i32),
+    header: HeaderName,
+    tenant_header: HeaderName,
+    max_queued: usize,
+    max_wait: Duration,
+    /// Whole seconds, rounded up.
+    retry_after: HeaderValue,
+    /// How often a waiting request looks for room itself, should neither a finished request
+    /// nor a new signal wake it (the picker's staleness: by then what it knew has changed).
+    recheck: Duration,
+    queue: Mutex<Queue<Waiter>>,
+}
+
+/// A request waiting for a pod: what the picker needs, and where to send its pick.
+struct Waiter {
+    model: Arc<str>,
+    lora: bool,
+    prompt_hashes: Vec<u64>,
+    reply: oneshot::Sender<Admitted>,
+}
+
+enum Admitted {
+    /// Picked (and credited) for the waiting request, or refused by the picker.
+    Picked(Result<(Pick, Credit), Refusal>),
+    /// A request of a higher class took its place in a full queue.
+    Displaced,
+}
+
+/// A request's class and tenant, as admission sees them.
+struct Class {
+    name: Arc<str>,
+    value: i32,
+    tenant: Arc<str>,
+}
+
+impl InferencePoolTarget {
+    pub(crate) fn compile(
+        name: &str,
+        spec: &InferencePoolSpec,
+        upstream: &Upstream,
+    ) -> Result<InferencePoolTarget, String> {
+        let label = format!("InferencePool/{name}");
+        let endpoints = super::endpoints(&label, &spec.endpoints, upstream)?;
+        let config = picker_config(spec);
+        let prefix = (config.strategy == Strategy::Scored).then_some(config.prefix);
+        let staleness = config.staleness;
+        let picker = Picker::new(config, endpoints.len());
+        let admission = match &spec.priority {
+            Some(priority) => Some(Admission::compile(priority, staleness)?),
+            None => None,
+        };
+        Ok(InferencePoolTarget {
+            name: Arc::from(label),
+            spec: spec.clone(),
+            by_address: spec
+                .endpoints
+                .iter()
+                .enumerate()
+                .map(|(index, address)| (address.clone(), index))
+                .collect(),
+            staleness,
+            ejection: EjectionSpec::default(),
+            prefix,
+            pool: Arc::new(PoolState {
+                endpoints,
+                picker: Mutex::new(picker),
+                epoch: Instant::now(),
+                admission,
+            }),
+        })
+    }
+
+    pub(crate) fn spec(&self) -> &InferencePoolSpec {
+        &self.spec
+    }
+
+    /// Hands one scrape round to the picker, all under one lock. The age the control plane
+    /// measured when it sent the round places the sample on this proxy's clock (transit
+    /// time aside), so the proxy needs no clock agreement with the control plane.
+    pub(crate) fn observe(&self, pods: &[PodSignals]) {
+        self.observe_round(pods);
+        // The round may show room for waiting requests.
+        self.pool.dispatch(false);
+    }
+
+    fn observe_round(&self, pods: &[PodSignals]) {
+        let now = self.pool.epoch.elapsed();
+        let mut picker = self.pool.picker();
+        for pod in pods {
+            let age = Duration::from_millis(u64::from(pod.age_ms));
+            // Already stale: nothing the picker would use. Skipping it also keeps a sample
+            // older than this target from looking younger than it is.
+            if age > self.staleness {
+                continue;
+            }
+            let Some(&index) = self.by_address.get(&pod.endpoint) else {
+                continue;
+            };
+            picker.observe(
+                index,
+                Signals {
+                    sampled_at: now.saturating_sub(age),
+                    waiting: pod.waiting,
+                    kv_cache_usage: pod.kv_cache_usage,
+                    lora: pod.lora.as_ref().map(|lora| LoraSignals {
+                        running: lora.running.clone(),
+                        waiting: lora.waiting.clone(),
+                        max_loras: lora.max_loras,
+                    }),
+                },
+            );
+        }
+    }
+
+    /// What the picker holds per endpoint, for the admin port's `/signals`.
+    pub(crate) fn report(&self) -> serde_json::Value {
+        let queued = self
+            .pool
+            .admission
+            .as_ref()
+            .map(|admission| admission.queue().len());
+        let now = self.pool.epoch.elapsed();
+        let picker = self.pool.picker();
+        let endpoints: serde_json::Map<String, serde_json::Value> = self
+            .spec
+            .endpoints
+            .iter()
+            .enumerate()
+            .map(|(index, address)| {
+                let signals = picker.signals(index).map(|signals| {
+                    let age = now.saturating_sub(signals.sampled_at);
+                    serde_json::json!({
+                        "ageMs": age.as_secs_f64() * 1000.0,
+                        "fresh": age <= self.staleness,
+                        "waiting": signals.waiting,
+                        "kvCacheUsage": signals.kv_cache_usage,
+                        "lora": signals.lora.as_ref().map(|lora| serde_json::json!({
+                            "running": lora.running,
+                            "waiting": lora.waiting,
+                            "maxLoras": lora.max_loras,
+                        })),
+                    })
+                });
+                let entry = serde_json::json!({
+                    "inFlight": picker.in_flight(index),
+                    "signals": signals,
+                });
+                (address.clone(), entry)
+            })
+            .collect();
+        serde_json::json!({ "endpoints": endpoints, "queued": queued })
+    }
+
+    /// The request's priority class (the route's, else the header's, else the default) and
+    /// tenant; an unknown class or an unreadable tenant is the client's error (code, message).
+    fn classify(
+        &self,
+        headers: &HeaderMap,
+        route_class: Option<&Arc<str>>,
+    ) -> Result<Option<Class>, (&'static str, String)> {
+        let Some(admission) = &self.pool.admission else {
+            return Ok(None);
+        };
+        let invalid = |code, message: String| (code, message);
+        let (name, value) = match route_class {
+            Some(name) => {
+                // Validation keeps a route's class among its pool's; a stale pairing in
+                // flight across a config change falls back to the default.
+                let value = admission.classes.get(name.as_ref()).copied();
+                value.map_or_else(|| admission.default.clone(), |value| (name.clone(), value))
+            }
+            None => match headers.get(&admission.header) {
+                None => admission.default.clone(),
+                Some(raw) => {
+                    let text = raw.to_str().unwrap_or_default();
+                    match admission.classes.get_key_value(text) {
+                        Some((name, &value)) => (Arc::from(name.as_str()), value),
+                        None => {
+                            let mut known: Vec<&str> = admission.classes.keys().map(String::as_str).collect();
+                            known.sort_unstable();
+                            return Err(invalid(
+                                "unknown_priority_class",
+                                format!(
+                                    "{}: {} names no priority class of this pool (classes: {})",
+                                    self.name,
+                                    admission.header,
+                                    known.join(", ")
+                                ),
+                            ));
+                        }
+                    }
+                }
+            },
+        };
+        let tenant = match headers.get(&admission.tenant_header) {
+            None => Arc::from(""),
+            Some(raw) => match raw.to_str() {
+                Ok(tenant) if tenant.len() <= 256 => Arc::from(tenant),
+                _ => {
+                    return Err(invalid(
+                        "invalid_tenant",
+                        format!(
+                            "{}: {} must be visible ASCII, at most 256 bytes",
+                            self.name, admission.tenant_header
+                        ),
+                    ))
+                }
+            },
+        };
+        Ok(Some(Class { name, value, tenant }))
+    }
+
+    /// Picks now, or, while every pod is saturated, refuses a sheddable request and queues
+    /// the others until they are picked or have waited too long.
+    async fn admit(
+        &self,
+        ctx: &mut RequestContext,
+        class: Option<Class>,
+        request: PickRequest<'_>,
+    ) -> Result<(Pick, Credit), Response<Body>> {
+        let pool = &self.pool;
+        let refused = |refusal: Refusal| {
+            let code = match refusal {
+                Refusal::NoEndpoint => "no_endpoint",
+                Refusal::SignalsUnavailable => "signals_unavailable",
+            };
+            llm::error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                code,
+                format!("{}: {refusal}", self.name),
+            )
+        };
+        let (Some(admission), Some(class)) = (&pool.admission, class) else {
+            return pool.pick(&mut pool.picker(), &request).map_err(refused);
+        };
+        let (id, mut reply) = {
+            let mut queue = admission.queue();
+            let mut picker = pool.picker();
+            let now = pool.epoch.elapsed();
+            // Waiting requests go first: a newcomer does not overtake them.
+            if queue.is_empty() && !picker.saturated(now, |index| pool.healthy(index)) {
+                return pool.pick(&mut picker, &request).map_err(refused);
+            }
+            drop(picker);
+            if class.value < 0 {
+                ctx.decide(&self.name, "shed");
+                return Err(self.too_many(
+                    admission,
+                    "pool_saturated",
+                    format!(
+                        "{}: every pod is saturated and priority class {:?} is sheddable; retry later",
+                        self.name, class.name
+                    ),
+                ));
+            }
+            let mut displaced = None;
+            if queue.len() >= admission.max_queued {
+                displaced = queue.displace_below(class.value);
+                if displaced.is_none() {
+                    ctx.decide(&self.name, "shed");
+                    return Err(self.too_many(
+                        admission,
+                        "queue_full",
+                        format!(
+                            "{}: every pod is saturated and {} requests of priority class {:?} or higher are already waiting",
+                            self.name, admission.max_queued, class.name
+                        ),
+                    ));
+                }
+            }
+            let (reply, waiting) = oneshot::channel();
+            let id = queue.push(
+                class.value,
+                class.tenant,
+                Waiter {
+                    model: Arc::from(request.model),
+                    lora: request.lora,
+                    prompt_hashes: request.prompt_hashes.to_vec(),
+                    reply,
+                },
+            );
+            drop(queue);
+            if let Some(displaced) = displaced {
+                let _ = displaced.reply.send(Admitted::Displaced);
+            }
+            (id, waiting)
+        };
+        // A client that leaves while waiting takes its place in the queue with it.
+        let _leave = Leave { admission, id };
+        ctx.decide(&self.name, "queued");
+        // Room may have opened between the check and the push.
+        pool.dispatch(false);
+        let deadline = tokio::time::Instant::now() + admission.max_wait;
+        let admitted = loop {
+            let wake = (tokio::time::Instant::now() + admission.recheck).min(deadline);
+            match tokio::time::timeout_at(wake, &mut reply).await {
+                Ok(Ok(admitted)) => break Some(admitted),
+                // The pool is gone (its target was dropped with the request still here).
+                Ok(Err(_)) => break None,
+                Err(_) if tokio::time::Instant::now() >= deadline => {
+                    if admission.queue().remove(id).is_some() {
+                        break None;
+                    }
+                    // Picked just as the wait ran out: take it.
+                    break reply.try_recv().ok();
+                }
+                Err(_) => pool.dispatch(false),
+            }
+        };
+        match admitted {
+            Some(Admitted::Picked(result)) => result.map_err(refused),
+            Some(Admitted::Displaced) => {
+                ctx.decide(&self.name, "shed");
+                Err(self.too_many(
+                    admission,
+                    "queue_full",
+                    format!(
+                        "{}: every pod is saturated and a request of a higher priority class took this one's place",
+                        self.name
+                    ),
+                ))
+            }
+            None => {
+                ctx.decide(&self.name, "shed");
+                Err(self.too_many(
+                    admission,
+                    "queue_timeout",
+                    format!(
+                        "{}: every pod stayed saturated for {:?}, the longest a request waits",
+                        self.name, admission.max_wait
+                    ),
+                ))
+            }
+        }
+    }
+
+    /// 429 with `Retry-After` (RFC 6585 §4, RFC 9110 §10.2.3).
+    fn too_many(&self, admission: &Admission, code: &'static str, message: String) -> Response<Body> {
+        let mut answer = llm::error(StatusCode::TOO_MANY_REQUESTS, code, message);
+        answer
+            .headers_mut()
+            .insert(http::header::RETRY_AFTER, admission.retry_after.clone());
+        answer
+    }
+}
+
+/// Takes a waiting request out of the queue when its future ends, however it ends (a no-op
+/// once it has been picked or displaced).
+struct Leave<'a> {
+    admission: &'a Admission,
+    id: u64,
+}
+
+impl Drop for Leave<'_> {
+    fn drop(&mut self) {
+        // A waiter still in the queue was never picked: no credit goes with it.
+        drop(self.admission.queue().remove(self.id));
+    }
+}
+
+impl Admission {
+    fn compile(spec: &PrioritySpec, staleness: Duration) -> Result<Admission, String> {
+        let header = |name: &str| {
+            HeaderName::from_bytes(name.as_bytes()).map_err(|_| format!("invalid header name {name:?}"))
+        };
+        let default = spec
+            .class(&spec.default)
+            .ok_or_else(|| format!("the default priority class {:?} is not defined", spec.default))?;
+        let retry_after = spec.retry_after().as_secs_f64().ceil().max(1.0) as u64;
+        Ok(Admission {
+            classes: spec
+                .classes
+                .iter()
+                .map(|class| (class.name.clone(), class.value))
+                .collect(),
+            default: (Arc::from(default.name.as_str()), default.value),
+            header: header(spec.header())?,
+            tenant_header: header(spec.tenant_header())?,
+            max_queued: spec.max_queued() as usize,
+            max_wait: spec.max_wait(),
+            retry_after: HeaderValue::from(retry_after),
+            recheck: staleness,
+            queue: Mutex::new(Queue::default()),
+        })
+    }
+
+    fn queue(&self) -> MutexGuard<'_, Queue<Waiter>> {
+        // Every queue operation completes under the lock, so a panicked holder left it whole.
+        self.queue.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl PoolState {
+    fn picker(&self) -> MutexGuard<'_, Picker> {
+        // The picker's state stays consistent even if a holder panicked: every update is a
+        // counter or an index insert completed under the lock.
+        self.picker.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn healthy(&self, index: usize) -> bool {
+        !self.endpoints[index].health.is_ejected()
+    }
+
+    /// Picks for `request` and credits the pick.
+    fn pick(
+        self: &Arc<Self>,
+        picker: &mut Picker,
+        request: &PickRequest<'_>,
+    ) -> Result<(Pick, Credit), Refusal> {
+        let pick = picker.pick(self.epoch.elapsed(), request, |index| self.healthy(index))?;
+        let credit = Credit {
+            pool: self.clone(),
+            endpoint: pick.endpoints[0],
+        };
+        Ok((pick, credit))
+    }
+
+    /// Lets waiting requests in while the pool has room; `freed` lets one in regardless (a
+    /// request of this proxy's just finished, so its seat is free even if the last signal
+    /// does not show it yet).
+    fn dispatch(self: &Arc<Self>, mut freed: bool) {
+        let Some(admission) = &self.admission else {
+            return;
+        };
+        let mut picked = Vec::new();
+        {
+            let mut queue = admission.queue();
+            if queue.is_empty() {
+                return;
+            }
+            let mut picker = self.picker();
+            while !queue.is_empty() {
+                let now = self.epoch.elapsed();
+                if !freed && picker.saturated(now, |index| self.healthy(index)) {
+                    break;
+                }
+                freed = false;
+                let Some(waiter) = queue.pop() else { break };
+                let request = PickRequest {
+                    model: &waiter.model,
+                    lora: waiter.lora,
+                    prompt_hashes: &waiter.prompt_hashes,
+                };
+                let result = self.pick(&mut picker, &request);
+                picked.push((waiter.reply, result));
+            }
+        }
+        // Outside the locks: a request that stopped waiting drops its pick here, and the
+        // credit's drop gives the count back and dispatches again.
+        for (reply, result) in picked {
+            let _ = reply.send(Admitted::Picked(result));
+        }
+    }
+}
+
+fn picker_config(spec: &InferencePoolSpec) -> PickerConfig {
+    let defaults = PickerConfig::default();
+    let picker = &spec.picker;
+    PickerConfig {
+        strategy: match picker.strategy {
+            portcullis_config::Strategy::Scored => Strategy::Scored,
+            portcullis_config::Strategy::RoundRobin => Strategy::RoundRobin,
+            portcullis_config::Strategy::LeastRequest => Strategy::LeastRequest,
+        },
+        weights: picker.weights.map_or(defaults.weights, |w| Weights {
+            queue: w.queue.unwrap_or(defaults.weights.queue),
+            kv_cache: w.kv_cache.unwrap_or(defaults.weights.kv_cache),
+            prefix: w.prefix.unwrap_or(defaults.weights.prefix),
+            lora: w.lora.unwrap_or(defaults.weights.lora),
+        }),
+        queue_threshold: picker.queue_threshold.unwrap_or(defaults.queue_threshold),
+        kv_cache_threshold: picker.kv_cache_threshold.unwrap_or(defaults.kv_cache_threshold),
+        staleness: picker.staleness(),
+        failure_mode: match spec.failure_mode {
+            portcullis_config::FailureMode::FailOpen => portcullis_picker::FailureMode::FailOpen,
+            portcullis_config::FailureMode::FailClose => portcullis_picker::FailureMode::FailClose,
+        },
+        fallbacks: picker.fallbacks.map_or(defaults.fallbacks, |n| n as usize),
+        seed: rand::random(),
+        ..defaults
+    }
+}
+
+impl Target for InferencePoolTarget {
+    fn name(&self) -> &Arc<str> {
+        &self.name
+    }
+
+    fn forward<'a>(
+        &'a self,
+        ctx: &'a mut RequestContext,
+        route: &'a Route,
+        upstream: &'a Upstream,
+        request: Request<Body>,
+    ) -> ResponseFuture<'a> {
+        Box::pin(async move {
+            let Some(llm) = ctx.llm.as_ref() else {
+                // Route compilation sends only parsed LLM requests here.
+                return llm::error(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "not_an_llm_request",
+                    format!("{} received a request the LLM stage did not read", self.name),
+                );
+            };
+            let hashes = self
+                .prefix
+                .map(|prefix| block_hashes(&llm.model, &llm.prompt, &prefix))
+                .unwrap_or_default();
+            let class = match self.classify(request.headers(), llm.priority_class.as_ref()) {
+                Ok(class) => class,
+                Err((code, message)) => return llm::error(StatusCode::BAD_REQUEST, code, message),
+            };
+            let (model, lora, record, since) = (llm.model.clone(), llm.lora, llm.record.clone(), llm.since);
+            let pick_request = PickRequest {
+                model: &model,
+                lora,
+                prompt_hashes: &hashes,
+            };
+            // Whatever happens from here (the client leaves, the exchange fails), dropping
+            // the credit gives the picker its count back.
+            let (pick, mut credit) = match self.admit(ctx, class, pick_request).await {
+                Ok(picked) => picked,
+                Err(answer) => return answer,
+            };
+            {
+                let mut record = record.lock().unwrap_or_else(PoisonError::into_inner);
+                record.pick_basis = Some(pick.basis.as_str());
+                record.prefix_blocks = Some((pick.prefix_hit_blocks, hashes.len() as u32));
+                record.saturated = pick.saturated;
+            }
+            ctx.decide(&self.name, pick.basis.as_str());
+            let dispatch = Dispatch {
+                target: &self.name,
+                endpoints: pick
+                    .endpoints
+                    .iter()
+                    .map(|&index| &self.pool.endpoints[index])
+                    .collect(),
+                http2: false,
+                ejection: &self.ejection,
+                connect_fallback: true,
+            };
+            let response = upstream.send(ctx, route, dispatch, request).await;
+            let used = ctx.endpoint.as_ref().and_then(|label| {
+                pick.endpoints
+                    .iter()
+                    .copied()
+                    .find(|&index| self.pool.endpoints[index].label == *label)
+            });
+            if let Some(used) = used.filter(|&used| used != credit.endpoint) {
+                let now = self.pool.epoch.elapsed();
+                self.pool.picker().moved(credit.endpoint, used, now, &hashes);
+                credit.endpoint = used;
+            }
+            let (parts, body) = response.into_parts();
+            let streamed = parts
+                .headers
+                .get(http::header::CONTENT_TYPE)
+                .is_some_and(|value| {
+                    // Media types are case-insensitive (RFC 9110 §8.3.1).
+                    value.as_bytes().len() >= 17
+                        && value.as_bytes()[..17].eq_ignore_ascii_case(b"text/event-stream")
+                });
+            let release = Release {
+                inner: llm::Tap::new(body, record, since, streamed),
+                _credit: credit,
+            };
+            Response::from_parts(parts, body::boxed(release))
+        })
+    }
+
+    fn endpoints(&self) -> Vec<&Authority> {
+        self.pool
+            .endpoints
+            .iter()
+            .map(|endpoint| &endpoint.authority)
+            .collect()
+    }
+}
+
+/// A request counted in flight at `endpoint`; dropping it gives the count back and lets the
+/// next waiting request in.
+struct Credit {
+    pool: Arc<PoolState>,
+    endpoint: usize,
+}
+
+impl Drop for Credit {
+    fn drop(&mut self) {
+        self.pool.picker().finished(self.endpoint);
+        self.pool.dispatch(true);
+    }
+}
+
+/// The response body; holds the request's credit until the exchange ends (the body is
+/// dropped at its end, on error, or when the client leaves).
+struct Release {
+    inner: llm::Tap,
+    _credit: Credit,
+}
+
+impl HttpBody for Release {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        Pin::new(&mut self.inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
