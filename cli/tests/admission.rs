@@ -143,3 +143,67 @@ fn saturated_pools_shed_low_classes_and_let_waiting_requests_in_by_class_and_ten
     assert_eq!(decisions("queued"), 8.0, "seven waited here, and the late one");
     assert_eq!(decisions("shed"), 3.0, "two sheddable, one late");
 }
+
+#[test]
+fn waiting_requests_outlive_a_pool_change_and_go_at_once_when_priority_is_removed() {
+    let dir = tempfile::tempdir().unwrap();
+    let pod = free_port();
+    let _pod = single_seat_pod(dir.path(), pod);
+    let port = free_port();
+    let header = "apiVersion: portcullis.dev/v1alpha1";
+    let config = |priority: &str| {
+        format!(
+            "{header}\nkind: Listener\nmetadata: {{name: gw}}\nspec: {{address: 127.0.0.1, port: {port}}}\n---\n\
+             {header}\nkind: InferencePool\nmetadata: {{name: pool}}\nspec:\n  endpoints: ['127.0.0.1:{pod}']\n  \
+             models: [{{name: {MODEL}}}]\n  picker: {{queueThreshold: 1, staleness: 300ms}}\n{priority}---\n\
+             {header}\nkind: Route\nmetadata: {{name: llm}}\nspec: {{listeners: [gw], backends: [{{kind: InferencePool, name: pool}}], timeout: 60s}}\n"
+        )
+    };
+    let priority = |max_wait: &str| {
+        format!("  priority: {{classes: [{{name: standard, value: 0}}], default: standard, maxWait: {max_wait}}}\n")
+    };
+    let gateway = start_gateway(dir.path(), &config(&priority("60s")));
+    let admin = gateway.admin;
+    let pod_waiting = || {
+        pool_report(admin, "pool")["endpoints"][format!("127.0.0.1:{pod}")]["signals"]["waiting"]
+            .as_u64()
+            .unwrap_or_default()
+    };
+
+    // Four requests straight to the pod keep it saturated for about ten seconds.
+    let direct: Vec<_> = (0..4)
+        .map(|_| std::thread::spawn(move || completion(pod, &[], 250)))
+        .collect();
+    wait_for("the pod's queue in the proxy's signals", TIMEOUT, || {
+        pod_waiting() >= 1
+    });
+    let waiting: Vec<_> = (0..2)
+        .map(|_| std::thread::spawn(move || completion(port, &[], 2)))
+        .collect();
+    wait_for("two requests in the proxy's queue", TIMEOUT, || {
+        pool_report(admin, "pool")["queued"] == 2
+    });
+
+    // A changed spec compiles a new picker; the queue moves with the pool. Were it left with
+    // the retired picker, that one's signals would go stale (300 ms) and, knowing nothing,
+    // it would let both in while the pod is still saturated.
+    gateway.apply(dir.path(), &config(&priority("50s")));
+    std::thread::sleep(std::time::Duration::from_secs(1));
+    assert!(
+        pod_waiting() >= 1,
+        "the pod is still saturated (else the check below means nothing)"
+    );
+    assert_eq!(pool_report(admin, "pool")["queued"], 2);
+
+    // Without priority classes nothing is held: the waiting requests go at once, saturated
+    // pod or not.
+    gateway.apply(dir.path(), &config(""));
+    wait_for("the queue let go", TIMEOUT, || {
+        pool_report(admin, "pool")["queued"] == 0
+    });
+    assert!(pod_waiting() >= 1, "let go while the pod is still saturated");
+    for answer in waiting.into_iter().chain(direct) {
+        let answer = answer.join().unwrap();
+        assert_eq!(answer.status, 200, "{}", answer.body);
+    }
+}

@@ -367,6 +367,21 @@ pub struct Gateway {
     pub proxy: Process,
     /// The proxy's admin port (`/readyz`, `/metrics`).
     pub admin: u16,
+    /// The control plane's `host:port`, for the CLI.
+    pub address: String,
+}
+
+impl Gateway {
+    /// Applies `config` and waits until the proxy serves the version it made.
+    pub fn apply(&self, dir: &Path, config: &str) {
+        apply(dir, "change.yaml", config, &self.address);
+        let version = config_version(&self.address);
+        wait_for("the proxy on the new version", TIMEOUT, || {
+            http_get(self.admin, "/status")
+                .and_then(|r| serde_json::from_str::<serde_json::Value>(&r.body).ok())
+                .is_some_and(|status| status["version"].as_u64() == Some(version))
+        });
+    }
 }
 
 pub fn start_gateway(dir: &Path, config: &str) -> Gateway {
@@ -382,6 +397,7 @@ pub fn start_gateway(dir: &Path, config: &str) -> Gateway {
         controlplane,
         proxy,
         admin,
+        address: cp,
     }
 }
 

@@ -255,6 +255,7 @@ pub struct PickerSpec {
 
 impl PickerSpec {
     pub const DEFAULT_STALENESS: Duration = Duration::from_millis(200);
+    pub const MIN_STALENESS: Duration = Duration::from_millis(100);
 
     fn is_default(&self) -> bool {
         *self == PickerSpec::default()
@@ -408,11 +409,23 @@ impl KindSpec for InferencePoolSpec {
         if let Some(priority) = &self.priority {
             priority.check(self.picker.strategy, checker);
         }
-        if self.picker.strategy != Strategy::Scored && self.picker.weights.is_some() {
-            checker.fail(
-                "spec.picker.weights",
-                "weights apply to the Scored strategy only; RoundRobin and LeastRequest ignore them",
-            );
+        if self.picker.strategy != Strategy::Scored {
+            // What only the Scored strategy reads would be accepted and silently ignored.
+            let scored_only = [
+                ("spec.picker.weights", self.picker.weights.is_some()),
+                ("spec.picker.queueThreshold", self.picker.queue_threshold.is_some()),
+                ("spec.picker.kvCacheThreshold", self.picker.kv_cache_threshold.is_some()),
+                ("spec.picker.staleness", self.picker.staleness.is_some()),
+                ("spec.failureMode", self.failure_mode == FailureMode::FailClose),
+            ];
+            for (field, set) in scored_only {
+                if set {
+                    checker.fail(
+                        field,
+                        "applies to the Scored strategy only; RoundRobin and LeastRequest do not read pod signals",
+                    );
+                }
+            }
         }
     }
 
@@ -504,8 +517,16 @@ impl PickerSpec {
             }
         }
         if let Some(staleness) = self.staleness {
-            if staleness.0.is_zero() {
-                checker.fail("spec.picker.staleness", "must be above 0");
+            if staleness.0 < Self::MIN_STALENESS {
+                checker.fail(
+                    "spec.picker.staleness",
+                    format!(
+                        "must be at least {:?}: a reading takes up to one interval plus a Raft \
+                         commit and a stream message to reach a proxy, so anything shorter \
+                         marks pods stale while their signals are on the way",
+                        Self::MIN_STALENESS
+                    ),
+                );
             }
         }
         if let Some(fallbacks) = self.fallbacks {
@@ -589,11 +610,14 @@ mod tests {
             ("{endpoints: ['127.0.0.1:1'], models: [{name: 'a b'}]}", "must not contain whitespace"),
             ("{endpoints: ['127.0.0.1:1'], models: [{name: m}], picker: {weights: {queue: -1}}}", "spec.picker.weights.queue: -1 is outside 0–1000"),
             ("{endpoints: ['127.0.0.1:1'], models: [{name: m}], picker: {fallbacks: 0}}", "spec.picker.fallbacks"),
-            ("{endpoints: ['127.0.0.1:1'], models: [{name: m}], picker: {strategy: LeastRequest, weights: {queue: 1}}}", "spec.picker.weights: weights apply to the Scored strategy only"),
+            ("{endpoints: ['127.0.0.1:1'], models: [{name: m}], picker: {strategy: LeastRequest, weights: {queue: 1}}}", "spec.picker.weights: applies to the Scored strategy only"),
+            ("{endpoints: ['127.0.0.1:1'], models: [{name: m}], picker: {strategy: RoundRobin, queueThreshold: 2}}", "spec.picker.queueThreshold: applies to the Scored strategy only"),
+            ("{endpoints: ['127.0.0.1:1'], models: [{name: m}], picker: {strategy: RoundRobin}, failureMode: FailClose}", "spec.failureMode: applies to the Scored strategy only"),
+            ("{endpoints: ['127.0.0.1:1'], models: [{name: m}], picker: {staleness: 50ms}, signals: {interval: 10ms}}", "spec.picker.staleness: must be at least 100ms"),
             ("{endpoints: ['127.0.0.1:1'], models: [{name: m}], signals: {interval: 1ms}}", "spec.signals.interval: must be between 10ms and 10s"),
             ("{endpoints: ['127.0.0.1:1'], models: [{name: m}], signals: {interval: 1m}}", "spec.signals.interval: must be between 10ms and 10s"),
             ("{endpoints: ['127.0.0.1:1'], models: [{name: m}], signals: {interval: 150ms}}", "spec.picker.staleness: 200ms is less than twice spec.signals.interval (150ms)"),
-            ("{endpoints: ['127.0.0.1:1'], models: [{name: m}], picker: {staleness: 60ms}}", "spec.picker.staleness: 60ms is less than twice"),
+            ("{endpoints: ['127.0.0.1:1'], models: [{name: m}], picker: {staleness: 150ms}, signals: {interval: 100ms}}", "spec.picker.staleness: 150ms is less than twice"),
             (
                 "{endpoints: ['127.0.0.1:1'], models: [{name: m}], picker: {strategy: RoundRobin}, priority: {classes: [{name: a, value: 0}], default: a}}",
                 "spec.priority: priority classes need the Scored strategy",

@@ -18,7 +18,7 @@ const LORA: &str = "vllm:lora_requests_info";
 /// engine: queues add up, KV-cache use is the fullest engine's. For `vllm:lora_requests_info`
 /// the newest series (its value is the time it was updated) counts, as in the Inference
 /// Extension's LoRA scorer.
-pub fn read_vllm(body: &str, sampled_at_ms: u64) -> Result<Reading, String> {
+pub fn read_vllm(body: &str) -> Result<Reading, String> {
     let mut waiting = None::<f64>;
     let mut running = 0.0;
     let mut kv_cache = None::<f64>;
@@ -58,7 +58,7 @@ pub fn read_vllm(body: &str, sampled_at_ms: u64) -> Result<Reading, String> {
         .or(kv_cache_old)
         .ok_or_else(|| format!("no {KV_CACHE} (or {KV_CACHE_OLD}) in the response"))?;
     Ok(Reading {
-        sampled_at_ms,
+        age_ms: 0,
         waiting: count(waiting),
         running: count(running),
         kv_cache_usage: kv_cache_usage.min(1.0),
@@ -167,11 +167,11 @@ vllm:lora_requests_info{max_lora="2",running_lora_adapters="a, b",waiting_lora_a
 
     #[test]
     fn reads_vllm_gauges_across_engines() {
-        let reading = read_vllm(VLLM, 7).unwrap();
+        let reading = read_vllm(VLLM).unwrap();
         assert_eq!(
             reading,
             Reading {
-                sampled_at_ms: 7,
+                age_ms: 0,
                 waiting: 5,
                 running: 5,
                 kv_cache_usage: 0.5,
@@ -187,7 +187,7 @@ vllm:lora_requests_info{max_lora="2",running_lora_adapters="a, b",waiting_lora_a
     #[test]
     fn falls_back_to_the_old_kv_cache_name() {
         let old = "vllm:num_requests_waiting 0\nvllm:gpu_cache_usage_perc{engine=\"0\"} 0.75 1700000000000\n";
-        let reading = read_vllm(old, 0).unwrap();
+        let reading = read_vllm(old).unwrap();
         assert_eq!(
             (reading.kv_cache_usage, reading.running, reading.lora),
             (0.75, 0, None)
@@ -197,7 +197,7 @@ vllm:lora_requests_info{max_lora="2",running_lora_adapters="a, b",waiting_lora_a
     #[test]
     fn quoted_label_values_may_hold_braces_spaces_and_escapes() {
         let body = "vllm:num_requests_waiting{model_name=\"a} \\\"b\\\"\"} 2\nvllm:kv_cache_usage_perc 0\n";
-        assert_eq!(read_vllm(body, 0).unwrap().waiting, 2);
+        assert_eq!(read_vllm(body).unwrap().waiting, 2);
     }
 
     #[test]
@@ -224,7 +224,7 @@ vllm:lora_requests_info{max_lora="2",running_lora_adapters="a, b",waiting_lora_a
             ),
             ("vllm:num_requests_waiting many\n", "not a number"),
         ] {
-            let error = read_vllm(body, 0).unwrap_err();
+            let error = read_vllm(body).unwrap_err();
             assert!(error.contains(expected), "{body:?}: {error}");
         }
     }

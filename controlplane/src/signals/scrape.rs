@@ -4,7 +4,7 @@
 //! committed goes into the next one, so the entry rate adapts to the commit latency).
 
 use std::collections::{HashMap, HashSet};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Empty, Limited};
@@ -14,12 +14,11 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use openraft::error::{ClientWriteError, RaftError};
 use portcullis_config::InferencePoolSpec;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::{AbortHandle, JoinSet};
 use tokio::time::MissedTickBehavior;
 
 use super::exposition::read_vllm;
-use super::stream::unix_ms;
 use super::types::{EndpointRound, PoolRound, Reading, SignalEntry, SignalsRaft};
 use crate::metrics::Metrics;
 use crate::types::NodeId;
@@ -31,7 +30,11 @@ const MAX_METRICS_BYTES: usize = 4 * 1024 * 1024;
 type HttpClient = Client<HttpConnector, Empty<Bytes>>;
 
 enum Update {
-    Round(PoolRound),
+    /// A finished round; its readings' ages are as of `finished`.
+    Round {
+        round: PoolRound,
+        finished: Instant,
+    },
     Removed(String),
 }
 
@@ -60,7 +63,8 @@ pub async fn run(node_id: NodeId, raft: SignalsRaft, config: watch::Receiver<Con
     }
 }
 
-/// Keeps one scrape task per pool in step with the config, until the config source ends.
+/// Keeps one scrape task per pool in step with the config, until the config source ends or
+/// the proposer stops (this node no longer leads).
 async fn collect(raft: SignalsRaft, mut config: watch::Receiver<ConfigView>, metrics: Metrics) {
     let mut connector = HttpConnector::new();
     connector.set_nodelay(true);
@@ -69,11 +73,23 @@ async fn collect(raft: SignalsRaft, mut config: watch::Receiver<ConfigView>, met
         .build(connector);
     let (updates, rounds) = mpsc::channel(1024);
     let mut tasks = JoinSet::new();
-    tasks.spawn(propose(raft, rounds, metrics.clone()));
+    // Closed (its sender dropped) when the proposer stops.
+    let (proposing, mut proposer_stopped) = oneshot::channel::<()>();
+    let proposer_metrics = metrics.clone();
+    tasks.spawn(async move {
+        propose(raft, rounds, proposer_metrics).await;
+        drop(proposing);
+    });
     // Per pool: what its task scrapes, to restart it only when that changes.
     let mut running: HashMap<String, (Vec<String>, Duration, AbortHandle)> = HashMap::new();
     config.mark_changed();
-    while config.changed().await.is_ok() {
+    loop {
+        tokio::select! {
+            changed = config.changed() => if changed.is_err() { return },
+            _ = &mut proposer_stopped => return,
+        }
+        // Reap the scrapers aborted so far.
+        while tasks.try_join_next().is_some() {}
         let view = config.borrow_and_update().clone();
         let pools: HashMap<&str, &InferencePoolSpec> = view
             .config
@@ -121,12 +137,17 @@ async fn collect(raft: SignalsRaft, mut config: watch::Receiver<ConfigView>, met
 /// Drains finished rounds into signals-log entries, one write at a time.
 async fn propose(raft: SignalsRaft, mut updates: mpsc::Receiver<Update>, metrics: Metrics) {
     while let Some(first) = updates.recv().await {
-        let mut rounds: HashMap<String, PoolRound> = HashMap::new();
+        let mut rounds: HashMap<String, (PoolRound, Instant)> = HashMap::new();
         let mut removed: HashSet<String> = HashSet::new();
         let mut add = |update| match update {
-            Update::Round(round) => {
+            Update::Round { mut round, finished } => {
                 removed.remove(&round.pool);
-                rounds.insert(round.pool.clone(), round);
+                if let Some((earlier, earlier_finished)) = rounds.remove(&round.pool) {
+                    // An endpoint that missed this round keeps what it said in the one before.
+                    let since = finished.saturating_duration_since(earlier_finished);
+                    inherit_readings(&mut round, earlier, since);
+                }
+                rounds.insert(round.pool.clone(), (round, finished));
             }
             Update::Removed(pool) => {
                 rounds.remove(&pool);
@@ -137,8 +158,19 @@ async fn propose(raft: SignalsRaft, mut updates: mpsc::Receiver<Update>, metrics
         while let Ok(update) = updates.try_recv() {
             add(update);
         }
+        // Ages as of now: the time the rounds waited for the previous write counts.
+        let rounds = rounds
+            .into_values()
+            .map(|(mut round, finished)| {
+                let waited = finished.elapsed();
+                for reading in round.endpoints.iter_mut().filter_map(|e| e.reading.as_mut()) {
+                    reading.age_ms = add_ms(reading.age_ms, waited);
+                }
+                round
+            })
+            .collect();
         let entry = SignalEntry {
-            rounds: rounds.into_values().collect(),
+            rounds,
             removed_pools: removed.into_iter().collect(),
         };
         let bytes = serde_json::to_vec(&entry).map_or(0, |json| json.len());
@@ -152,6 +184,27 @@ async fn propose(raft: SignalsRaft, mut updates: mpsc::Receiver<Update>, metrics
             }
         }
     }
+}
+
+/// Fills the endpoints of `round` that have no reading with `earlier`'s, aged by `since`.
+fn inherit_readings(round: &mut PoolRound, earlier: PoolRound, since: Duration) {
+    let mut earlier: HashMap<String, Reading> = earlier
+        .endpoints
+        .into_iter()
+        .filter_map(|endpoint| Some((endpoint.endpoint, endpoint.reading?)))
+        .collect();
+    for endpoint in round.endpoints.iter_mut().filter(|e| e.reading.is_none()) {
+        endpoint.reading = earlier.remove(&endpoint.endpoint).map(|mut reading| {
+            reading.age_ms = add_ms(reading.age_ms, since);
+            reading
+        });
+    }
+}
+
+/// `age_ms + elapsed`, saturating.
+pub(crate) fn add_ms(age_ms: u32, elapsed: Duration) -> u32 {
+    let elapsed = u32::try_from(elapsed.as_millis()).unwrap_or(u32::MAX);
+    age_ms.saturating_add(elapsed)
 }
 
 struct PoolScraper {
@@ -183,11 +236,13 @@ impl PoolScraper {
             ticker.tick().await;
             let reads = uris.iter().map(|uri| self.read(uri));
             let readings = futures::future::join_all(reads).await;
+            let finished = Instant::now();
             let mut endpoints = Vec::with_capacity(readings.len());
             for (index, reading) in readings.into_iter().enumerate() {
                 let endpoint = &self.endpoints[index];
                 let reading = match reading {
-                    Ok(reading) => {
+                    Ok((mut reading, sampled)) => {
+                        reading.age_ms = add_ms(0, finished.saturating_duration_since(sampled));
                         if std::mem::replace(&mut failing[index], false) {
                             tracing::info!(pool = %self.pool, %endpoint, "pod signals readable again");
                         }
@@ -211,16 +266,22 @@ impl PoolScraper {
                 pool: self.pool.clone(),
                 endpoints,
             };
-            if self.updates.send(Update::Round(round)).await.is_err() {
+            if self
+                .updates
+                .send(Update::Round { round, finished })
+                .await
+                .is_err()
+            {
                 return;
             }
         }
     }
 
     /// One `GET /metrics`; a pod slower than the interval misses the round.
-    async fn read(&self, uri: &Result<Uri, String>) -> Result<Reading, String> {
+    /// The reading and when the request for it went out.
+    async fn read(&self, uri: &Result<Uri, String>) -> Result<(Reading, Instant), String> {
         let uri = uri.as_ref().map_err(Clone::clone)?;
-        let sampled_at_ms = unix_ms();
+        let sampled = Instant::now();
         let read = async {
             let response = self
                 .client
@@ -236,7 +297,7 @@ impl PoolScraper {
                 .map_err(|e| format!("reading the body: {e}"))?
                 .to_bytes();
             let text = std::str::from_utf8(&body).map_err(|_| "the body is not UTF-8".to_string())?;
-            read_vllm(text, sampled_at_ms)
+            read_vllm(text).map(|reading| (reading, sampled))
         };
         tokio::time::timeout(self.interval, read)
             .await

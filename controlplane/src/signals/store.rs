@@ -15,6 +15,7 @@ use std::fmt::Debug;
 use std::io::Cursor;
 use std::ops::RangeBounds;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Instant;
 
 use openraft::storage::{LogFlushed, RaftLogStorage, RaftStateMachine};
 use openraft::{
@@ -142,7 +143,40 @@ pub struct PoolSignals {
     /// this moves.
     pub generation: u64,
     /// By endpoint; `None` until the endpoint first answers.
-    pub endpoints: BTreeMap<String, Option<Reading>>,
+    pub endpoints: BTreeMap<String, Option<HeldReading>>,
+}
+
+/// A reading and when this node took it in: its age now is `reading.age_ms` plus the time
+/// since, on this node's monotonic clock. A snapshot carries the age as of its building.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(from = "Reading", into = "Reading")]
+pub struct HeldReading {
+    pub reading: Reading,
+    pub received: Instant,
+}
+
+impl HeldReading {
+    pub fn age_ms(&self) -> u32 {
+        super::scrape::add_ms(self.reading.age_ms, self.received.elapsed())
+    }
+}
+
+impl From<Reading> for HeldReading {
+    fn from(reading: Reading) -> Self {
+        HeldReading {
+            reading,
+            received: Instant::now(),
+        }
+    }
+}
+
+impl From<HeldReading> for Reading {
+    fn from(held: HeldReading) -> Self {
+        Reading {
+            age_ms: held.age_ms(),
+            ..held.reading
+        }
+    }
 }
 
 impl SignalView {
@@ -157,7 +191,7 @@ impl SignalView {
                 .endpoints
                 .into_iter()
                 .map(|endpoint| {
-                    let reading = endpoint.reading.or_else(|| {
+                    let reading = endpoint.reading.map(HeldReading::from).or_else(|| {
                         previous
                             .as_ref()
                             .and_then(|pool| pool.endpoints.get(&endpoint.endpoint).cloned().flatten())

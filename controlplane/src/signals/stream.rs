@@ -4,7 +4,6 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use portcullis_config::{InferencePoolSpec, ShardSelector};
 use portcullis_proto::v1::signal_stream_server::SignalStream;
@@ -13,8 +12,7 @@ use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 
-use super::store::{PoolSignals, SignalView};
-use super::types::Reading;
+use super::store::{HeldReading, PoolSignals, SignalView};
 use crate::metrics::Metrics;
 use crate::view::ConfigView;
 
@@ -115,6 +113,8 @@ impl Session {
                     }
                 }
                 _ = self.shutdown.changed() => return,
+                // The proxy went away while nothing changed.
+                () = self.outbound.closed() => return,
             }
         }
     }
@@ -135,7 +135,6 @@ fn batch(
     view: &SignalView,
     pools: &BTreeSet<String>,
 ) -> Option<SignalBatch> {
-    let now_ms = unix_ms();
     let mut batch = SignalBatch {
         generation: view.generation,
         pools: Vec::new(),
@@ -145,23 +144,16 @@ fn batch(
             continue;
         }
         sent.insert(name.clone(), pool.generation);
-        batch.pools.push(to_wire(name, pool, now_ms));
+        batch.pools.push(to_wire(name, pool));
     }
     (!batch.pools.is_empty()).then_some(batch)
 }
 
-pub(crate) fn unix_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|elapsed| u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX))
-        .unwrap_or_default()
-}
-
-fn to_wire(name: &str, pool: &Arc<PoolSignals>, now_ms: u64) -> wire::PoolSignals {
+fn to_wire(name: &str, pool: &Arc<PoolSignals>) -> wire::PoolSignals {
     let pods = pool
         .endpoints
         .iter()
-        .filter_map(|(endpoint, reading)| Some(pod(endpoint, reading.as_ref()?, now_ms)))
+        .filter_map(|(endpoint, held)| Some(pod(endpoint, held.as_ref()?)))
         .collect();
     wire::PoolSignals {
         pool: name.to_string(),
@@ -169,11 +161,11 @@ fn to_wire(name: &str, pool: &Arc<PoolSignals>, now_ms: u64) -> wire::PoolSignal
     }
 }
 
-fn pod(endpoint: &str, reading: &Reading, now_ms: u64) -> wire::PodSignals {
-    let age = now_ms.saturating_sub(reading.sampled_at_ms);
+fn pod(endpoint: &str, held: &HeldReading) -> wire::PodSignals {
+    let reading = &held.reading;
     wire::PodSignals {
         endpoint: endpoint.to_string(),
-        age_ms: u32::try_from(age).unwrap_or(u32::MAX),
+        age_ms: held.age_ms(),
         waiting: reading.waiting,
         running: reading.running,
         kv_cache_usage: reading.kv_cache_usage,

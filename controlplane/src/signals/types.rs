@@ -33,10 +33,12 @@ pub struct EndpointRound {
     pub reading: Option<Reading>,
 }
 
-/// What a vLLM server's `/metrics` said, and when (Unix milliseconds on the leader's clock).
+/// What a vLLM server's `/metrics` said, and how old that was when the leader proposed it.
+/// Ages, not timestamps: each node counts on from when it applied the entry with its own
+/// monotonic clock, so no two machines' clocks need to agree.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Reading {
-    pub sampled_at_ms: u64,
+    pub age_ms: u32,
     pub waiting: u32,
     pub running: u32,
     pub kv_cache_usage: f64,

@@ -69,7 +69,12 @@ pub(crate) fn compile(
     for (metadata, spec) in config.specs::<InferencePoolSpec>() {
         let pool = match previous.pools.get(&metadata.name) {
             Some(kept) if kept.spec() == spec => kept.clone(),
-            _ => Arc::new(InferencePoolTarget::compile(&metadata.name, spec, upstream)?),
+            before => Arc::new(InferencePoolTarget::compile(
+                &metadata.name,
+                spec,
+                upstream,
+                before.map(|before| &**before),
+            )?),
         };
         targets.by_key.insert(
             ObjectKey::new(Kind::of::<InferencePoolSpec>(), metadata.name.as_str()),

@@ -17,9 +17,9 @@ fn openraft_storage_suite() {
     Suite::test_all(Fresh).unwrap();
 }
 
-fn reading(sampled_at_ms: u64, waiting: u32) -> Reading {
+fn reading(age_ms: u32, waiting: u32) -> Reading {
     Reading {
-        sampled_at_ms,
+        age_ms,
         waiting,
         running: 1,
         kv_cache_usage: 0.5,
@@ -38,6 +38,13 @@ fn round(pool: &str, endpoints: &[(&str, Option<Reading>)]) -> PoolRound {
             })
             .collect(),
     }
+}
+
+/// The reading a view holds for `endpoint` of `pool`, without when it arrived.
+fn held(view: &SignalView, pool: &str, endpoint: &str) -> Option<Reading> {
+    view.pools[pool].endpoints[endpoint]
+        .as_ref()
+        .map(|held| held.reading.clone())
 }
 
 fn entry(index: u64, signals: SignalEntry) -> Entry {
@@ -61,7 +68,7 @@ async fn rounds_replace_pools_keep_silent_endpoints_and_drop_removed_ones() {
     sm.apply([entry(1, first)]).await.unwrap();
     let seen = view.borrow().clone();
     assert_eq!(seen.generation, 1);
-    assert_eq!(seen.pools["a"].endpoints["p2"], Some(reading(10, 2)));
+    assert_eq!(held(&seen, "a", "p2"), Some(reading(10, 2)));
     assert_eq!(seen.pools["b"].endpoints["q1"], None);
 
     // p1 did not answer: it keeps its reading (which ages); p2 left the pool.
@@ -74,7 +81,7 @@ async fn rounds_replace_pools_keep_silent_endpoints_and_drop_removed_ones() {
     assert_eq!(seen.generation, 2);
     assert_eq!(seen.pools["a"].generation, 2);
     assert_eq!(seen.pools["a"].endpoints.keys().collect::<Vec<_>>(), ["p1", "p3"]);
-    assert_eq!(seen.pools["a"].endpoints["p1"], Some(reading(10, 1)));
+    assert_eq!(held(&seen, "a", "p1"), Some(reading(10, 1)));
     assert!(!seen.pools.contains_key("b"));
 }
 
@@ -86,6 +93,8 @@ async fn a_snapshot_carries_the_readings_to_a_new_node() {
         removed_pools: vec![],
     };
     leader.apply([entry(1, signals)]).await.unwrap();
+    // The reading ages on the leader before the snapshot is built; the snapshot says so.
+    tokio::time::sleep(std::time::Duration::from_millis(30)).await;
     let snapshot = leader
         .get_snapshot_builder()
         .await
@@ -99,6 +108,18 @@ async fn a_snapshot_carries_the_readings_to_a_new_node() {
         .install_snapshot(&snapshot.meta, snapshot.snapshot)
         .await
         .unwrap();
-    assert_eq!(view.borrow().pools["a"].endpoints["p1"], Some(reading(10, 4)));
+    let installed = held(&view.borrow(), "a", "p1").unwrap();
+    assert!(
+        installed.age_ms >= 40,
+        "10 ms when proposed + 30 ms held: {}",
+        installed.age_ms
+    );
+    assert_eq!(
+        installed,
+        Reading {
+            age_ms: installed.age_ms,
+            ..reading(10, 4)
+        }
+    );
     assert_eq!(joined.applied_state().await.unwrap().0, snapshot.meta.last_log_id);
 }

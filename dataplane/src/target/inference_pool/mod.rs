@@ -11,7 +11,7 @@ mod admission;
 
 use std::collections::HashMap;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -60,10 +60,23 @@ struct PoolState {
     /// The picker counts time from here.
     epoch: Instant,
     admission: Option<Admission>,
+    /// The waiting room: this pool's own (with `admission`), or one inherited from the
+    /// pool's previous version that had priority classes, to empty once this version is live.
+    room: Option<Arc<WaitingRoom>>,
 }
 
-/// Priority classes and the queue of requests waiting for a pod. Lock order: `queue`, then
-/// the picker.
+/// The requests of one pool waiting for a pod. It outlives config versions: a changed pool
+/// spec compiles a new picker, and the newest version that goes live takes the room over
+/// ([`PoolState::claim`]), so no waiting request is stranded with a retired picker. Lock
+/// order: `queue`, then a picker.
+#[derive(Default)]
+struct WaitingRoom {
+    queue: Mutex<Queue<Waiter>>,
+    /// The pool version whose picker lets waiting requests in.
+    dispatcher: Mutex<Weak<PoolState>>,
+}
+
+/// A pool's priority classes and how long and how many requests may wait.
 struct Admission {
     classes: HashMap<String, i32>,
     default: (Arc<str>, i32),
@@ -76,7 +89,6 @@ struct Admission {
     /// How often a waiting request looks for room itself, should neither a finished request
     /// nor a new signal wake it (the picker's staleness: by then what it knew has changed).
     recheck: Duration,
-    queue: Mutex<Queue<Waiter>>,
 }
 
 /// A request waiting for a pod: what the picker needs, and where to send its pick.
@@ -102,10 +114,13 @@ struct Class {
 }
 
 impl InferencePoolTarget {
+    /// `previous`: the pool's target in the version before, whose waiting room this one
+    /// takes over.
     pub(crate) fn compile(
         name: &str,
         spec: &InferencePoolSpec,
         upstream: &Upstream,
+        previous: Option<&InferencePoolTarget>,
     ) -> Result<InferencePoolTarget, String> {
         let label = format!("InferencePool/{name}");
         let endpoints = super::endpoints(&label, &spec.endpoints, upstream)?;
@@ -117,6 +132,14 @@ impl InferencePoolTarget {
             Some(priority) => Some(Admission::compile(priority, staleness)?),
             None => None,
         };
+        let inherited = previous.and_then(|previous| previous.pool.room.clone());
+        let room = match (&admission, inherited) {
+            (_, Some(room)) => Some(room),
+            (Some(_), None) => Some(Arc::default()),
+            (None, None) => None,
+        };
+        // Signals up to `staleness` old are placed after the epoch.
+        let epoch = Instant::now().checked_sub(staleness).unwrap_or_else(Instant::now);
         Ok(InferencePoolTarget {
             name: Arc::from(label),
             spec: spec.clone(),
@@ -132,8 +155,9 @@ impl InferencePoolTarget {
             pool: Arc::new(PoolState {
                 endpoints,
                 picker: Mutex::new(picker),
-                epoch: Instant::now(),
+                epoch,
                 admission,
+                room,
             }),
         })
     }
@@ -147,7 +171,9 @@ impl InferencePoolTarget {
     /// time aside), so the proxy needs no clock agreement with the control plane.
     pub(crate) fn observe(&self, pods: &[PodSignals]) {
         self.observe_round(pods);
-        // The round may show room for waiting requests.
+        // Signals go to live pools only: a good moment to take the waiting room over. The
+        // round may show room for waiting requests.
+        self.pool.claim();
         self.pool.dispatch(false);
     }
 
@@ -156,8 +182,8 @@ impl InferencePoolTarget {
         let mut picker = self.pool.picker();
         for pod in pods {
             let age = Duration::from_millis(u64::from(pod.age_ms));
-            // Already stale: nothing the picker would use. Skipping it also keeps a sample
-            // older than this target from looking younger than it is.
+            // Already stale: nothing the picker would use. (The epoch lies `staleness` back,
+            // so `now - age` below never clamps.)
             if age > self.staleness {
                 continue;
             }
@@ -182,11 +208,7 @@ impl InferencePoolTarget {
 
     /// What the picker holds per endpoint, for the admin port's `/signals`.
     pub(crate) fn report(&self) -> serde_json::Value {
-        let queued = self
-            .pool
-            .admission
-            .as_ref()
-            .map(|admission| admission.queue().len());
+        let queued = self.pool.room.as_ref().map(|room| room.queue().len());
         let now = self.pool.epoch.elapsed();
         let picker = self.pool.picker();
         let endpoints: serde_json::Map<String, serde_json::Value> = self
@@ -298,11 +320,12 @@ impl InferencePoolTarget {
                 format!("{}: {refusal}", self.name),
             )
         };
-        let (Some(admission), Some(class)) = (&pool.admission, class) else {
+        let (Some(admission), Some(room), Some(class)) = (&pool.admission, &pool.room, class) else {
             return pool.pick(&mut pool.picker(), &request).map_err(refused);
         };
+        pool.claim();
         let (id, mut reply) = {
-            let mut queue = admission.queue();
+            let mut queue = room.queue();
             let mut picker = pool.picker();
             let now = pool.epoch.elapsed();
             // Waiting requests go first: a newcomer does not overtake them.
@@ -354,7 +377,7 @@ impl InferencePoolTarget {
             (id, waiting)
         };
         // A client that leaves while waiting takes its place in the queue with it.
-        let _leave = Leave { admission, id };
+        let _leave = Leave { room, id };
         ctx.decide(&self.name, "queued");
         // Room may have opened between the check and the push.
         pool.dispatch(false);
@@ -366,11 +389,12 @@ impl InferencePoolTarget {
                 // The pool is gone (its target was dropped with the request still here).
                 Ok(Err(_)) => break None,
                 Err(_) if tokio::time::Instant::now() >= deadline => {
-                    if admission.queue().remove(id).is_some() {
+                    if room.queue().remove(id).is_some() {
                         break None;
                     }
-                    // Picked just as the wait ran out: take it.
-                    break reply.try_recv().ok();
+                    // Taken out of the queue just as the wait ran out: its pick is on the
+                    // way (the dispatcher sends right after releasing the locks).
+                    break (&mut reply).await.ok();
                 }
                 Err(_) => pool.dispatch(false),
             }
@@ -415,14 +439,14 @@ impl InferencePoolTarget {
 /// Takes a waiting request out of the queue when its future ends, however it ends (a no-op
 /// once it has been picked or displaced).
 struct Leave<'a> {
-    admission: &'a Admission,
+    room: &'a WaitingRoom,
     id: u64,
 }
 
 impl Drop for Leave<'_> {
     fn drop(&mut self) {
         // A waiter still in the queue was never picked: no credit goes with it.
-        drop(self.admission.queue().remove(self.id));
+        drop(self.room.queue().remove(self.id));
     }
 }
 
@@ -448,13 +472,18 @@ impl Admission {
             max_wait: spec.max_wait(),
             retry_after: HeaderValue::from(retry_after),
             recheck: staleness,
-            queue: Mutex::new(Queue::default()),
         })
     }
+}
 
+impl WaitingRoom {
     fn queue(&self) -> MutexGuard<'_, Queue<Waiter>> {
         // Every queue operation completes under the lock, so a panicked holder left it whole.
         self.queue.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn dispatcher(&self) -> MutexGuard<'_, Weak<PoolState>> {
+        self.dispatcher.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
 
@@ -483,23 +512,46 @@ impl PoolState {
         Ok((pick, credit))
     }
 
+    /// Makes this version the one that lets the room's waiting requests in. A version
+    /// without priority classes lets them all in at once: nothing holds requests any more.
+    fn claim(self: &Arc<Self>) {
+        let Some(room) = &self.room else { return };
+        {
+            let mut dispatcher = room.dispatcher();
+            if std::ptr::eq(dispatcher.as_ptr(), Arc::as_ptr(self)) {
+                return;
+            }
+            *dispatcher = Arc::downgrade(self);
+        }
+        if self.admission.is_none() {
+            self.let_in(room, true, true);
+        }
+    }
+
     /// Lets waiting requests in while the pool has room; `freed` lets one in regardless (a
     /// request of this proxy's just finished, so its seat is free even if the last signal
-    /// does not show it yet).
-    fn dispatch(self: &Arc<Self>, mut freed: bool) {
-        let Some(admission) = &self.admission else {
+    /// does not show it yet). The room's current dispatcher picks, whichever version's
+    /// request finished.
+    fn dispatch(&self, freed: bool) {
+        let Some(room) = &self.room else { return };
+        let Some(dispatcher) = room.dispatcher().upgrade() else {
             return;
         };
+        dispatcher.let_in(room, freed, false);
+    }
+
+    /// `all`: everyone, saturated or not.
+    fn let_in(self: &Arc<Self>, room: &WaitingRoom, mut freed: bool, all: bool) {
         let mut picked = Vec::new();
         {
-            let mut queue = admission.queue();
+            let mut queue = room.queue();
             if queue.is_empty() {
                 return;
             }
             let mut picker = self.picker();
             while !queue.is_empty() {
                 let now = self.epoch.elapsed();
-                if !freed && picker.saturated(now, |index| self.healthy(index)) {
+                if !all && !freed && picker.saturated(now, |index| self.healthy(index)) {
                     break;
                 }
                 freed = false;
