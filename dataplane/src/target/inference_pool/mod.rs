@@ -11,6 +11,7 @@ mod admission;
 
 use std::collections::HashMap;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -74,6 +75,8 @@ struct WaitingRoom {
     queue: Mutex<Queue<Waiter>>,
     /// The pool version whose picker lets waiting requests in.
     dispatcher: Mutex<Weak<PoolState>>,
+    /// The room's timer runs ([`WaitingRoom::keep_checking`]).
+    ticking: AtomicBool,
 }
 
 /// A pool's priority classes and how long and how many requests may wait.
@@ -86,8 +89,9 @@ struct Admission {
     max_wait: Duration,
     /// Whole seconds, rounded up.
     retry_after: HeaderValue,
-    /// How often a waiting request looks for room itself, should neither a finished request
-    /// nor a new signal wake it (the picker's staleness: by then what it knew has changed).
+    /// How often the room looks for room itself while requests wait, should neither a
+    /// finished request nor a new signal let them in (the picker's staleness: by then what
+    /// it knew has changed).
     recheck: Duration,
 }
 
@@ -379,24 +383,19 @@ impl InferencePoolTarget {
         // A client that leaves while waiting takes its place in the queue with it.
         let _leave = Leave { room, id };
         ctx.decide(&self.name, "queued");
+        room.keep_checking(admission.recheck);
         // Room may have opened between the check and the push.
-        pool.dispatch(false);
-        let deadline = tokio::time::Instant::now() + admission.max_wait;
-        let admitted = loop {
-            let wake = (tokio::time::Instant::now() + admission.recheck).min(deadline);
-            match tokio::time::timeout_at(wake, &mut reply).await {
-                Ok(Ok(admitted)) => break Some(admitted),
-                // The pool is gone (its target was dropped with the request still here).
-                Ok(Err(_)) => break None,
-                Err(_) if tokio::time::Instant::now() >= deadline => {
-                    if room.queue().remove(id).is_some() {
-                        break None;
-                    }
-                    // Taken out of the queue just as the wait ran out: its pick is on the
-                    // way (the dispatcher sends right after releasing the locks).
-                    break (&mut reply).await.ok();
+        room.dispatch(false);
+        let admitted = match tokio::time::timeout(admission.max_wait, &mut reply).await {
+            Ok(admitted) => admitted.ok(),
+            Err(_) => {
+                if room.queue().remove(id).is_some() {
+                    None
+                } else {
+                    // Taken out of the queue just as the wait ran out: its pick is on the way
+                    // (the dispatcher sends right after releasing the locks).
+                    (&mut reply).await.ok()
                 }
-                Err(_) => pool.dispatch(false),
             }
         };
         match admitted {
@@ -485,6 +484,43 @@ impl WaitingRoom {
     fn dispatcher(&self) -> MutexGuard<'_, Weak<PoolState>> {
         self.dispatcher.lock().unwrap_or_else(PoisonError::into_inner)
     }
+
+    /// Lets waiting requests in while the pool has room; `freed` lets one in regardless (a
+    /// request of this proxy's just finished, so its seat is free even if the last signal
+    /// does not show it yet). The room's current dispatcher picks, whichever version's
+    /// request finished.
+    fn dispatch(&self, freed: bool) {
+        let Some(dispatcher) = self.dispatcher().upgrade() else {
+            return;
+        };
+        dispatcher.let_in(self, freed, false);
+    }
+
+    /// Starts the room's timer unless it runs: one per room, not one per waiting request,
+    /// looking for room every `every` until nobody waits. It covers what no event would: the
+    /// signals stopping (the picker then judges on its own counts) while none of this
+    /// proxy's requests to the pool is in flight.
+    fn keep_checking(self: &Arc<Self>, every: Duration) {
+        if self.ticking.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let room = Arc::downgrade(self);
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(every).await;
+                let Some(room) = room.upgrade() else { return };
+                room.dispatch(false);
+                if room.queue().is_empty() {
+                    room.ticking.store(false, Ordering::Release);
+                    // A request queued since the check either saw the timer still running
+                    // (then this one carries on) or started a new one (then this one stops).
+                    if room.queue().is_empty() || room.ticking.swap(true, Ordering::AcqRel) {
+                        return;
+                    }
+                }
+            }
+        });
+    }
 }
 
 impl PoolState {
@@ -528,16 +564,10 @@ impl PoolState {
         }
     }
 
-    /// Lets waiting requests in while the pool has room; `freed` lets one in regardless (a
-    /// request of this proxy's just finished, so its seat is free even if the last signal
-    /// does not show it yet). The room's current dispatcher picks, whichever version's
-    /// request finished.
     fn dispatch(&self, freed: bool) {
-        let Some(room) = &self.room else { return };
-        let Some(dispatcher) = room.dispatcher().upgrade() else {
-            return;
-        };
-        dispatcher.let_in(room, freed, false);
+        if let Some(room) = &self.room {
+            room.dispatch(freed);
+        }
     }
 
     /// `all`: everyone, saturated or not.
