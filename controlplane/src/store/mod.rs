@@ -19,6 +19,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 
+/// How long [`Storage::open`] waits for a database lock that is being released.
+const LOCK_GRACE: Duration = Duration::from_secs(5);
+
 /// The one sled database of a process. sled holds its file lock until the last tree handle
 /// is dropped, and openraft drops its storage workers only after `Raft::shutdown` returns, so
 /// [`Storage::close`] waits for every [`Tree`] handed out before it returns: a node restarted
@@ -29,12 +32,28 @@ pub struct Storage {
 }
 
 impl Storage {
+    /// Opens the database, waiting up to [`LOCK_GRACE`] for its file lock: after a database
+    /// of this process is dropped, sled's I/O threads may still hold the lock for a moment
+    /// (a node restarted in-process, or a test that reopens, hit that on a busy machine).
+    /// Another process holding the lock gets the lock error after the grace.
     pub fn open(path: &Path) -> anyhow::Result<Storage> {
-        let db = sled::Config::new()
-            .path(path)
-            .cache_capacity(64 * 1024 * 1024)
-            .open()
-            .with_context(|| format!("opening sled database at {}", path.display()))?;
+        let deadline = Instant::now() + LOCK_GRACE;
+        let db = loop {
+            let opened = sled::Config::new()
+                .path(path)
+                .cache_capacity(64 * 1024 * 1024)
+                .open();
+            match opened {
+                Err(sled::Error::Io(error))
+                    if error.to_string().contains("could not acquire lock") && Instant::now() < deadline =>
+                {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                opened => {
+                    break opened.with_context(|| format!("opening sled database at {}", path.display()))?
+                }
+            }
+        };
         Ok(Storage {
             db,
             open_trees: Arc::default(),

@@ -176,3 +176,17 @@ async fn snapshot_round_trip_replaces_state() {
         Some(2)
     );
 }
+
+#[test]
+fn a_database_being_released_is_waited_for_not_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = Storage::open(dir.path()).unwrap();
+    let release = std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        drop(first);
+    });
+    // Locked when this starts; opens once the first handle is gone.
+    let second = Storage::open(dir.path());
+    release.join().unwrap();
+    assert!(second.is_ok(), "{:?}", second.err());
+}
