@@ -255,7 +255,6 @@ impl InferencePoolTarget {
         let Some(admission) = &self.pool.admission else {
             return Ok(None);
         };
-        let invalid = |code, message: String| (code, message);
         let (name, value) = match route_class {
             Some(name) => {
                 // Validation keeps a route's class among its pool's; a stale pairing in
@@ -272,7 +271,7 @@ impl InferencePoolTarget {
                         None => {
                             let mut known: Vec<&str> = admission.classes.keys().map(String::as_str).collect();
                             known.sort_unstable();
-                            return Err(invalid(
+                            return Err((
                                 "unknown_priority_class",
                                 format!(
                                     "{}: {} names no priority class of this pool (classes: {})",
@@ -291,7 +290,7 @@ impl InferencePoolTarget {
             Some(raw) => match raw.to_str() {
                 Ok(tenant) if tenant.len() <= 256 => Arc::from(tenant),
                 _ => {
-                    return Err(invalid(
+                    return Err((
                         "invalid_tenant",
                         format!(
                             "{}: {} must be visible ASCII, at most 256 bytes",
