@@ -155,7 +155,7 @@ fn waiting_requests_outlive_a_pool_change_and_go_at_once_when_priority_is_remove
         format!(
             "{header}\nkind: Listener\nmetadata: {{name: gw}}\nspec: {{address: 127.0.0.1, port: {port}}}\n---\n\
              {header}\nkind: InferencePool\nmetadata: {{name: pool}}\nspec:\n  endpoints: ['127.0.0.1:{pod}']\n  \
-             models: [{{name: {MODEL}}}]\n  picker: {{queueThreshold: 1, staleness: 300ms}}\n{priority}---\n\
+             models: [{{name: {MODEL}}}]\n  picker: {{queueThreshold: 1, staleness: 500ms}}\n{priority}---\n\
              {header}\nkind: Route\nmetadata: {{name: llm}}\nspec: {{listeners: [gw], backends: [{{kind: InferencePool, name: pool}}], timeout: 60s}}\n"
         )
     };
@@ -185,10 +185,10 @@ fn waiting_requests_outlive_a_pool_change_and_go_at_once_when_priority_is_remove
     });
 
     // A changed spec compiles a new picker; the queue moves with the pool. Were it left with
-    // the retired picker, that one's signals would go stale (300 ms) and, knowing nothing,
+    // the retired picker, that one's signals would go stale (500 ms) and, knowing nothing,
     // it would let both in while the pod is still saturated.
     gateway.apply(dir.path(), &config(&priority("50s")));
-    std::thread::sleep(std::time::Duration::from_secs(1));
+    std::thread::sleep(std::time::Duration::from_millis(1500));
     assert!(
         pod_waiting() >= 1,
         "the pod is still saturated (else the check below means nothing)"

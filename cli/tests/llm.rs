@@ -18,7 +18,9 @@ struct Fleet {
 }
 
 /// Three simulated pods; a scored pool over them, and a round-robin pool over a port where
-/// nothing listens and the first pod.
+/// nothing listens and the first pod. The scored pool trusts signals for 2 s: on a loaded
+/// test machine a 50 ms read can run late, and a pod whose reading went stale while the
+/// others' did not counts as saturated, which would break the prefix assertions below.
 fn fleet(dir: &std::path::Path) -> Fleet {
     // One simulator process per pod: each on a port known to be free.
     let pods: Vec<u16> = (0..3).map(|_| free_port()).collect();
@@ -29,7 +31,7 @@ fn fleet(dir: &std::path::Path) -> Fleet {
     let config = format!(
         "{header}\nkind: Listener\nmetadata: {{name: scored}}\nspec: {{address: 127.0.0.1, port: {scored}}}\n---\n\
          {header}\nkind: Listener\nmetadata: {{name: rr}}\nspec: {{address: 127.0.0.1, port: {round_robin}}}\n---\n\
-         {header}\nkind: InferencePool\nmetadata: {{name: qwen}}\nspec:\n  endpoints: [{}]\n  models:\n  - {{name: Qwen/Qwen3-32B, aliases: [qwen]}}\n  rewrites:\n  - {{model: chat, targets: [{{model: Qwen/Qwen3-32B, weight: 1}}]}}\n---\n\
+         {header}\nkind: InferencePool\nmetadata: {{name: qwen}}\nspec:\n  endpoints: [{}]\n  models:\n  - {{name: Qwen/Qwen3-32B, aliases: [qwen]}}\n  rewrites:\n  - {{model: chat, targets: [{{model: Qwen/Qwen3-32B, weight: 1}}]}}\n  picker: {{staleness: 2s}}\n---\n\
          {header}\nkind: InferencePool\nmetadata: {{name: rotating}}\nspec:\n  endpoints: ['127.0.0.1:{dead}', '127.0.0.1:{}']\n  models: [{{name: Qwen/Qwen3-32B}}]\n  picker: {{strategy: RoundRobin}}\n---\n\
          {header}\nkind: Route\nmetadata: {{name: llm}}\nspec: {{listeners: [scored], backends: [{{kind: InferencePool, name: qwen}}], timeout: 60s}}\n---\n\
          {header}\nkind: Route\nmetadata: {{name: llm-rr}}\nspec: {{listeners: [rr], backends: [{{kind: InferencePool, name: rotating}}], timeout: 60s}}\n",
