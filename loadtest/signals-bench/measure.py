@@ -95,33 +95,26 @@ def main():
 
     # Steady state: every pod idle, read every interval.
     cp = args.controlplane_metrics
-    before = {
-        "entries": metric(cp, "portcullis_signals_entries_total"),
-        "bytes": metric(cp, "portcullis_signals_entry_bytes_total"),
-        "scrapes": metric(cp, "portcullis_signals_scrapes_total"),
-        "scrape_errors": metric(cp, 'portcullis_signals_scrapes_total{result="error"}'),
-        "batches": metric(cp, "portcullis_signals_batches_sent_total"),
-        "config_log": metric(cp, "portcullis_raft_last_log_index"),
-        "disk": du(args.data_dir),
-        "cp_cpu": cpu_seconds(args.controlplane_pid),
-        "proxy_cpu": [cpu_seconds(pid) for pid in proxy_pids],
-        "sim_cpu": cpu_seconds(args.sim_pid),
-    }
+
+    def sample():
+        return {
+            "entries": metric(cp, "portcullis_signals_entries_total"),
+            "bytes": metric(cp, "portcullis_signals_entry_bytes_total"),
+            "scrapes": metric(cp, "portcullis_signals_scrapes_total"),
+            "scrape_errors": metric(cp, 'portcullis_signals_scrapes_total{result="error"}'),
+            "batches": metric(cp, "portcullis_signals_batches_sent_total"),
+            "config_log": metric(cp, "portcullis_raft_last_log_index"),
+            "disk": du(args.data_dir),
+            "cp_cpu": cpu_seconds(args.controlplane_pid),
+            "proxy_cpu": [cpu_seconds(pid) for pid in proxy_pids],
+            "sim_cpu": cpu_seconds(args.sim_pid),
+        }
+
+    before = sample()
     started = time.time()
     time.sleep(args.window)
     elapsed = time.time() - started
-    after = {
-        "entries": metric(cp, "portcullis_signals_entries_total"),
-        "bytes": metric(cp, "portcullis_signals_entry_bytes_total"),
-        "scrapes": metric(cp, "portcullis_signals_scrapes_total"),
-        "scrape_errors": metric(cp, 'portcullis_signals_scrapes_total{result="error"}'),
-        "batches": metric(cp, "portcullis_signals_batches_sent_total"),
-        "config_log": metric(cp, "portcullis_raft_last_log_index"),
-        "disk": du(args.data_dir),
-        "cp_cpu": cpu_seconds(args.controlplane_pid),
-        "proxy_cpu": [cpu_seconds(pid) for pid in proxy_pids],
-        "sim_cpu": cpu_seconds(args.sim_pid),
-    }
+    after = sample()
     rate = lambda key: (after[key] - before[key]) / elapsed
 
     # Freshness: a different pod each trial (a pod's queue drains only as its requests run).
