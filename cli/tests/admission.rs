@@ -207,3 +207,51 @@ fn waiting_requests_outlive_a_pool_change_and_go_at_once_when_priority_is_remove
         assert_eq!(answer.status, 200, "{}", answer.body);
     }
 }
+
+#[test]
+fn waiting_requests_are_let_in_when_signals_stop_and_nothing_else_would_wake_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let pod = free_port();
+    let _pod = single_seat_pod(dir.path(), pod);
+    let port = free_port();
+    let header = "apiVersion: portcullis.dev/v1alpha1";
+    let config = format!(
+        "{header}\nkind: Listener\nmetadata: {{name: gw}}\nspec: {{address: 127.0.0.1, port: {port}}}\n---\n\
+         {header}\nkind: InferencePool\nmetadata: {{name: pool}}\nspec:\n  endpoints: ['127.0.0.1:{pod}']\n  \
+         models: [{{name: {MODEL}}}]\n  picker: {{queueThreshold: 1, staleness: 500ms}}\n  \
+         priority: {{classes: [{{name: standard, value: 0}}], default: standard, maxWait: 60s}}\n---\n\
+         {header}\nkind: Route\nmetadata: {{name: llm}}\nspec: {{listeners: [gw], backends: [{{kind: InferencePool, name: pool}}], timeout: 60s}}\n"
+    );
+    let mut gateway = start_gateway(dir.path(), &config);
+    let admin = gateway.admin;
+    let direct: Vec<_> = (0..4)
+        .map(|_| std::thread::spawn(move || completion(pod, &[], 250)))
+        .collect();
+    wait_for("the pod's queue in the proxy's signals", TIMEOUT, || {
+        pool_report(admin, "pool")["endpoints"][format!("127.0.0.1:{pod}")]["signals"]["waiting"]
+            .as_u64()
+            .is_some_and(|waiting| waiting >= 1)
+    });
+    let waiting = std::thread::spawn(move || completion(port, &[], 2));
+    wait_for("the request in the proxy's queue", TIMEOUT, || {
+        pool_report(admin, "pool")["queued"] == 1
+    });
+
+    // No signals any more, and none of this proxy's requests in flight: no event would let
+    // the waiting request in. The room's own check does, once the picker has fallen back to
+    // its own counts (which know of no saturation), long before maxWait.
+    gateway.controlplane.kill();
+    let killed = std::time::Instant::now();
+    wait_for("the queue let go", TIMEOUT, || {
+        pool_report(admin, "pool")["queued"] == 0
+    });
+    assert!(
+        killed.elapsed().as_secs() < 10,
+        "let in by the check, not by maxWait"
+    );
+    let answer = waiting.join().unwrap();
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    for answer in direct {
+        assert_eq!(answer.join().unwrap().status, 200);
+    }
+}
