@@ -46,9 +46,12 @@ impl EndpointState {
     }
 
     /// Waiting requests as of now: the signalled queue plus what this proxy sent after the
-    /// sample was taken (the server cannot have reported those yet).
+    /// sample was taken (the server cannot have reported those yet) and has not seen finish:
+    /// a proxy sending faster than the signal interval must not count finished requests as
+    /// queued, or a pod serving short requests quickly would look saturated.
     pub fn estimated_waiting(&self, signals: &Signals) -> f64 {
-        f64::from(signals.waiting) + self.recent.len() as f64
+        let unreported = self.recent.len().min(self.in_flight as usize);
+        f64::from(signals.waiting) + unreported as f64
     }
 
     pub fn started(&mut self, now: Duration) {

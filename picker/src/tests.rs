@@ -343,3 +343,44 @@ fn saturation_is_judged_without_crediting_anyone() {
     plain.observe(0, busy(50));
     assert!(!plain.saturated(now, |_| true), "only Scored detects saturation");
 }
+
+#[test]
+fn requests_that_finished_since_the_last_signal_do_not_count_as_waiting() {
+    let config = PickerConfig {
+        queue_threshold: 3.0,
+        ..PickerConfig::default()
+    };
+    let mut picker = Picker::new(config, 2);
+    let now = Duration::from_secs(1);
+    for endpoint in 0..2 {
+        picker.observe(
+            endpoint,
+            Signals {
+                sampled_at: now,
+                waiting: 0,
+                kv_cache_usage: 0.0,
+                lora: None,
+            },
+        );
+    }
+    // Five short requests to endpoint 0 start and finish before the next signal.
+    let request = PickRequest {
+        model: "m",
+        lora: false,
+        prompt_hashes: &[],
+    };
+    for _ in 0..5 {
+        let pick = picker.pick(now, &request, |e| e == 0).unwrap();
+        assert_eq!(pick.endpoints[0], 0);
+        picker.finished(0);
+    }
+    assert!(
+        !picker.saturated(now, |e| e == 0),
+        "five finished requests are not a queue of five"
+    );
+    // Three still in flight are.
+    for _ in 0..3 {
+        picker.pick(now, &request, |e| e == 0).unwrap();
+    }
+    assert!(picker.saturated(now, |e| e == 0));
+}
