@@ -34,24 +34,8 @@ mkdir -p "$OUT"
 cleanup() { kill $(jobs -p) 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$WORK"; }
 trap cleanup EXIT
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-# The first of N consecutive free ports (a simulated fleet takes consecutive ports).
-free_ports() {
-    python3 - "$1" <<'PY'
-import socket, sys
-n = int(sys.argv[1])
-for first in range(20000, 60000, n + 1):
-    sockets = []
-    try:
-        for port in range(first, first + n):
-            s = socket.socket(); s.bind(("127.0.0.1", port)); sockets.append(s)
-        print(first); break
-    except OSError:
-        pass
-    finally:
-        for s in sockets: s.close()
-PY
-}
+# shellcheck source=loadtest/ports.sh
+source loadtest/ports.sh
 PICKER_PODS=$(free_ports "$((2 * PODS + 1))")
 RR_PODS=$((PICKER_PODS + PODS + 1))
 SCORED=$(free_port); ROUND_ROBIN=$(free_port)

@@ -27,7 +27,8 @@ WORK=$(mktemp -d -t portcullis-signals-bench.XXXXXX)
 cleanup() { kill $(jobs -p) 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$WORK"; }
 trap cleanup EXIT
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+# shellcheck source=loadtest/ports.sh
+source loadtest/ports.sh
 
 # One seat per pod: a second request waits, so the queue length is what the test sets.
 python3 - loadtest/profiles/qwen3-32b-tp2-h100.json "$WORK/profile.json" <<'PY'
@@ -42,21 +43,7 @@ RESULTS=()
 for pods in $PODS; do
     run="$WORK/$pods"
     mkdir -p "$run"
-    first=$(python3 - "$pods" <<'PY'
-import socket, sys
-n = int(sys.argv[1])
-for first in range(20000, 60000, n + 1):
-    sockets = []
-    try:
-        for port in range(first, first + n):
-            s = socket.socket(); s.bind(("127.0.0.1", port)); sockets.append(s)
-        print(first); break
-    except OSError:
-        pass
-    finally:
-        for s in sockets: s.close()
-PY
-)
+    first=$(free_ports "$pods")
     cp=$(free_port); metrics=$(free_port); admin_a=$(free_port); admin_b=$(free_port)
     "$BIN" sim vllm --pods "$pods" --port "$first" --profile "$WORK/profile.json" >"$run/sim.log" 2>&1 &
     sim_pid=$!

@@ -129,9 +129,10 @@ async fn signals_reach_every_node_and_outlive_their_leader() {
     wait_for_waiting(&mut on_third, pod, 7).await;
     waiting.store(9, Ordering::Relaxed);
     let age = wait_for_waiting(&mut on_third, pod, 9).await;
-    // Read every 50 ms: a fresh reading's age is a fraction of a second even on a loaded
-    // machine (a bug in its arithmetic gives 0-ish values only by luck, or huge ones).
-    assert!(age < 1_000, "a fresh reading is not {age} ms old");
+    // Read every 50 ms: a broken age (a timestamp taken for an age, a clock mixed up) is
+    // far beyond this bound, which a slow machine cannot reach. The arithmetic itself is
+    // checked in `store/tests.rs`.
+    assert!(age < 5_000, "a fresh reading is not {age} ms old");
 
     // The pod stops answering and the leader goes: the next leader still holds the last
     // readings and serves them to a new subscriber at once.

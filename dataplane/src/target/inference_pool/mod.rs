@@ -326,7 +326,6 @@ impl InferencePoolTarget {
         let (Some(admission), Some(room), Some(class)) = (&pool.admission, &pool.room, class) else {
             return pool.pick(&mut pool.picker(), &request).map_err(refused);
         };
-        pool.claim();
         let (id, mut reply) = {
             let mut queue = room.queue();
             let mut picker = pool.picker();
@@ -381,6 +380,9 @@ impl InferencePoolTarget {
         };
         // A client that leaves while waiting takes its place in the queue with it.
         let _leave = Leave { room, id };
+        // Someone waits: this (live) version must be the one letting requests in. Signals
+        // also claim, so a version that only forwards straight through never needs to.
+        pool.claim();
         ctx.decide(&self.name, "queued");
         room.keep_checking(admission.recheck);
         // Room may have opened between the check and the push.
