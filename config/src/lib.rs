@@ -17,6 +17,7 @@ mod duration;
 mod error;
 mod kind;
 pub mod kinds;
+pub mod mcp_rules;
 mod object;
 pub mod path;
 mod reference;

@@ -11,6 +11,9 @@ use crate::kind::Kind;
 pub struct TargetRef {
     pub kind: String,
     pub name: String,
+    /// A part of the target (an McpBackend's server), where the kind has parts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub section_name: Option<String>,
 }
 
 /// What a reference means for the object holding it.
@@ -68,8 +71,17 @@ impl Reference {
 }
 
 /// The checks every `targetRefs` list gets: at least one target, none twice (a policy
-/// attaches once). Whether each target exists and may be targeted is checked on the set.
-pub(crate) fn check_target_refs(checker: &mut crate::Checker<'_>, refs: &[TargetRef]) {
+/// attaches once), a `sectionName` only where the policy can attach to parts. Whether each
+/// target (and section) exists and may be targeted is checked on the set.
+pub(crate) fn check_target_refs(checker: &mut crate::Checker<'_>, refs: &[TargetRef], sections: bool) {
+    if !sections {
+        if let Some(index) = refs.iter().position(|target| target.section_name.is_some()) {
+            checker.fail(
+                format!("spec.targetRefs[{index}].sectionName"),
+                "this policy attaches to whole objects; sectionName is not supported here",
+            );
+        }
+    }
     if refs.is_empty() {
         checker.fail("spec.targetRefs", "at least one target is required");
     }

@@ -408,7 +408,7 @@ spec: { listeners: [internal], backends: [{ name: admin }] }
         let error = apply_yaml(&base(), route).unwrap_err();
         assert_eq!(
             error,
-            "Route/web: spec.backends[0]: kind \"Listener\" cannot be referenced here, expected Backend or InferencePool"
+            "Route/web: spec.backends[0]: kind \"Listener\" cannot be referenced here, expected Backend or InferencePool or McpBackend"
         );
     }
 

@@ -92,7 +92,7 @@ impl KindSpec for HeaderPolicySpec {
         &KindInfo::of::<HeaderPolicySpec>("HeaderPolicy", "headerpolicies", &["hp"]);
 
     fn check(&self, checker: &mut Checker<'_>) {
-        crate::reference::check_target_refs(checker, &self.target_refs);
+        crate::reference::check_target_refs(checker, &self.target_refs, false);
         if self.request.is_empty() && self.response.is_empty() {
             checker.fail("spec", "changes nothing: give request or response edits");
         }

@@ -19,4 +19,6 @@ kinds! {
     inference_pool::InferencePoolSpec,
     header_policy::HeaderPolicySpec,
     rate_limit_policy::RateLimitPolicySpec,
+    mcp_backend::McpBackendSpec,
+    mcp_authorization::McpAuthorizationSpec,
 }

@@ -68,7 +68,7 @@ impl KindSpec for RateLimitPolicySpec {
         &KindInfo::of::<RateLimitPolicySpec>("RateLimitPolicy", "ratelimitpolicies", &["rlp"]);
 
     fn check(&self, checker: &mut Checker<'_>) {
-        crate::reference::check_target_refs(checker, &self.target_refs);
+        crate::reference::check_target_refs(checker, &self.target_refs, false);
         if !(MIN_RATE..=MAX_RATE).contains(&self.requests_per_second) {
             checker.fail(
                 "spec.requestsPerSecond",

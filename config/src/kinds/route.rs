@@ -85,7 +85,7 @@ pub struct BackendRef {
 }
 
 /// Kinds a route may send to.
-pub const ROUTE_TARGET_KINDS: &[&str] = &["Backend", "InferencePool"];
+pub const ROUTE_TARGET_KINDS: &[&str] = &["Backend", "InferencePool", "McpBackend"];
 
 fn default_backend_kind() -> String {
     "Backend".to_string()
@@ -219,6 +219,14 @@ impl KindSpec for RouteSpec {
                 "spec.backends",
                 "a route sends either to InferencePools (chosen by the request's model) or to \
                  other backends (chosen by weight), not both",
+            );
+        }
+        let mcp = crate::McpBackendSpec::INFO.name;
+        if self.backends.len() > 1 && self.backends.iter().any(|backend| backend.kind == mcp) {
+            checker.fail(
+                "spec.backends",
+                "an McpBackend must be the route's only backend: an MCP session belongs to one \
+                 McpBackend (put several servers in one McpBackend to serve them together)",
             );
         }
         for (index, backend) in self.backends.iter().enumerate() {

@@ -1,12 +1,14 @@
 //! Targets: where a route sends a request, and how. A target kind is one file here plus
 //! one arm in [`compile`]; the plain [`Backend`](backend::BackendTarget) is the first, the
 //! [`InferencePool`](inference_pool::InferencePoolTarget) (an endpoint picker over model
-//! servers) the second.
+//! servers) the second, the [`McpBackend`](mcp::McpTarget) (MCP servers behind one route)
+//! the third.
 //! A target may answer by itself (an MCP target fanning out to several servers) or hand
 //! [`Upstream`] an ordered list of endpoints to try.
 
 mod backend;
 mod inference_pool;
+mod mcp;
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -15,7 +17,9 @@ use std::sync::Arc;
 
 use http::uri::Authority;
 use http::{Request, Response};
-use portcullis_config::{BackendRef, BackendSpec, ConfigSet, InferencePoolSpec, Kind, ObjectKey};
+use portcullis_config::{
+    BackendRef, BackendSpec, ConfigSet, InferencePoolSpec, Kind, McpBackendSpec, ObjectKey,
+};
 use rand::Rng;
 
 use crate::body::Body;
@@ -81,6 +85,13 @@ pub(crate) fn compile(
             pool.clone(),
         );
         targets.pools.insert(metadata.name.clone(), pool);
+    }
+    for (metadata, spec) in config.specs::<McpBackendSpec>() {
+        let target = mcp::McpTarget::compile(&metadata.name, spec, config)?;
+        targets.by_key.insert(
+            ObjectKey::new(Kind::of::<McpBackendSpec>(), metadata.name.as_str()),
+            Arc::new(target),
+        );
     }
     Ok(targets)
 }

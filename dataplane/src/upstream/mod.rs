@@ -227,6 +227,25 @@ impl Upstream {
         )
     }
 
+    /// One HTTP/1.1 exchange on the shared pool, for a target that talks to its upstreams
+    /// itself (MCP fans out and reads answers): no retries, the caller knows what is safe.
+    /// The error says what failed, without the body of anything.
+    pub(crate) async fn http1_exchange(&self, request: Request<Body>) -> Result<Response<Incoming>, String> {
+        self.http1.request(request).await.map_err(|error| {
+            let mut message = if error.is_connect() {
+                "could not connect".to_string()
+            } else {
+                error.to_string()
+            };
+            let mut source = error.source();
+            while let Some(cause) = source {
+                message.push_str(&format!(": {cause}"));
+                source = cause.source();
+            }
+            message
+        })
+    }
+
     async fn exchange(
         &self,
         endpoint: &Endpoint,

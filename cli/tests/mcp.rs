@@ -1,0 +1,684 @@
+//! The MCP gateway end to end: the real binary's control plane and proxy in front of MCP
+//! servers built with the official Rust SDK (`rmcp`, from the crate registry), called by
+//! `rmcp`'s client and, for exact wire checks, by raw HTTP. Covers two servers multiplexed
+//! behind one route, a server-initiated request (sampling) through the multiplexed route,
+//! SSE answers, CEL authorization at list and call time, sessions resumed on a second proxy
+//! replica, and bad input.
+
+#![allow(deprecated)] // rmcp marks sampling deprecated (SEP-2577); legacy clients still use it.
+
+mod support;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use rmcp::handler::server::router::tool::ToolRouter;
+use rmcp::handler::server::wrapper::Parameters;
+use rmcp::model::*;
+use rmcp::service::RequestContext;
+use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
+use rmcp::transport::StreamableHttpClientTransport;
+use rmcp::{schemars, tool, tool_handler, tool_router, ClientHandler, ClientLifecycleMode, ClientServiceExt};
+use rmcp::{ErrorData, RoleClient, RoleServer, ServerHandler};
+use serde_json::{json, Value};
+use support::*;
+
+const HEADER: &str = "apiVersion: portcullis.dev/v1alpha1";
+
+#[derive(Debug, serde::Deserialize, schemars::JsonSchema)]
+struct SumArgs {
+    a: i64,
+    b: i64,
+}
+
+#[derive(Debug, serde::Deserialize, schemars::JsonSchema)]
+struct TextArgs {
+    text: String,
+}
+
+/// An rmcp server: `get-sum`, `echo`, and `ask` (asks the client's model through
+/// sampling, a request from the server to the client), each answer naming the server.
+#[derive(Clone)]
+struct Tools {
+    name: &'static str,
+    tool_router: ToolRouter<Tools>,
+}
+
+#[tool_router]
+impl Tools {
+    #[tool(name = "get-sum", description = "Adds two integers")]
+    fn get_sum(&self, Parameters(SumArgs { a, b }): Parameters<SumArgs>) -> String {
+        (a + b).to_string()
+    }
+
+    #[tool(description = "Echoes text, prefixed with the server's name")]
+    fn echo(&self, Parameters(TextArgs { text }): Parameters<TextArgs>) -> String {
+        format!("{}: {text}", self.name)
+    }
+
+    #[tool(description = "Asks the client's model and returns its answer")]
+    async fn ask(
+        &self,
+        Parameters(TextArgs { text }): Parameters<TextArgs>,
+        context: RequestContext<RoleServer>,
+    ) -> Result<String, ErrorData> {
+        let answer = context
+            .peer
+            .create_message(CreateMessageRequestParams::new(
+                vec![SamplingMessage::user_text(text)],
+                50,
+            ))
+            .await
+            .map_err(|error| ErrorData::internal_error(error.to_string(), None))?;
+        let text = answer
+            .message
+            .content
+            .first()
+            .and_then(|content| content.as_text().map(|t| t.text.clone()));
+        Ok(format!("{} heard: {}", self.name, text.unwrap_or_default()))
+    }
+}
+
+#[tool_handler(router = self.tool_router)]
+impl ServerHandler for Tools {
+    fn get_info(&self) -> ServerConfig {
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+    }
+}
+
+/// A client that answers sampling requests with a fixed "model" reply.
+#[derive(Clone, Default)]
+struct Sampler;
+
+impl ClientHandler for Sampler {
+    async fn create_message(
+        &self,
+        params: CreateMessageRequestParams,
+        _context: RequestContext<RoleClient>,
+    ) -> Result<CreateMessageResult, ErrorData> {
+        let asked = params
+            .messages
+            .first()
+            .and_then(|message| message.content.first())
+            .and_then(|content| content.as_text().map(|text| text.text.clone()))
+            .unwrap_or_default();
+        Ok(CreateMessageResult::new(
+            SamplingMessage::assistant_text(format!("model says {asked}")),
+            "test-model".into(),
+        ))
+    }
+
+    fn get_info(&self) -> ClientConfig {
+        ClientConfig::new(
+            ClientCapabilities::builder().enable_sampling().build(),
+            Implementation::new("portcullis-test", "0"),
+        )
+    }
+}
+
+/// Serves an rmcp server on a fresh loopback port; `json` prefers JSON answers over SSE.
+async fn serve(name: &'static str, json: bool) -> SocketAddr {
+    let service: StreamableHttpService<Tools, LocalSessionManager> = StreamableHttpService::new(
+        move || {
+            Ok(Tools {
+                name,
+                tool_router: Tools::tool_router(),
+            })
+        },
+        Default::default(),
+        StreamableHttpServerConfig::default()
+            .with_sse_keep_alive(None)
+            .with_json_response(json),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                continue;
+            };
+            let service = hyper_util::service::TowerToHyperService::new(service.clone());
+            tokio::spawn(async move {
+                let io = hyper_util::rt::TokioIo::new(stream);
+                let _ = hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new())
+                    .serve_connection(io, service)
+                    .await;
+            });
+        }
+    });
+    address
+}
+
+/// A runtime for the MCP servers and clients; the gateway helpers block, so they run on
+/// the test's own thread while the servers keep serving on the runtime's workers.
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+fn mcp_config(port: u16, servers: &[(&str, SocketAddr)], extra: &str) -> String {
+    let servers: Vec<String> = servers
+        .iter()
+        .map(|(name, address)| format!("  - {{name: {name}, url: 'http://{address}/mcp', timeout: 3s}}"))
+        .collect();
+    format!(
+        "{HEADER}\nkind: Listener\nmetadata: {{name: gw}}\nspec: {{address: 127.0.0.1, port: {port}}}\n---\n\
+         {HEADER}\nkind: McpBackend\nmetadata: {{name: tools}}\nspec:\n  servers:\n{}\n{extra}---\n\
+         {HEADER}\nkind: Route\nmetadata: {{name: mcp}}\nspec: {{listeners: [gw], backends: [{{kind: McpBackend, name: tools}}]}}\n",
+        servers.join("\n")
+    )
+}
+
+async fn rmcp_client(port: u16) -> rmcp::service::RunningService<RoleClient, Sampler> {
+    let transport = StreamableHttpClientTransport::from_uri(format!("http://127.0.0.1:{port}/mcp"));
+    Sampler
+        .serve_with_lifecycle(transport, ClientLifecycleMode::Initialize)
+        .await
+        .expect("the client initializes through the gateway")
+}
+
+fn arguments(value: Value) -> serde_json::Map<String, Value> {
+    value.as_object().cloned().unwrap_or_default()
+}
+
+fn text_of(result: &CallToolResult) -> String {
+    result
+        .content
+        .iter()
+        .filter_map(|content| content.as_text().map(|text| text.text.clone()))
+        .collect()
+}
+
+#[test]
+fn two_servers_behind_one_route_with_the_rmcp_client() {
+    let dir = tempfile::tempdir().unwrap();
+    let runtime = runtime();
+    // One answers in JSON, the other in SSE: the gateway relays both.
+    let math = runtime.block_on(serve("math", true));
+    let web = runtime.block_on(serve("web", false));
+    let port = free_port();
+    let _gateway = start_gateway(dir.path(), &mcp_config(port, &[("math", math), ("web", web)], ""));
+
+    runtime.block_on(async {
+        let client = rmcp_client(port).await;
+        let mut names: Vec<String> = client
+            .list_all_tools()
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|tool| tool.name.to_string())
+            .collect();
+        names.sort();
+        assert_eq!(
+            names,
+            [
+                "math__ask",
+                "math__echo",
+                "math__get-sum",
+                "web__ask",
+                "web__echo",
+                "web__get-sum"
+            ]
+        );
+
+        let sum = client
+            .call_tool(
+                CallToolRequestParams::new("math__get-sum")
+                    .with_arguments(arguments(json!({"a": 2, "b": 3}))),
+            )
+            .await
+            .unwrap();
+        assert_eq!(text_of(&sum), "5");
+        for server in ["math", "web"] {
+            let echo = client
+                .call_tool(
+                    CallToolRequestParams::new(format!("{server}__echo"))
+                        .with_arguments(arguments(json!({"text": "hi"}))),
+                )
+                .await
+                .unwrap();
+            assert_eq!(
+                text_of(&echo),
+                format!("{server}: hi"),
+                "the call reached {server}"
+            );
+        }
+
+        // Sampling: the server asks the client mid-call; over the multiplexed route the
+        // request's id names its server and the client's answer goes back to it.
+        for server in ["math", "web"] {
+            let asked = client
+                .call_tool(
+                    CallToolRequestParams::new(format!("{server}__ask"))
+                        .with_arguments(arguments(json!({"text": "2+2"}))),
+                )
+                .await
+                .unwrap();
+            assert_eq!(text_of(&asked), format!("{server} heard: model says 2+2"));
+        }
+
+        let unknown = client
+            .call_tool(CallToolRequestParams::new("mail__send"))
+            .await
+            .expect_err("a tool of no server is an error");
+        assert!(
+            unknown.to_string().contains("Unknown tool: mail__send"),
+            "{unknown}"
+        );
+        client.cancel().await.unwrap();
+    });
+}
+
+/// A raw MCP session over HTTP/1.1, for checks on the wire.
+struct Wire {
+    port: u16,
+    session: String,
+}
+
+const ACCEPT_BOTH: (&str, &str) = ("Accept", "application/json, text/event-stream");
+
+impl Wire {
+    fn initialize(port: u16) -> Wire {
+        let body = json!({"jsonrpc": "2.0", "id": 0, "method": "initialize",
+            "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "wire", "version": "0"}}});
+        let response =
+            http_request_with(port, "POST", "/mcp", &[ACCEPT_BOTH], Some(&body.to_string())).unwrap();
+        assert_eq!(response.status, 200, "{}", response.body);
+        let session = header(&response, "mcp-session-id").expect("a session id");
+        let answer: Value = serde_json::from_str(&response.body).unwrap();
+        assert_eq!(answer["result"]["protocolVersion"], "2025-06-18");
+        Wire { port, session }
+    }
+
+    fn post(&self, body: &Value) -> (u16, Value) {
+        let headers = [
+            ACCEPT_BOTH,
+            ("Mcp-Session-Id", self.session.as_str()),
+            ("MCP-Protocol-Version", "2025-06-18"),
+        ];
+        let response =
+            http_request_with(self.port, "POST", "/mcp", &headers, Some(&body.to_string())).unwrap();
+        (response.status, json_or_last_event(&response.body))
+    }
+
+    fn call(&self, tool: &str, args: Value) -> (u16, Value) {
+        self.post(&json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {"name": tool, "arguments": args}}))
+    }
+
+    fn tools(&self) -> Vec<String> {
+        let (status, answer) = self.post(&json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list"}));
+        assert_eq!(status, 200);
+        let mut names: Vec<String> = answer["result"]["tools"]
+            .as_array()
+            .unwrap_or_else(|| panic!("no tools in {answer}"))
+            .iter()
+            .map(|tool| tool["name"].as_str().unwrap().to_string())
+            .collect();
+        names.sort();
+        names
+    }
+}
+
+fn header(response: &HttpResponse, name: &str) -> Option<String> {
+    response.head.lines().find_map(|line| {
+        let (field, value) = line.split_once(':')?;
+        field.eq_ignore_ascii_case(name).then(|| value.trim().to_string())
+    })
+}
+
+/// The JSON body, or the last `data:` of an SSE body.
+fn json_or_last_event(body: &str) -> Value {
+    serde_json::from_str(body).unwrap_or_else(|_| {
+        body.lines()
+            .rev()
+            .filter_map(|line| line.strip_prefix("data:"))
+            .find_map(|data| serde_json::from_str(data.trim()).ok())
+            .unwrap_or(Value::Null)
+    })
+}
+
+fn authorization(rules: &str) -> String {
+    format!("---\n{HEADER}\nkind: McpAuthorization\nmetadata: {{name: sums}}\nspec:\n  targetRefs: [{{kind: McpBackend, name: tools, sectionName: math}}]\n{rules}")
+}
+
+#[test]
+fn authorization_lists_what_may_be_called_and_decides_calls_on_their_arguments() {
+    let dir = tempfile::tempdir().unwrap();
+    let runtime = runtime();
+    let math = runtime.block_on(serve("math", false));
+    let web = runtime.block_on(serve("web", true));
+    let port = free_port();
+    let rule = "  allow: ['mcp.tool.name == \"get-sum\" && mcp.tool.arguments.a == 1']\n";
+    let gateway = start_gateway(
+        dir.path(),
+        &mcp_config(port, &[("math", math), ("web", web)], &authorization(rule)),
+    );
+    let wire = Wire::initialize(port);
+    // get-sum's rule needs arguments: listed. echo and ask can never pass: hidden. The
+    // policy is on server math only: web's tools are untouched.
+    assert_eq!(
+        wire.tools(),
+        ["math__get-sum", "web__ask", "web__echo", "web__get-sum"]
+    );
+
+    let (status, allowed) = wire.call("math__get-sum", json!({"a": 1, "b": 2}));
+    assert_eq!(
+        (status, allowed["result"]["content"][0]["text"].clone()),
+        (200, json!("3")),
+        "{allowed}"
+    );
+    let (status, denied) = wire.call("math__get-sum", json!({"a": 2, "b": 2}));
+    assert_eq!(status, 200);
+    assert_eq!(denied["id"], 7);
+    assert_eq!(denied["error"]["code"], -32010, "{denied}");
+    assert_eq!(
+        denied["error"]["message"],
+        "McpAuthorization/sums: tools/call of math__get-sum is not allowed: no allow rule holds"
+    );
+    let (_, echo) = wire.call("math__echo", json!({"text": "x"}));
+    assert_eq!(
+        echo["error"]["code"], -32010,
+        "not listed, and not callable: {echo}"
+    );
+    let (_, web_echo) = wire.call("web__echo", json!({"text": "x"}));
+    assert_eq!(web_echo["result"]["content"][0]["text"], "web: x");
+
+    // The same rule written to decide at list time on the absence of arguments.
+    let rule = "  allow: ['!has(mcp.tool.arguments) || mcp.tool.arguments.a == 1']\n";
+    gateway.apply(
+        dir.path(),
+        &mcp_config(port, &[("math", math), ("web", web)], &authorization(rule)),
+    );
+    let wire = Wire::initialize(port);
+    assert_eq!(
+        wire.tools().len(),
+        6,
+        "every tool may be called with the right arguments"
+    );
+    assert_eq!(
+        wire.call("math__get-sum", json!({"a": 1, "b": 5})).1["result"]["content"][0]["text"],
+        "6"
+    );
+    assert_eq!(
+        wire.call("math__get-sum", json!({"a": 3, "b": 5})).1["error"]["code"],
+        -32010
+    );
+    assert_eq!(
+        wire.call("math__echo", json!({"text": "no a"})).1["error"]["code"],
+        -32010,
+        "a missing argument does not hold"
+    );
+
+    // Decisions reach the metrics.
+    wait_for("decisions in the metrics", Duration::from_secs(5), || {
+        metric(
+            gateway.admin,
+            "portcullis_proxy_policy_decisions_total",
+            &["deny"],
+        ) >= 3.0
+    });
+}
+
+#[test]
+fn rules_that_cannot_work_are_refused_at_apply_with_the_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let runtime = runtime();
+    let math = runtime.block_on(serve("math", true));
+    let port = free_port();
+    let gateway = start_gateway(
+        dir.path(),
+        &mcp_config(port, &[("math", math), ("web", math)], ""),
+    );
+    let cases = [
+        (
+            "mcp.tool.name == \"math__get-sum\"",
+            "prefixed name \"math__get-sum\"",
+        ),
+        ("tool.name == \"echo\"", "unknown variable `tool`"),
+        ("mcp.tool.nam == \"echo\"", "unknown field `mcp.tool.nam`"),
+        ("mcp.server == \"mail\"", "not a server it applies to"),
+        ("mcp.tool.name > 3", "cannot be evaluated"),
+    ];
+    for (rule, reason) in cases {
+        let rules = format!("  allow: ['{}']\n", rule.replace('\'', "''"));
+        let path = write_file(
+            dir.path(),
+            "bad.yaml",
+            &mcp_config(port, &[("math", math), ("web", math)], &authorization(&rules)),
+        );
+        let output = cli(&[
+            "apply",
+            "-f",
+            path.to_str().unwrap(),
+            "--controlplane",
+            &gateway.address,
+        ]);
+        assert!(!output.status.success(), "{rule} was accepted");
+        let error = stderr(&output);
+        assert!(
+            error.contains("spec.allow[0]") && error.contains(reason),
+            "{rule}: {error}"
+        );
+    }
+    let unknown_section = mcp_config(
+        port,
+        &[("math", math)],
+        &authorization("  allow: ['true']\n").replace("sectionName: math", "sectionName: mail"),
+    );
+    let path = write_file(dir.path(), "bad.yaml", &unknown_section);
+    let output = cli(&[
+        "apply",
+        "-f",
+        path.to_str().unwrap(),
+        "--controlplane",
+        &gateway.address,
+    ]);
+    assert!(
+        stderr(&output).contains("McpBackend/tools has no server \"mail\""),
+        "{}",
+        stderr(&output)
+    );
+}
+
+#[test]
+fn a_session_opened_on_one_replica_continues_on_another() {
+    let dir = tempfile::tempdir().unwrap();
+    let runtime = runtime();
+    let math = runtime.block_on(serve("math", false));
+    let key = write_file(dir.path(), "session.key", &"5a".repeat(32));
+    let (port_a, port_b) = (free_port(), free_port());
+    // Two replicas, each serving its own listener of the same McpBackend.
+    let keys = format!("  sessionKeys: [{{file: {}}}]\n", key.display());
+    let replica_b = format!(
+        "---\n{HEADER}\nkind: Listener\nmetadata: {{name: gw-b, labels: {{replica: b}}}}\nspec: {{address: 127.0.0.1, port: {port_b}}}\n---\n\
+         {HEADER}\nkind: Route\nmetadata: {{name: mcp-b}}\nspec: {{listeners: [gw-b], backends: [{{kind: McpBackend, name: tools}}]}}\n"
+    );
+    let config = mcp_config(port_a, &[("math", math)], &keys)
+        .replace("name: gw}", "name: gw, labels: {replica: a}}")
+        + &replica_b;
+    let cp_port = free_port();
+    let controlplane = format!("127.0.0.1:{cp_port}");
+    let _controlplane = start_controlplane(dir.path(), cp_port);
+    let (admin_a, admin_b) = (free_port(), free_port());
+    let _proxy_a = start_proxy(dir.path(), "a", &controlplane, admin_a, &["--shard", "replica=a"]);
+    let _proxy_b = start_proxy(dir.path(), "b", &controlplane, admin_b, &["--shard", "replica=b"]);
+    apply(dir.path(), "replicas.yaml", &config, &controlplane);
+    let version = config_version(&controlplane);
+    for replica in ["a", "b"] {
+        wait_for("both replicas on the config", Duration::from_secs(20), || {
+            proxy_applied(&controlplane, replica) == Some((version, true))
+        });
+    }
+
+    let on_a = Wire::initialize(port_a);
+    let on_b = Wire {
+        port: port_b,
+        session: on_a.session.clone(),
+    };
+    let (status, sum) = on_b.call("get-sum", json!({"a": 20, "b": 22}));
+    assert_eq!(
+        (status, sum["result"]["content"][0]["text"].clone()),
+        (200, json!("42")),
+        "{sum}"
+    );
+
+    // A forged or foreign id is no session: 404 tells the client to initialize again.
+    let forged = Wire {
+        port: port_b,
+        session: format!("{}x", on_a.session),
+    };
+    let (status, answer) = forged.call("get-sum", json!({"a": 1, "b": 1}));
+    assert_eq!((status, answer["error"]["code"].clone()), (404, json!(-32600)));
+}
+
+#[test]
+fn bad_input_gets_the_protocol_error_and_reaches_no_server() {
+    let dir = tempfile::tempdir().unwrap();
+    let runtime = runtime();
+    let math = runtime.block_on(serve("math", true));
+    // A server that accepts connections and never answers, and one that answers garbage.
+    let hanging = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let garbage = runtime.block_on(async {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            use tokio::io::{AsyncReadExt, AsyncWriteExt};
+            while let Ok((mut stream, _)) = listener.accept().await {
+                let mut buffer = [0u8; 4096];
+                let _ = stream.read(&mut buffer).await;
+                let _ = stream
+                    .write_all(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 5\r\n\r\nhello")
+                    .await;
+            }
+        });
+        address
+    });
+    let port = free_port();
+    let config = mcp_config(port, &[("math", math)], "").replace(
+        "kind: Route\nmetadata: {name: mcp}\nspec: {listeners: [gw],",
+        "kind: Route\nmetadata: {name: mcp}\nspec: {limits: {maxRequestBodyBytes: 4096}, listeners: [gw],",
+    );
+    let _gateway = start_gateway(dir.path(), &config);
+    let wire = Wire::initialize(port);
+    let session = ("Mcp-Session-Id", wire.session.as_str());
+
+    let cases: [Case; 8] = [
+        (&[ACCEPT_BOTH, session], "{not json", 400, -32700),
+        (
+            &[ACCEPT_BOTH, session],
+            r#"{"jsonrpc":"1.0","id":1,"method":"ping"}"#,
+            400,
+            -32600,
+        ),
+        (
+            &[ACCEPT_BOTH, session],
+            r#"[{"jsonrpc":"2.0","id":1,"method":"ping"}]"#,
+            400,
+            -32600,
+        ),
+        (
+            &[ACCEPT_BOTH, session],
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/list","params":[]}"#,
+            400,
+            -32602,
+        ),
+        (
+            &[("Accept", "application/json"), session],
+            r#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#,
+            406,
+            -32600,
+        ),
+        (
+            &[ACCEPT_BOTH],
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/list"}"#,
+            400,
+            -32600,
+        ),
+        (
+            &[ACCEPT_BOTH, ("Mcp-Session-Id", "forged")],
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/list"}"#,
+            404,
+            -32600,
+        ),
+        (
+            &[ACCEPT_BOTH, session, ("MCP-Protocol-Version", "2026-07-28")],
+            r#"{"jsonrpc":"2.0","id":1,"method":"server/discover"}"#,
+            400,
+            -32022,
+        ),
+    ];
+    for (headers, body, status, code) in cases {
+        let response = http_request_with(port, "POST", "/mcp", headers, Some(body)).unwrap();
+        let answer: Value =
+            serde_json::from_str(&response.body).unwrap_or_else(|_| panic!("{body}: {}", response.body));
+        assert_eq!(
+            (response.status, answer["error"]["code"].as_i64()),
+            (status, Some(code)),
+            "{body}: {answer}"
+        );
+    }
+    // Wrong content type, and a body over the route's limit.
+    let raw = "POST /mcp HTTP/1.1\r\nHost: x\r\nConnection: close\r\nAccept: application/json, text/event-stream\r\nContent-Type: text/plain\r\nContent-Length: 2\r\n\r\n{}";
+    assert!(raw_request(port, raw).starts_with("HTTP/1.1 415"));
+    let huge = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "echo", "arguments": {"text": "x".repeat(10_000)}}});
+    let response = http_request_with(
+        port,
+        "POST",
+        "/mcp",
+        &[ACCEPT_BOTH, session],
+        Some(&huge.to_string()),
+    )
+    .unwrap();
+    assert_eq!(response.status, 413);
+    // The server saw none of it: the session still works.
+    assert_eq!(
+        wire.call("echo", json!({"text": "still here"})).1["result"]["content"][0]["text"],
+        "math: still here"
+    );
+
+    // Upstreams that hang or answer garbage: a JSON-RPC error naming the server.
+    let config = mcp_config(
+        port,
+        &[
+            ("math", math),
+            ("hangs", hanging.local_addr().unwrap()),
+            ("garbage", garbage),
+        ],
+        "",
+    )
+    .replace("name: hangs, url:", "name: hangs, failureMode: Omit, url:");
+    let gateway = _gateway;
+    gateway.apply(dir.path(), &config);
+    let started = std::time::Instant::now();
+    let body = json!({"jsonrpc": "2.0", "id": 3, "method": "initialize",
+        "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "wire", "version": "0"}}});
+    let response = http_request_with(port, "POST", "/mcp", &[ACCEPT_BOTH], Some(&body.to_string())).unwrap();
+    let answer: Value = serde_json::from_str(&response.body).unwrap();
+    assert_eq!(answer["error"]["code"], -32011, "{answer}");
+    let message = answer["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("server garbage") && message.contains("not a JSON-RPC response"),
+        "{message}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "bounded by the server timeout"
+    );
+}
+
+/// Request headers, body, expected HTTP status and JSON-RPC error code.
+type Case<'a> = (&'a [(&'a str, &'a str)], &'a str, u16, i64);
+
+fn raw_request(port: u16, raw: &str) -> String {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    stream.write_all(raw.as_bytes()).unwrap();
+    let mut out = String::new();
+    let _ = stream.read_to_string(&mut out);
+    out
+}

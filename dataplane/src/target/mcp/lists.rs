@@ -1,0 +1,179 @@
+//! Lists across servers: `tools/list`, `prompts/list`, `resources/list` and
+//! `resources/templates/list` fan out to every server of the session at once; the answer
+//! merges their pages, names prefixed, items no rule could allow left out. When servers
+//! have further pages, `nextCursor` holds each one's own cursor, so the next call asks only
+//! those servers for their next page
+//! (<https://modelcontextprotocol.io/specification/2025-11-25/server/utilities/pagination>).
+
+use std::collections::BTreeMap;
+
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use base64::Engine;
+use futures::future::join_all;
+use http::Response;
+use portcullis_config::mcp_rules::{Item, ItemKind};
+use portcullis_config::McpFailureMode;
+use serde_json::{json, Map, Value};
+
+use super::server::Headers;
+use super::session::Session;
+use super::{caller, inject_trace, invalid_params, session_not_found, upstream_failed, Exchange, McpTarget};
+use crate::body::Body;
+
+/// The shape of one kind of list.
+struct ListKind {
+    /// The result's array.
+    field: &'static str,
+    /// Each item's name or URI, prefixed with its server.
+    key: &'static str,
+    /// What rules judge, if they judge these items at all (templates are not items).
+    judged: Option<ItemKind>,
+    renamed: ItemKind,
+}
+
+fn list_kind(method: &str) -> Option<ListKind> {
+    let (field, key, judged, renamed) = match method {
+        "tools/list" => ("tools", "name", Some(ItemKind::Tool), ItemKind::Tool),
+        "prompts/list" => ("prompts", "name", Some(ItemKind::Prompt), ItemKind::Prompt),
+        "resources/list" => ("resources", "uri", Some(ItemKind::Resource), ItemKind::Resource),
+        "resources/templates/list" => ("resourceTemplates", "uriTemplate", None, ItemKind::Resource),
+        _ => return None,
+    };
+    Some(ListKind {
+        field,
+        key,
+        judged,
+        renamed,
+    })
+}
+
+/// Each server still to be asked, with its own cursor (`None`: its first page).
+type Cursor = BTreeMap<String, Option<String>>;
+
+fn encode_cursor(cursor: &Cursor) -> String {
+    URL_SAFE_NO_PAD.encode(serde_json::to_vec(cursor).unwrap_or_default())
+}
+
+fn decode_cursor(text: &str) -> Option<Cursor> {
+    serde_json::from_slice(&URL_SAFE_NO_PAD.decode(text).ok()?).ok()
+}
+
+impl McpTarget {
+    pub(super) async fn list(
+        &self,
+        exchange: &mut Exchange<'_>,
+        session: &Session,
+        id: &Value,
+        method: &str,
+        mut params: Map<String, Value>,
+    ) -> Response<Body> {
+        let Some(kind) = list_kind(method) else {
+            return invalid_params(id, format!("{method} is not a list"));
+        };
+        let asked: Cursor = match params.remove("cursor") {
+            None | Some(Value::Null) => session
+                .servers
+                .iter()
+                .map(|server| (server.name.clone(), None))
+                .collect(),
+            Some(Value::String(text)) => match decode_cursor(&text) {
+                Some(cursor) if cursor.keys().all(|server| session.server(server).is_some()) => cursor,
+                _ => return invalid_params(id, "Invalid params: unknown cursor".into()),
+            },
+            Some(_) => return invalid_params(id, "Invalid params: cursor must be a string".into()),
+        };
+        let mut base = Value::Object(params);
+        inject_trace(&mut base, exchange);
+        let trace = &exchange.ctx.trace;
+        let upstream = exchange.upstream;
+        let pages = asked.iter().filter_map(|(name, cursor)| {
+            let index = self.server_index(name)?;
+            let state = session.server(name)?;
+            let mut params = base.clone();
+            if let Some(cursor) = cursor {
+                params["cursor"] = Value::from(cursor.as_str());
+            }
+            let message = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
+            Some(async move {
+                let server = &self.servers[index];
+                let headers = Headers {
+                    session: state.id.as_deref(),
+                    version: Some(&state.version),
+                    trace,
+                };
+                let outcome = match server.call(upstream, &headers, &message).await {
+                    Ok(answer) => answer.result(server),
+                    Err(error) => Err(error),
+                };
+                (index, outcome)
+            })
+        });
+        let pages = join_all(pages).await;
+
+        let judging = kind
+            .judged
+            .filter(|_| pages.iter().any(|(index, _)| !self.rules[*index].is_empty()));
+        let caller = judging.map(|_| caller(exchange));
+        let mut items = Vec::new();
+        let mut next = Cursor::new();
+        for (index, outcome) in pages {
+            let server = &self.servers[index];
+            let page = match outcome {
+                Ok(page) => page,
+                Err(error) if error.session_gone => return session_not_found(id),
+                Err(error) if server.failure_mode == McpFailureMode::Omit => {
+                    tracing::warn!(target = %self.name, %error, "MCP server left out of a list");
+                    continue;
+                }
+                Err(error) => return upstream_failed(id, &self.name, &error.to_string()),
+            };
+            if let Some(cursor) = page.get("nextCursor").and_then(Value::as_str) {
+                next.insert(server.name.to_string(), Some(cursor.to_string()));
+            }
+            let Some(Value::Array(page_items)) = page.get(kind.field) else {
+                continue;
+            };
+            for item in page_items {
+                let Some(own) = item.get(kind.key).and_then(Value::as_str) else {
+                    continue;
+                };
+                if let (Some(judged), Some(caller)) = (kind.judged, &caller) {
+                    let listed = Item {
+                        kind: judged,
+                        server: &server.name,
+                        name: own,
+                        arguments: None,
+                    };
+                    if !self.rules[index].judge(caller, listed).permits() {
+                        continue;
+                    }
+                }
+                let mut item = item.clone();
+                item[kind.key] = Value::from(self.public_name(&server.name, kind.renamed, own));
+                items.push(item);
+            }
+        }
+        let mut result = json!({ kind.field: items });
+        if !next.is_empty() {
+            result["nextCursor"] = Value::from(encode_cursor(&next));
+        }
+        super::jsonrpc::result(id, result)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cursors_round_trip_and_garbage_is_refused() {
+        let cursor: Cursor = [
+            ("math".to_string(), Some("p2".to_string())),
+            ("web".to_string(), None),
+        ]
+        .into();
+        assert_eq!(decode_cursor(&encode_cursor(&cursor)), Some(cursor));
+        assert_eq!(decode_cursor("not a cursor"), None);
+        assert_eq!(decode_cursor(&URL_SAFE_NO_PAD.encode(b"[1,2]")), None);
+    }
+}

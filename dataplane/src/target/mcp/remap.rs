@@ -1,0 +1,142 @@
+//! Requests a server sends the client on a multiplexed route (sampling, elicitation, roots)
+//! get ids that name their server, so ids of two servers cannot collide and the client's
+//! answer goes back to the server that asked: `math__7` for the `7` of server `math`.
+
+use std::collections::VecDeque;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http_body::{Body as HttpBody, Frame};
+use portcullis_config::MCP_NAME_SEPARATOR;
+use serde_json::Value;
+
+use super::sse;
+use crate::body::{Body, BoxError};
+
+/// An SSE event left unfinished beyond this is not an MCP message.
+const MAX_PENDING_EVENT_BYTES: usize = 16 * 1024 * 1024;
+
+pub(super) fn encode_id(server: &str, id: &Value) -> Value {
+    Value::String(format!("{server}{MCP_NAME_SEPARATOR}{id}"))
+}
+
+/// The server and its own id, for an id made by [`encode_id`].
+pub(super) fn decode_id(id: &Value) -> Option<(&str, Value)> {
+    let (server, original) = id.as_str()?.split_once(MCP_NAME_SEPARATOR)?;
+    Some((server, serde_json::from_str(original).ok()?))
+}
+
+/// A server's SSE answer with the ids of its requests to the client rewritten.
+pub(super) struct RemapRequests {
+    inner: Body,
+    server: String,
+    parser: sse::Parser,
+    events: Vec<sse::Event>,
+    ready: VecDeque<Bytes>,
+    ended: bool,
+}
+
+impl RemapRequests {
+    pub(super) fn new(inner: Body, server: &str) -> RemapRequests {
+        RemapRequests {
+            inner,
+            server: server.to_string(),
+            parser: sse::Parser::default(),
+            events: Vec::new(),
+            ready: VecDeque::new(),
+            ended: false,
+        }
+    }
+
+    fn rewrite(&self, mut event: sse::Event) -> Bytes {
+        if let Ok(Value::Object(mut message)) = serde_json::from_str::<Value>(&event.data) {
+            if message.contains_key("method") {
+                if let Some(id) = message.get("id").cloned() {
+                    message.insert("id".into(), encode_id(&self.server, &id));
+                    event.data = Value::Object(message).to_string();
+                }
+            }
+        }
+        event.encode()
+    }
+}
+
+impl HttpBody for RemapRequests {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = &mut *self;
+        loop {
+            if let Some(bytes) = this.ready.pop_front() {
+                return Poll::Ready(Some(Ok(Frame::data(bytes))));
+            }
+            if this.ended {
+                return Poll::Ready(None);
+            }
+            match Pin::new(&mut this.inner).poll_frame(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(None) => this.ended = true,
+                Poll::Ready(Some(Err(error))) => return Poll::Ready(Some(Err(error))),
+                Poll::Ready(Some(Ok(frame))) => {
+                    let Ok(data) = frame.into_data() else { continue };
+                    let mut events = std::mem::take(&mut this.events);
+                    this.parser.feed(&data, &mut events);
+                    for event in events.drain(..) {
+                        let bytes = this.rewrite(event);
+                        this.ready.push_back(bytes);
+                    }
+                    this.events = events;
+                    if this.parser.pending() > MAX_PENDING_EVENT_BYTES {
+                        return Poll::Ready(Some(Err(
+                            "an event of the server's stream exceeds 16 MiB".into()
+                        )));
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::BodyExt;
+
+    #[test]
+    fn ids_name_their_server_and_come_back() {
+        for id in [Value::from(7), Value::from("a__b"), Value::from(-1)] {
+            let encoded = encode_id("math", &id);
+            assert_eq!(decode_id(&encoded), Some(("math", id)));
+        }
+        assert_eq!(decode_id(&Value::from(7)), None);
+        assert_eq!(decode_id(&Value::from("math__{")), None);
+    }
+
+    #[tokio::test]
+    async fn requests_are_remapped_responses_and_notifications_are_not() {
+        let stream = concat!(
+            "event: message\r\ndata: {\"jsonrpc\":\"2.0\",\"method\":\"notifications/progress\",\"params\":{}}\r\n\r\n",
+            "event: message\r\ndata: {\"jsonrpc\":\"2.0\",\"id\":0,\"method\":\"sampling/createMessage\",\"params\":{}}\r\n\r\n",
+            "event: message\r\ndata: {\"jsonrpc\":\"2.0\",\"id\":5,\"result\":{}}\r\n\r\n",
+        );
+        let body = RemapRequests::new(crate::body::full(stream), "math");
+        let out = body.collect().await.unwrap().to_bytes();
+        let out = String::from_utf8(out.to_vec()).unwrap();
+        let mut parser = sse::Parser::default();
+        let mut events = Vec::new();
+        parser.feed(out.as_bytes(), &mut events);
+        let messages: Vec<Value> = events
+            .iter()
+            .map(|e| serde_json::from_str(&e.data).unwrap())
+            .collect();
+        assert_eq!(messages.len(), 3);
+        assert!(messages[0].get("id").is_none());
+        assert_eq!(messages[1]["id"], "math__0");
+        assert_eq!(messages[2]["id"], 5);
+    }
+}

@@ -1,0 +1,265 @@
+//! One MCP server behind an McpBackend, spoken to over Streamable HTTP
+//! (<https://modelcontextprotocol.io/specification/2025-11-25/basic/transports>).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{ACCEPT, CONTENT_TYPE, HOST};
+use http::{HeaderName, HeaderValue, Method, Request, Response, StatusCode, Uri};
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use portcullis_config::{McpFailureMode, McpServerSpec};
+use serde_json::Value;
+
+use super::sse;
+use crate::body::{self, Body};
+use crate::telemetry::RequestTrace;
+use crate::upstream::Upstream;
+
+pub(super) const SESSION_ID: HeaderName = HeaderName::from_static("mcp-session-id");
+pub(super) const PROTOCOL_VERSION: HeaderName = HeaderName::from_static("mcp-protocol-version");
+const TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
+const TRACESTATE: HeaderName = HeaderName::from_static("tracestate");
+/// An answer the gateway reads whole (a list, an initialize result) may be this large.
+const MAX_ANSWER_BYTES: usize = 16 * 1024 * 1024;
+
+pub(super) struct Server {
+    pub(super) name: Arc<str>,
+    pub(super) authority: http::uri::Authority,
+    uri: Uri,
+    host: HeaderValue,
+    pub(super) timeout: Duration,
+    pub(super) failure_mode: McpFailureMode,
+}
+
+/// Why a server could not answer; the message names the server, never a session id.
+#[derive(Debug)]
+pub(super) struct Failure {
+    pub(super) server: Arc<str>,
+    pub(super) reason: String,
+    /// The server no longer knows the session (HTTP 404): the client must initialize again.
+    pub(super) session_gone: bool,
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "server {}: {}", self.server, self.reason)
+    }
+}
+
+/// What to send besides the body.
+pub(super) struct Headers<'a> {
+    pub(super) session: Option<&'a str>,
+    /// Absent on `initialize`.
+    pub(super) version: Option<&'a str>,
+    pub(super) trace: &'a RequestTrace,
+}
+
+impl Server {
+    pub(super) fn compile(spec: &McpServerSpec) -> Result<Server, String> {
+        let url = portcullis_config::parse_mcp_url(&spec.url)?;
+        let authority: http::uri::Authority = url.authority.parse().map_err(|error| format!("{error}"))?;
+        let uri = Uri::builder()
+            .scheme("http")
+            .authority(authority.clone())
+            .path_and_query(url.path_and_query.as_str())
+            .build()
+            .map_err(|error| error.to_string())?;
+        Ok(Server {
+            name: Arc::from(spec.name.as_str()),
+            host: HeaderValue::from_str(authority.as_str()).map_err(|error| error.to_string())?,
+            authority,
+            uri,
+            timeout: spec.timeout(),
+            failure_mode: spec.failure_mode,
+        })
+    }
+
+    pub(super) fn failure(&self, reason: impl Into<String>) -> Failure {
+        Failure {
+            server: self.name.clone(),
+            reason: reason.into(),
+            session_gone: false,
+        }
+    }
+
+    fn request(&self, method: Method, headers: &Headers<'_>, body: Body) -> Result<Request<Body>, Failure> {
+        let mut request = Request::new(body);
+        *request.method_mut() = method;
+        *request.uri_mut() = self.uri.clone();
+        let map = request.headers_mut();
+        // The server's own authority: MCP servers bound to loopback refuse other hosts
+        // (DNS-rebinding protection).
+        map.insert(HOST, self.host.clone());
+        map.insert(
+            ACCEPT,
+            HeaderValue::from_static("application/json, text/event-stream"),
+        );
+        map.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        for (name, value) in [
+            (&SESSION_ID, headers.session),
+            (&PROTOCOL_VERSION, headers.version),
+        ] {
+            if let Some(value) = value {
+                let value = HeaderValue::from_str(value)
+                    .map_err(|_| self.failure("the session holds a value that is not a valid header"))?;
+                map.insert(name, value);
+            }
+        }
+        if let Some(traceparent) = headers.trace.traceparent() {
+            map.insert(TRACEPARENT, traceparent);
+            if let Some(tracestate) = headers.trace.tracestate() {
+                map.insert(TRACESTATE, tracestate.clone());
+            }
+        }
+        Ok(request)
+    }
+
+    /// Sends one message; the response headers must come within the server's timeout.
+    pub(super) async fn post(
+        &self,
+        upstream: &Upstream,
+        headers: &Headers<'_>,
+        message: &Value,
+    ) -> Result<Response<Incoming>, Failure> {
+        let request = self.request(Method::POST, headers, body::full(message.to_string()))?;
+        self.send(upstream, request).await
+    }
+
+    /// Ends the server's session (best effort: a server may answer 405).
+    pub(super) async fn delete(
+        &self,
+        upstream: &Upstream,
+        headers: &Headers<'_>,
+    ) -> Result<StatusCode, Failure> {
+        let request = self.request(Method::DELETE, headers, body::empty())?;
+        let response = self.send(upstream, request).await?;
+        Ok(response.status())
+    }
+
+    async fn send(&self, upstream: &Upstream, request: Request<Body>) -> Result<Response<Incoming>, Failure> {
+        match tokio::time::timeout(self.timeout, upstream.http1_exchange(request)).await {
+            Err(_) => Err(self.failure(format!("no answer within {:?}", self.timeout))),
+            Ok(Err(reason)) => Err(self.failure(reason)),
+            Ok(Ok(response)) if response.status() == StatusCode::NOT_FOUND => Err(Failure {
+                server: self.name.clone(),
+                reason: "the server no longer knows this session".into(),
+                session_gone: true,
+            }),
+            Ok(Ok(response)) => Ok(response),
+        }
+    }
+
+    /// Sends a request and reads its JSON-RPC response, from a JSON body or from the SSE
+    /// stream the server may answer with (what else comes on that stream is dropped: the
+    /// gateway only calls this for requests it answers itself, such as lists).
+    pub(super) async fn call(
+        &self,
+        upstream: &Upstream,
+        headers: &Headers<'_>,
+        message: &Value,
+    ) -> Result<Answer, Failure> {
+        let id = message.get("id").cloned().unwrap_or(Value::Null);
+        let exchange = async {
+            let response = self.post(upstream, headers, message).await?;
+            self.read_answer(response, &id).await
+        };
+        tokio::time::timeout(self.timeout, exchange)
+            .await
+            .unwrap_or_else(|_| Err(self.failure(format!("no answer within {:?}", self.timeout))))
+    }
+
+    async fn read_answer(&self, response: Response<Incoming>, id: &Value) -> Result<Answer, Failure> {
+        let status = response.status();
+        let session = response
+            .headers()
+            .get(&SESSION_ID)
+            .and_then(|value| value.to_str().ok())
+            .map(str::to_string);
+        let streamed = is_event_stream(response.headers());
+        let mut body = http_body_util::Limited::new(response.into_body(), MAX_ANSWER_BYTES);
+        if !streamed {
+            let bytes = body
+                .collect()
+                .await
+                .map_err(|error| self.failure(format!("reading the answer: {error}")))?
+                .to_bytes();
+            let message = self.message(&bytes, status)?;
+            return Ok(Answer { message, session });
+        }
+        let mut parser = sse::Parser::default();
+        let mut events = Vec::new();
+        loop {
+            let frame = match body.frame().await {
+                None => return Err(self.failure("the event stream ended without the response")),
+                Some(Err(error)) => return Err(self.failure(format!("reading the event stream: {error}"))),
+                Some(Ok(frame)) => frame,
+            };
+            let Ok(data) = frame.into_data() else { continue };
+            parser.feed(&data, &mut events);
+            for event in events.drain(..) {
+                let Ok(message) = serde_json::from_str::<Value>(&event.data) else {
+                    continue;
+                };
+                if message.get("id") == Some(id) && message.get("method").is_none() {
+                    return Ok(Answer { message, session });
+                }
+            }
+        }
+    }
+
+    fn message(&self, bytes: &Bytes, status: StatusCode) -> Result<Value, Failure> {
+        match serde_json::from_slice::<Value>(bytes) {
+            Ok(message) if message.get("result").is_some() || message.get("error").is_some() => Ok(message),
+            _ if !status.is_success() => Err(self.failure(format!("answered HTTP {status}"))),
+            _ => Err(self.failure("answered something that is not a JSON-RPC response")),
+        }
+    }
+}
+
+pub(super) fn is_event_stream(headers: &http::HeaderMap) -> bool {
+    headers
+        .get(CONTENT_TYPE)
+        .and_then(|value| value.to_str().ok())
+        .is_some_and(|value| value.trim_start().starts_with("text/event-stream"))
+}
+
+/// A server's JSON-RPC response, with the session id its HTTP response carried.
+pub(super) struct Answer {
+    pub(super) message: Value,
+    pub(super) session: Option<String>,
+}
+
+impl Answer {
+    /// The result, or the server's JSON-RPC error as a failure.
+    pub(super) fn result(self, server: &Server) -> Result<Value, Failure> {
+        match self.message {
+            Value::Object(mut message) => match message.remove("result") {
+                Some(result) => Ok(result),
+                None => {
+                    let error = message.remove("error").unwrap_or(Value::Null);
+                    Err(server.failure(format!(
+                        "error {}: {}",
+                        error.get("code").unwrap_or(&Value::Null),
+                        error
+                            .get("message")
+                            .and_then(Value::as_str)
+                            .unwrap_or("(no message)")
+                    )))
+                }
+            },
+            _ => Err(server.failure("answered something that is not a JSON-RPC response")),
+        }
+    }
+}
+
+/// Passes a server's answer on to the client as it comes (JSON or SSE), its idle time
+/// bounded like any response body.
+pub(super) fn relay(response: Response<Incoming>, idle: Duration) -> Response<Body> {
+    let (mut parts, incoming) = response.into_parts();
+    crate::normalize::strip_hop_by_hop(&mut parts.headers, false);
+    // The upstream session id is the gateway's business, not the client's.
+    parts.headers.remove(&SESSION_ID);
+    Response::from_parts(parts, body::boxed(body::IdleTimeout::new(incoming, idle)))
+}

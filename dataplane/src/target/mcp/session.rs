@@ -1,0 +1,236 @@
+//! Downstream sessions without server-side state: the `Mcp-Session-Id` a client holds is
+//! the list of its upstream sessions, sealed (XChaCha20-Poly1305, RFC 8439 with a 24-byte
+//! random nonce) with the McpBackend's key, so any proxy replica can open it and none
+//! stores it. The McpBackend's name is bound in as associated data: a session of one
+//! backend opens nowhere else.
+
+use std::sync::{Arc, LazyLock};
+
+use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
+use base64::Engine;
+use chacha20poly1305::aead::{Aead, KeyInit, Payload};
+use chacha20poly1305::{Key, XChaCha20Poly1305, XNonce};
+use portcullis_config::SecretSource;
+use rand::RngCore;
+use serde::{Deserialize, Serialize};
+
+/// The format of a sealed id, its first byte: a later format can be told apart.
+const FORMAT: u8 = 1;
+const NONCE_BYTES: usize = 24;
+const KEY_BYTES: usize = 32;
+
+/// Used when an McpBackend names no keys: one per proxy process, so sessions survive
+/// config changes on this replica (and no other).
+static PROCESS_KEY: LazyLock<[u8; KEY_BYTES]> = LazyLock::new(|| {
+    let mut key = [0; KEY_BYTES];
+    rand::rng().fill_bytes(&mut key);
+    key
+});
+
+/// What a downstream session id carries.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(super) struct Session {
+    /// The protocol version agreed with the client.
+    #[serde(rename = "v")]
+    pub(super) version: String,
+    /// One entry per server that took part in `initialize`.
+    #[serde(rename = "s")]
+    pub(super) servers: Vec<ServerSession>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(super) struct ServerSession {
+    #[serde(rename = "n")]
+    pub(super) name: String,
+    /// The server's `Mcp-Session-Id`; a stateless server gives none.
+    #[serde(rename = "i", default, skip_serializing_if = "Option::is_none")]
+    pub(super) id: Option<String>,
+    /// The protocol version the server agreed to.
+    #[serde(rename = "v")]
+    pub(super) version: String,
+}
+
+impl Session {
+    pub(super) fn server(&self, name: &str) -> Option<&ServerSession> {
+        self.servers.iter().find(|server| server.name == name)
+    }
+}
+
+pub(super) struct Sealer {
+    /// The first seals; all open.
+    ciphers: Vec<XChaCha20Poly1305>,
+    /// The McpBackend's object key.
+    bound_to: Arc<str>,
+}
+
+impl Sealer {
+    /// Reads the keys; errors name the source, never its content.
+    pub(super) fn load(target: &Arc<str>, sources: &[SecretSource]) -> Result<Sealer, String> {
+        let keys: Vec<[u8; KEY_BYTES]> = if sources.is_empty() {
+            vec![*PROCESS_KEY]
+        } else {
+            sources
+                .iter()
+                .enumerate()
+                .map(|(index, source)| {
+                    read_key(source)
+                        .map_err(|problem| format!("{target}: spec.sessionKeys[{index}]: {problem}"))
+                })
+                .collect::<Result<_, _>>()?
+        };
+        Ok(Sealer {
+            ciphers: keys
+                .iter()
+                .map(|key| XChaCha20Poly1305::new(Key::from_slice(key)))
+                .collect(),
+            bound_to: target.clone(),
+        })
+    }
+
+    pub(super) fn seal(&self, session: &Session) -> String {
+        // Plain structs of strings: serializing cannot fail.
+        let plain = serde_json::to_vec(session).unwrap_or_default();
+        let mut nonce = [0u8; NONCE_BYTES];
+        rand::rng().fill_bytes(&mut nonce);
+        let payload = Payload {
+            msg: &plain,
+            aad: self.bound_to.as_bytes(),
+        };
+        let sealed = self.ciphers[0]
+            .encrypt(XNonce::from_slice(&nonce), payload)
+            .unwrap_or_default();
+        let mut bytes = Vec::with_capacity(1 + NONCE_BYTES + sealed.len());
+        bytes.push(FORMAT);
+        bytes.extend_from_slice(&nonce);
+        bytes.extend_from_slice(&sealed);
+        URL_SAFE_NO_PAD.encode(bytes)
+    }
+
+    /// `None` for anything not sealed by one of our keys for this McpBackend.
+    pub(super) fn open(&self, id: &str) -> Option<Session> {
+        let bytes = URL_SAFE_NO_PAD.decode(id).ok()?;
+        let (&format, rest) = bytes.split_first()?;
+        if format != FORMAT || rest.len() < NONCE_BYTES {
+            return None;
+        }
+        let (nonce, sealed) = rest.split_at(NONCE_BYTES);
+        let plain = self.ciphers.iter().find_map(|cipher| {
+            let payload = Payload {
+                msg: sealed,
+                aad: self.bound_to.as_bytes(),
+            };
+            cipher.decrypt(XNonce::from_slice(nonce), payload).ok()
+        })?;
+        serde_json::from_slice(&plain).ok()
+    }
+}
+
+fn read_key(source: &SecretSource) -> Result<[u8; KEY_BYTES], String> {
+    let text =
+        match source {
+            SecretSource::Env(name) => std::env::var(name)
+                .map_err(|_| format!("environment variable {name} is not set or not UTF-8"))?,
+            SecretSource::File(path) => std::fs::read_to_string(path)
+                .map_err(|error| format!("cannot read {path}: {}", error.kind()))?,
+        };
+    let text = text.trim();
+    let bytes = if text.len() == 2 * KEY_BYTES && text.bytes().all(|byte| byte.is_ascii_hexdigit()) {
+        (0..KEY_BYTES)
+            .map(|index| u8::from_str_radix(&text[2 * index..2 * index + 2], 16))
+            .collect::<Result<Vec<u8>, _>>()
+            .ok()
+    } else {
+        STANDARD
+            .decode(text)
+            .ok()
+            .or_else(|| URL_SAFE_NO_PAD.decode(text).ok())
+    };
+    bytes
+        .and_then(|bytes| <[u8; KEY_BYTES]>::try_from(bytes).ok())
+        .ok_or_else(|| format!("the key must be {KEY_BYTES} bytes, written in hex or base64"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn session() -> Session {
+        Session {
+            version: "2025-11-25".into(),
+            servers: vec![ServerSession {
+                name: "math".into(),
+                id: Some("upstream-1".into()),
+                version: "2025-06-18".into(),
+            }],
+        }
+    }
+
+    fn key_file(dir: &tempfile::TempDir, name: &str, content: &str) -> SecretSource {
+        let path = dir.path().join(name);
+        std::fs::write(&path, content).unwrap();
+        SecretSource::File(path.to_string_lossy().into_owned())
+    }
+
+    #[test]
+    fn a_sealed_session_opens_with_any_current_key_and_only_for_its_backend() {
+        let dir = tempfile::tempdir().unwrap();
+        let old = key_file(&dir, "old", &"ab".repeat(32));
+        let new = key_file(&dir, "new", &STANDARD.encode([7u8; 32]));
+        let target: Arc<str> = Arc::from("McpBackend/tools");
+        let before = Sealer::load(&target, std::slice::from_ref(&old)).unwrap();
+        let sealed = before.seal(&session());
+        assert!(
+            sealed.bytes().all(|byte| (0x21..=0x7e).contains(&byte)),
+            "visible ASCII"
+        );
+        assert!(!sealed.contains("upstream-1"), "the upstream id is not readable");
+
+        let rotating = Sealer::load(&target, &[new.clone(), old]).unwrap();
+        assert_eq!(rotating.open(&sealed), Some(session()));
+        let resealed = rotating.seal(&session());
+        assert_eq!(before.open(&resealed), None, "new sessions use the new key");
+
+        let retired = Sealer::load(&target, std::slice::from_ref(&new)).unwrap();
+        assert_eq!(retired.open(&sealed), None, "the retired key's sessions are gone");
+        let elsewhere = Sealer::load(&Arc::from("McpBackend/other"), &[new]).unwrap();
+        assert_eq!(elsewhere.open(&resealed), None);
+    }
+
+    #[test]
+    fn forged_or_damaged_ids_do_not_open() {
+        let sealer = Sealer::load(&Arc::from("McpBackend/tools"), &[]).unwrap();
+        let sealed = sealer.seal(&session());
+        let mut damaged = sealed.clone().into_bytes();
+        let last = damaged.len() - 2;
+        damaged[last] = if damaged[last] == b'A' { b'B' } else { b'A' };
+        for forged in [
+            String::from_utf8(damaged).unwrap(),
+            String::new(),
+            "not base64 !".into(),
+            URL_SAFE_NO_PAD.encode([1u8; 10]),
+            URL_SAFE_NO_PAD.encode(br#"{"v":"2025-11-25","s":[]}"#),
+        ] {
+            assert_eq!(sealer.open(&forged), None, "{forged}");
+        }
+    }
+
+    #[test]
+    fn key_errors_name_the_source_not_the_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let short = key_file(&dir, "short", "c2VjcmV0");
+        let error = Sealer::load(&Arc::from("McpBackend/t"), &[short]).err().unwrap();
+        assert!(
+            error.contains("spec.sessionKeys[0]") && error.contains("32 bytes"),
+            "{error}"
+        );
+        assert!(!error.contains("c2VjcmV0"));
+        let missing = SecretSource::Env("PORTCULLIS_TEST_NO_SUCH_KEY".into());
+        let error = Sealer::load(&Arc::from("McpBackend/t"), &[missing])
+            .err()
+            .unwrap();
+        assert!(
+            error.contains("PORTCULLIS_TEST_NO_SUCH_KEY is not set"),
+            "{error}"
+        );
+    }
+}

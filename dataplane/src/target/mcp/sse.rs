@@ -1,0 +1,144 @@
+//! Server-Sent Events as MCP uses them (<https://html.spec.whatwg.org/multipage/server-sent-events.html>):
+//! events split by a blank line, `\n` or `\r\n` line ends, `data:` lines joined by `\n`,
+//! comment lines (`: ping`) ignored.
+
+use bytes::{Bytes, BytesMut};
+
+/// One event's fields that MCP uses.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub(super) struct Event {
+    pub(super) id: Option<String>,
+    pub(super) event: Option<String>,
+    pub(super) data: String,
+    pub(super) retry: Option<String>,
+}
+
+impl Event {
+    pub(super) fn encode(&self) -> Bytes {
+        let mut out = String::new();
+        if let Some(event) = &self.event {
+            out.push_str(&format!("event: {event}\n"));
+        }
+        if let Some(id) = &self.id {
+            out.push_str(&format!("id: {id}\n"));
+        }
+        if let Some(retry) = &self.retry {
+            out.push_str(&format!("retry: {retry}\n"));
+        }
+        for line in self.data.split('\n') {
+            out.push_str(&format!("data: {line}\n"));
+        }
+        out.push('\n');
+        Bytes::from(out)
+    }
+}
+
+/// Incremental parser: feed chunks as they arrive, take whole events out.
+#[derive(Default)]
+pub(super) struct Parser {
+    buffer: BytesMut,
+    current: Event,
+    has_fields: bool,
+    data_lines: usize,
+}
+
+impl Parser {
+    /// Bytes held waiting for the end of a line.
+    pub(super) fn pending(&self) -> usize {
+        self.buffer.len()
+    }
+
+    pub(super) fn feed(&mut self, chunk: &[u8], events: &mut Vec<Event>) {
+        self.buffer.extend_from_slice(chunk);
+        while let Some(end) = self.buffer.iter().position(|&byte| byte == b'\n') {
+            let line = self.buffer.split_to(end + 1);
+            let mut line = &line[..end];
+            if let [rest @ .., b'\r'] = line {
+                line = rest;
+            }
+            if line.is_empty() {
+                if self.has_fields {
+                    events.push(std::mem::take(&mut self.current));
+                    self.has_fields = false;
+                    self.data_lines = 0;
+                }
+                continue;
+            }
+            self.line(line);
+        }
+    }
+
+    fn line(&mut self, line: &[u8]) {
+        if line.starts_with(b":") {
+            return;
+        }
+        let text = String::from_utf8_lossy(line);
+        let (field, value) = match text.split_once(':') {
+            Some((field, value)) => (field, value.strip_prefix(' ').unwrap_or(value)),
+            None => (text.as_ref(), ""),
+        };
+        match field {
+            "data" => {
+                if self.data_lines > 0 {
+                    self.current.data.push('\n');
+                }
+                self.current.data.push_str(value);
+                self.data_lines += 1;
+            }
+            "event" => self.current.event = Some(value.to_string()),
+            "id" => self.current.id = Some(value.to_string()),
+            "retry" => self.current.retry = Some(value.to_string()),
+            _ => return,
+        }
+        self.has_fields = true;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(chunks: &[&str]) -> Vec<Event> {
+        let mut parser = Parser::default();
+        let mut events = Vec::new();
+        for chunk in chunks {
+            parser.feed(chunk.as_bytes(), &mut events);
+        }
+        events
+    }
+
+    #[test]
+    fn events_split_across_chunks_and_line_ends() {
+        let events = parse(&[
+            ": ping\r\n\r\nevent: message\r\nda",
+            "ta: {\"a\":1}\r\n\r\nid: 7\ndata: x\ndata: y\n\n",
+            "data: unfinished",
+        ]);
+        assert_eq!(events.len(), 2);
+        assert_eq!(events[0].event.as_deref(), Some("message"));
+        assert_eq!(events[0].data, "{\"a\":1}");
+        assert_eq!(events[1].id.as_deref(), Some("7"));
+        assert_eq!(events[1].data, "x\ny");
+    }
+
+    #[test]
+    fn an_event_encodes_back_to_what_parses_the_same() {
+        let event = Event {
+            id: Some("3".into()),
+            event: Some("message".into()),
+            data: "one\ntwo".into(),
+            retry: None,
+        };
+        assert_eq!(
+            parse(&[std::str::from_utf8(&event.encode()).unwrap()]),
+            vec![event]
+        );
+    }
+
+    #[test]
+    fn a_priming_event_with_empty_data_is_an_event() {
+        let events = parse(&["id: 1\ndata:\n\n"]);
+        assert_eq!(events.len(), 1);
+        assert_eq!(events[0].data, "");
+    }
+}
