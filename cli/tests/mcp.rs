@@ -566,7 +566,7 @@ fn bad_input_gets_the_protocol_error_and_reaches_no_server() {
     let wire = Wire::initialize(port);
     let session = ("Mcp-Session-Id", wire.session.as_str());
 
-    let cases: [Case; 8] = [
+    let cases: [Case; 10] = [
         (&[ACCEPT_BOTH, session], "{not json", 400, -32700),
         (
             &[ACCEPT_BOTH, session],
@@ -604,9 +604,32 @@ fn bad_input_gets_the_protocol_error_and_reaches_no_server() {
             404,
             -32600,
         ),
+        // 2026-07-28: `_meta` is required, the headers must match the body, and a version
+        // nobody speaks is refused with the versions there are.
         (
-            &[ACCEPT_BOTH, session, ("MCP-Protocol-Version", "2026-07-28")],
+            &[
+                ACCEPT_BOTH,
+                ("MCP-Protocol-Version", "2026-07-28"),
+                ("Mcp-Method", "server/discover"),
+            ],
             r#"{"jsonrpc":"2.0","id":1,"method":"server/discover"}"#,
+            400,
+            -32602,
+        ),
+        (
+            &[
+                ACCEPT_BOTH,
+                ("MCP-Protocol-Version", "2026-07-28"),
+                ("Mcp-Method", "tools/call"),
+                ("Mcp-Name", "echo"),
+            ],
+            MODERN_GET_SUM,
+            400,
+            -32020,
+        ),
+        (
+            &[ACCEPT_BOTH, ("MCP-Protocol-Version", "2099-01-01")],
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/list"}"#,
             400,
             -32022,
         ),
@@ -670,6 +693,8 @@ fn bad_input_gets_the_protocol_error_and_reaches_no_server() {
     );
 }
 
+const MODERN_GET_SUM: &str = r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"get-sum","arguments":{"a":1,"b":2},"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{}}}}"#;
+
 /// Request headers, body, expected HTTP status and JSON-RPC error code.
 type Case<'a> = (&'a [(&'a str, &'a str)], &'a str, u16, i64);
 
@@ -681,4 +706,86 @@ fn raw_request(port: u16, raw: &str) -> String {
     let mut out = String::new();
     let _ = stream.read_to_string(&mut out);
     out
+}
+
+/// Portcullis' MCP test server (`portcullis mcp-server`) serving only `era`: stands for a
+/// server from before 2026-07-28, or one that dropped the handshake. The official SDKs
+/// serve both.
+fn era_server(dir: &std::path::Path, era: &str) -> (Process, SocketAddr) {
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let process = Process::start(
+        &format!("mcp-{era}"),
+        dir,
+        &["mcp-server", "--listen", &listen, "--tools", "0", "--era", era],
+    );
+    wait_for("the MCP test server", Duration::from_secs(20), || {
+        std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+    });
+    (process, listen.parse().unwrap())
+}
+
+#[test]
+fn clients_of_either_revision_reach_servers_of_either_revision_on_one_route() {
+    let dir = tempfile::tempdir().unwrap();
+    let runtime = runtime();
+    let dual = runtime.block_on(serve("dual", true));
+    let (_old_process, old) = era_server(dir.path(), "legacy");
+    let (_new_process, new) = era_server(dir.path(), "modern");
+    let port = free_port();
+    let _gateway = start_gateway(
+        dir.path(),
+        &mcp_config(port, &[("dual", dual), ("old", old), ("new", new)], ""),
+    );
+    let modern = ClientLifecycleMode::Discover {
+        preferred_versions: vec![ProtocolVersion::V_2026_07_28],
+    };
+    for (lifecycle, revision) in [
+        (ClientLifecycleMode::Initialize, ProtocolVersion::V_2025_11_25),
+        (modern, ProtocolVersion::V_2026_07_28),
+    ] {
+        runtime.block_on(async {
+            let transport = StreamableHttpClientTransport::from_uri(format!("http://127.0.0.1:{port}/mcp"));
+            let client = Sampler
+                .serve_with_lifecycle(transport, lifecycle)
+                .await
+                .expect("the client starts through the gateway");
+            assert_eq!(
+                client.peer_info().map(|info| info.protocol_version.clone()),
+                Some(revision.clone())
+            );
+            let mut names: Vec<String> = client
+                .list_all_tools()
+                .await
+                .unwrap()
+                .into_iter()
+                .map(|tool| tool.name.to_string())
+                .collect();
+            names.sort();
+            assert_eq!(
+                names,
+                [
+                    "dual__ask",
+                    "dual__echo",
+                    "dual__get-sum",
+                    "new__echo",
+                    "new__get-sum",
+                    "old__echo",
+                    "old__get-sum"
+                ],
+                "{revision:?}"
+            );
+            for server in ["dual", "old", "new"] {
+                let sum = client
+                    .call_tool(
+                        CallToolRequestParams::new(format!("{server}__get-sum"))
+                            .with_arguments(arguments(json!({"a": 40, "b": 2}))),
+                    )
+                    .await
+                    .unwrap_or_else(|error| panic!("{revision:?} → {server}: {error}"));
+                assert_eq!(text_of(&sum), "42", "{revision:?} → {server}");
+            }
+            client.cancel().await.unwrap();
+        });
+    }
 }

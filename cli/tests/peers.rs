@@ -204,6 +204,72 @@ fn mcp_python_client_calls_the_test_server_in_both_eras_direct_and_through_the_g
     }
 }
 
+/// The official Python SDK on both sides of the MCP gateway: its server and Portcullis'
+/// test server multiplexed behind one McpBackend, its client in each era (legacy
+/// sessions, 2026-07-28, and the auto probe), listing the merged tools and calling the
+/// Python server's through their prefixed names.
+#[test]
+fn mcp_python_sdk_client_and_server_through_a_multiplexing_mcp_backend() {
+    let dir = tempfile::tempdir().unwrap();
+    let (python_port, test_port, port) = (free_port(), free_port(), free_port());
+    let _python_server = PythonPeer::start(dir.path(), "mcp_server.py", &[&python_port.to_string()]);
+    let _test_server = Process::start(
+        "mcp",
+        dir.path(),
+        &[
+            "mcp-server",
+            "--listen",
+            &format!("127.0.0.1:{test_port}"),
+            "--tools",
+            "8",
+        ],
+    );
+    for server in [python_port, test_port] {
+        wait_for("MCP servers", TIMEOUT, || {
+            std::net::TcpStream::connect(("127.0.0.1", server)).is_ok()
+        });
+    }
+    let header = "apiVersion: portcullis.dev/v1alpha1";
+    let config = format!(
+        "{header}\nkind: Listener\nmetadata: {{name: gw}}\nspec: {{address: 127.0.0.1, port: {port}}}\n---\n\
+         {header}\nkind: McpBackend\nmetadata: {{name: tools}}\nspec:\n  servers:\n  - {{name: py, url: 'http://127.0.0.1:{python_port}/mcp'}}\n  - {{name: test, url: 'http://127.0.0.1:{test_port}/mcp'}}\n---\n\
+         {header}\nkind: Route\nmetadata: {{name: mcp}}\nspec: {{listeners: [gw], backends: [{{kind: McpBackend, name: tools}}]}}\n"
+    );
+    let _gateway = start_gateway(dir.path(), &config);
+    let url = format!("http://127.0.0.1:{port}/mcp");
+    for mode in ["legacy", "2026-07-28", "auto"] {
+        // 2 tools of the Python server, 10 of the test server.
+        let output = peer("mcp_client.py", &[&url, mode, "12", "py__"]);
+        assert!(output.contains("OK"), "{mode}: {output}");
+        let output = peer("mcp_client.py", &[&url, mode, "12", "test__"]);
+        assert!(output.contains("OK"), "{mode}: {output}");
+    }
+}
+
+/// A Python peer running as a server; killed when dropped.
+struct PythonPeer(std::process::Child);
+
+impl PythonPeer {
+    fn start(dir: &Path, script: &str, args: &[&str]) -> PythonPeer {
+        let log = std::fs::File::create(dir.join(format!("{script}.log"))).unwrap();
+        let child = Command::new(python())
+            .arg(repo_root().join("loadtest/peers").join(script))
+            .args(args)
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        PythonPeer(child)
+    }
+}
+
+impl Drop for PythonPeer {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 #[test]
 fn loadtest_compares_the_direct_path_with_the_gateway() {
     let dir = tempfile::tempdir().unwrap();

@@ -10,6 +10,7 @@ use serde_json::{json, Map, Value};
 use tokio::sync::watch;
 
 use super::protocol::*;
+use super::server::ServedEras;
 use super::tools::Catalog;
 
 /// Legacy sessions are kept until DELETE; a client (or proxy) that never deletes them would
@@ -19,6 +20,7 @@ const MAX_SESSIONS: usize = 100_000;
 pub struct State {
     pub catalog: Catalog,
     pub delay: Duration,
+    era: ServedEras,
     sessions: Mutex<HashMap<String, Session>>,
 }
 
@@ -104,10 +106,11 @@ fn modern_header(headers: &Headers) -> bool {
 }
 
 impl State {
-    pub fn new(tools: usize, delay: Duration) -> Self {
+    pub fn new(tools: usize, delay: Duration, era: ServedEras) -> Self {
         State {
             catalog: Catalog::new(tools),
             delay,
+            era,
             sessions: Mutex::new(HashMap::new()),
         }
     }
@@ -151,10 +154,26 @@ impl State {
         // header-less request that carries modern `_meta` is a modern one missing its header.
         let is_modern = message.method != Some("initialize")
             && (modern || (headers.version.is_none() && has_meta_version));
-        if is_modern {
-            self.modern(headers, &message)
-        } else {
-            self.legacy(headers, &message)
+        match (is_modern, self.era) {
+            // A server that predates 2026-07-28 sees a request without a session.
+            (true, ServedEras::Legacy) => Reply::error(
+                StatusCode::BAD_REQUEST,
+                message.id,
+                INVALID_REQUEST,
+                "Bad Request: Missing session ID",
+                None,
+                false,
+            ),
+            (false, ServedEras::Modern) if message.method == Some("initialize") => Reply::error(
+                StatusCode::NOT_FOUND,
+                message.id,
+                METHOD_NOT_FOUND,
+                "Method not found",
+                None,
+                true,
+            ),
+            (true, _) => self.modern(headers, &message),
+            (false, _) => self.legacy(headers, &message),
         }
     }
 

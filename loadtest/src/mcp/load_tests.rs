@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use super::{start, McpServer, McpServerConfig};
+use super::{start, McpServer, McpServerConfig, ServedEras};
 use crate::llm::{run_config, LoadtestConfig, Report};
 
 async fn server() -> anyhow::Result<McpServer> {
@@ -15,6 +15,7 @@ async fn server() -> anyhow::Result<McpServer> {
         tools: 8,
         delay: Duration::ZERO,
         prefer_sse: false,
+        era: ServedEras::Both,
     })
     .await
 }
@@ -128,6 +129,7 @@ async fn two_targets_write_ratios_and_mcp_outputs() -> anyhow::Result<()> {
         tools: 8,
         delay: Duration::from_millis(20),
         prefer_sse: false,
+        era: ServedEras::Both,
     })
     .await?;
     let targets = [("direct", fast.url()), ("slow", slow.url())];

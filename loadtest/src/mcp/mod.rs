@@ -15,7 +15,7 @@ mod tools;
 
 pub use caller::{McpCaller, CORE_FAILURE_KINDS};
 pub use client::Era;
-pub use server::{serve, start, McpServer, McpServerArgs, McpServerConfig, ENDPOINT};
+pub use server::{serve, start, McpServer, McpServerArgs, McpServerConfig, ServedEras, ENDPOINT};
 
 #[cfg(test)]
 mod load_tests;

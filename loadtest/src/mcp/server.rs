@@ -43,6 +43,19 @@ pub struct McpServerArgs {
     /// without it such clients get JSON.
     #[arg(long)]
     pub sse: bool,
+    /// The protocol revisions served: both (like the official SDKs), or only one, to stand
+    /// for a server that predates 2026-07-28 or one that dropped the handshake.
+    #[arg(long, value_enum, default_value_t = ServedEras::Both)]
+    pub era: ServedEras,
+}
+
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ServedEras {
+    Both,
+    /// Session-based only: a 2026-07-28 request is a request without a session.
+    Legacy,
+    /// 2026-07-28 only: `initialize` is an unknown method.
+    Modern,
 }
 
 #[derive(Debug, Clone)]
@@ -51,6 +64,7 @@ pub struct McpServerConfig {
     pub tools: usize,
     pub delay: Duration,
     pub prefer_sse: bool,
+    pub era: ServedEras,
 }
 
 impl From<&McpServerArgs> for McpServerConfig {
@@ -60,6 +74,7 @@ impl From<&McpServerArgs> for McpServerConfig {
             tools: args.tools,
             delay: Duration::from_millis(args.delay_ms),
             prefer_sse: args.sse,
+            era: args.era,
         }
     }
 }
@@ -97,7 +112,7 @@ pub async fn start(config: McpServerConfig) -> anyhow::Result<McpServer> {
         .await
         .map_err(|error| anyhow::anyhow!("cannot bind {}: {error}", config.listen))?;
     let addr = listener.local_addr()?;
-    let state = Arc::new(State::new(config.tools, config.delay));
+    let state = Arc::new(State::new(config.tools, config.delay, config.era));
     let task = tokio::spawn(accept_loop(listener, state, config.prefer_sse));
     Ok(McpServer { addr, task })
 }

@@ -11,7 +11,7 @@ use serde_json::{json, Value};
 use tokio::net::TcpStream;
 
 use super::client::sse_messages;
-use super::{start, McpServer, McpServerConfig};
+use super::{start, McpServer, McpServerConfig, ServedEras};
 
 async fn server(tools: usize, prefer_sse: bool) -> anyhow::Result<McpServer> {
     start(McpServerConfig {
@@ -19,6 +19,7 @@ async fn server(tools: usize, prefer_sse: bool) -> anyhow::Result<McpServer> {
         tools,
         delay: Duration::ZERO,
         prefer_sse,
+        era: ServedEras::Both,
     })
     .await
 }
@@ -469,6 +470,7 @@ async fn processing_delay_applies_to_tool_calls() -> anyhow::Result<()> {
         tools: 0,
         delay: Duration::from_millis(50),
         prefer_sse: true,
+        era: ServedEras::Both,
     })
     .await?;
     let call = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": modern_params(json!({"name": "echo", "arguments": {"message": "x"}}))});

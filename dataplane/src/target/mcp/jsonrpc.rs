@@ -120,6 +120,11 @@ fn json_response(status: StatusCode, value: &Value) -> Response<Body> {
     response
 }
 
+/// A whole JSON-RPC message, as a server sent it.
+pub(super) fn message(message: &Value) -> Response<Body> {
+    json_response(StatusCode::OK, message)
+}
+
 pub(super) fn result(id: &Value, result: Value) -> Response<Body> {
     json_response(
         StatusCode::OK,

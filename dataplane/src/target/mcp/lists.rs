@@ -1,5 +1,5 @@
 //! Lists across servers: `tools/list`, `prompts/list`, `resources/list` and
-//! `resources/templates/list` fan out to every server of the session at once; the answer
+//! `resources/templates/list` fan out to every server (of the client's session) at once; the answer
 //! merges their pages, names prefixed, items no rule could allow left out. When servers
 //! have further pages, `nextCursor` holds each one's own cursor, so the next call asks only
 //! those servers for their next page
@@ -9,15 +9,15 @@ use std::collections::BTreeMap;
 
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
-use futures::future::join_all;
 use http::Response;
 use portcullis_config::mcp_rules::{Item, ItemKind};
 use portcullis_config::McpFailureMode;
 use serde_json::{json, Map, Value};
 
-use super::server::Headers;
-use super::session::Session;
-use super::{caller, inject_trace, invalid_params, session_not_found, upstream_failed, Exchange, McpTarget};
+use super::reach::Downstream;
+use super::{
+    caller, inject_trace, invalid_params, session_not_found, upstream_failed, Exchange, McpTarget, Problem,
+};
 use crate::body::Body;
 
 /// The shape of one kind of list.
@@ -62,7 +62,7 @@ impl McpTarget {
     pub(super) async fn list(
         &self,
         exchange: &mut Exchange<'_>,
-        session: &Session,
+        downstream: &Downstream,
         id: &Value,
         method: &str,
         mut params: Map<String, Value>,
@@ -71,61 +71,44 @@ impl McpTarget {
             return invalid_params(id, format!("{method} is not a list"));
         };
         let asked: Cursor = match params.remove("cursor") {
-            None | Some(Value::Null) => session
+            None | Some(Value::Null) => self
                 .servers
                 .iter()
-                .map(|server| (server.name.clone(), None))
+                .map(|server| (server.name.to_string(), None))
                 .collect(),
             Some(Value::String(text)) => match decode_cursor(&text) {
-                Some(cursor) if cursor.keys().all(|server| session.server(server).is_some()) => cursor,
+                Some(cursor) if cursor.keys().all(|server| self.server_index(server).is_some()) => cursor,
                 _ => return invalid_params(id, "Invalid params: unknown cursor".into()),
             },
             Some(_) => return invalid_params(id, "Invalid params: cursor must be a string".into()),
         };
         let mut base = Value::Object(params);
         inject_trace(&mut base, exchange);
-        let trace = &exchange.ctx.trace;
-        let upstream = exchange.upstream;
-        let pages = asked.iter().filter_map(|(name, cursor)| {
-            let index = self.server_index(name)?;
-            let state = session.server(name)?;
+        let indexes: Vec<usize> = asked.keys().filter_map(|name| self.server_index(name)).collect();
+        let message = |index: usize| {
             let mut params = base.clone();
-            if let Some(cursor) = cursor {
+            if let Some(Some(cursor)) = asked.get(&*self.servers[index].name) {
                 params["cursor"] = Value::from(cursor.as_str());
             }
-            let message = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
-            Some(async move {
-                let server = &self.servers[index];
-                let headers = Headers {
-                    session: state.id.as_deref(),
-                    version: Some(&state.version),
-                    trace,
-                };
-                let outcome = match server.call(upstream, &headers, &message).await {
-                    Ok(answer) => answer.result(server),
-                    Err(error) => Err(error),
-                };
-                (index, outcome)
-            })
-        });
-        let pages = join_all(pages).await;
+            json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params})
+        };
+        let mut pages = self.ask_each(exchange, downstream, &indexes, message).await;
+        pages.sort_by_key(|(index, _)| *index);
 
-        let judging = kind
-            .judged
-            .filter(|_| pages.iter().any(|(index, _)| !self.rules[*index].is_empty()));
-        let caller = judging.map(|_| caller(exchange));
+        let judging = kind.judged.is_some() && pages.iter().any(|(index, _)| !self.rules[*index].is_empty());
+        let caller = judging.then(|| caller(exchange));
         let mut items = Vec::new();
         let mut next = Cursor::new();
         for (index, outcome) in pages {
             let server = &self.servers[index];
             let page = match outcome {
                 Ok(page) => page,
-                Err(error) if error.session_gone => return session_not_found(id),
-                Err(error) if server.failure_mode == McpFailureMode::Omit => {
+                Err(Problem::SessionGone) => return session_not_found(id),
+                Err(Problem::Failed(error)) if server.failure_mode == McpFailureMode::Omit => {
                     tracing::warn!(target = %self.name, %error, "MCP server left out of a list");
                     continue;
                 }
-                Err(error) => return upstream_failed(id, &self.name, &error.to_string()),
+                Err(Problem::Failed(error)) => return upstream_failed(id, &self.name, &error),
             };
             if let Some(cursor) = page.get("nextCursor").and_then(Value::as_str) {
                 next.insert(server.name.to_string(), Some(cursor.to_string()));
@@ -156,6 +139,12 @@ impl McpTarget {
         let mut result = json!({ kind.field: items });
         if !next.is_empty() {
             result["nextCursor"] = Value::from(encode_cursor(&next));
+        }
+        if matches!(downstream, Downstream::Modern(_)) {
+            // Filtered per caller: a shared cache must not keep it.
+            result["ttlMs"] = Value::from(0);
+            result["cacheScope"] = Value::from("private");
+            result["resultType"] = Value::from("complete");
         }
         super::jsonrpc::result(id, result)
     }

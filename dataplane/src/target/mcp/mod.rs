@@ -1,6 +1,7 @@
-//! The McpBackend target: several MCP servers behind one route, spoken to over Streamable
-//! HTTP in the session-based revisions (2025-03-26, 2025-06-18, 2025-11-25;
-//! <https://modelcontextprotocol.io/specification/2025-11-25/basic/transports>).
+//! The McpBackend target: several MCP servers behind one route, over Streamable HTTP, in
+//! the session-based revisions (2025-03-26, 2025-06-18, 2025-11-25;
+//! <https://modelcontextprotocol.io/specification/2025-11-25/basic/transports>) and the
+//! stateless 2026-07-28 one, a client of either reaching servers of either ([`reach`]).
 //!
 //! The target answers by itself. `initialize` opens one upstream session per server and
 //! hands the client one session id that seals them all ([`session`]); lists fan out and
@@ -8,8 +9,11 @@
 //! answer, JSON or SSE, passes through as it comes ([`server::relay`], [`remap`]).
 
 mod authz;
+mod downstream;
+mod initialize;
 mod jsonrpc;
 mod lists;
+mod reach;
 mod remap;
 mod server;
 mod session;
@@ -18,7 +22,7 @@ mod sse;
 use std::sync::Arc;
 
 use futures::future::join_all;
-use http::header::{ACCEPT, ALLOW, CONTENT_TYPE};
+use http::header::ALLOW;
 use http::uri::Authority;
 use http::{HeaderValue, Method, Request, Response, StatusCode};
 use http_body_util::BodyExt;
@@ -27,20 +31,17 @@ use portcullis_config::{ConfigSet, KindSpec, McpBackendSpec, McpFailureMode, MCP
 use serde_json::{json, Map, Value};
 
 use self::authz::{Judgement, ServerRules};
+use self::downstream::Era;
 use self::jsonrpc::Message;
-use self::server::{Failure, Headers, Server, PROTOCOL_VERSION, SESSION_ID};
-use self::session::{Sealer, ServerSession, Session};
+use self::reach::{Downstream, Reach, Sent};
+use self::server::{Server, SESSION_ID};
+use self::session::{Sealer, Session};
 use super::{ResponseFuture, Target};
 use crate::body::{self, Body, BodyStatus};
 use crate::policy::RequestContext;
 use crate::route::Route;
 use crate::upstream::Upstream;
 
-/// The revisions this target speaks, newest first; a client asking for another one gets
-/// the newest (the client then decides whether it can go on).
-const SUPPORTED_VERSIONS: &[&str] = &["2025-11-25", "2025-06-18", "2025-03-26"];
-/// What a server that sends no `MCP-Protocol-Version` is assumed to speak (the spec's rule).
-const VERSION_WITHOUT_HEADER: &str = "2025-03-26";
 /// Between a server's name and a resource URI of it: `math+file:///notes`.
 const URI_SEPARATOR: char = '+';
 
@@ -103,9 +104,6 @@ impl McpTarget {
             upstream,
             headers: parts.headers,
         };
-        if let Some(answer) = exchange.unsupported_version(&Value::Null) {
-            return answer;
-        }
         match parts.method {
             Method::POST => self.post(&mut exchange, body).await,
             Method::DELETE => self.delete(&mut exchange).await,
@@ -129,7 +127,7 @@ impl McpTarget {
     }
 
     async fn post(&self, exchange: &mut Exchange<'_>, body: Body) -> Response<Body> {
-        if let Some(answer) = exchange.unacceptable() {
+        if let Some(answer) = downstream::unacceptable(&exchange.headers) {
             return answer;
         }
         let bytes = match body.collect().await {
@@ -142,64 +140,39 @@ impl McpTarget {
             Ok(message) => message,
             Err(rejected) => return jsonrpc::rejected(rejected),
         };
-        let id = match &message {
-            Message::Request { id, .. } | Message::Response { id, .. } => id.clone(),
-            Message::Notification { .. } => Value::Null,
+        let (id, method) = match &message {
+            Message::Request { id, method, .. } => (id.clone(), Some(method.as_str())),
+            Message::Response { id, .. } => (id.clone(), None),
+            Message::Notification { method, .. } => (Value::Null, Some(method.as_str())),
         };
-        if let Some(answer) = exchange.unsupported_version(&id) {
-            return answer;
+        match downstream::era(&exchange.headers, method, &id) {
+            Err(answer) => *answer,
+            Ok(Era::Legacy) => self.legacy(exchange, message).await,
+            Ok(Era::Modern) => self.modern(exchange, message).await,
         }
-        if let Message::Request { id, method, params } = &message {
-            match method.as_str() {
+    }
+
+    async fn legacy(&self, exchange: &mut Exchange<'_>, message: Message) -> Response<Body> {
+        let id = match &message {
+            Message::Request { id, method, params } => match method.as_str() {
                 "initialize" => return self.initialize(exchange, id, params.as_ref()).await,
                 "ping" => return jsonrpc::result(id, json!({})),
-                _ => {}
-            }
-        }
+                _ => id.clone(),
+            },
+            Message::Response { id, .. } => id.clone(),
+            Message::Notification { .. } => Value::Null,
+        };
         let session = match self.session(exchange, &id) {
             Ok(session) => session,
             Err(answer) => return *answer,
         };
+        let downstream = Downstream::Legacy(session);
         match message {
             Message::Request { id, method, params } => {
-                let params = match params {
-                    Some(Value::Object(params)) => params,
-                    _ => Map::new(),
-                };
-                match method.as_str() {
-                    "tools/list" | "prompts/list" | "resources/list" | "resources/templates/list" => {
-                        self.list(exchange, &session, &id, &method, params).await
-                    }
-                    "tools/call" => {
-                        self.call(exchange, &session, &id, &method, params, ItemKind::Tool)
-                            .await
-                    }
-                    "prompts/get" => {
-                        self.call(exchange, &session, &id, &method, params, ItemKind::Prompt)
-                            .await
-                    }
-                    "resources/read" | "resources/subscribe" | "resources/unsubscribe" => {
-                        self.call(exchange, &session, &id, &method, params, ItemKind::Resource)
-                            .await
-                    }
-                    "completion/complete" => self.complete(exchange, &session, &id, params).await,
-                    "logging/setLevel" => self.set_level(exchange, &session, &id, params).await,
-                    _ if !self.multiplexed => {
-                        let message = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
-                        self.forward(exchange, &session, 0, message).await
-                    }
-                    _ => jsonrpc::error(
-                        StatusCode::OK,
-                        &id,
-                        jsonrpc::METHOD_NOT_FOUND,
-                        format!("Method not found: {method} (not supported across several servers)"),
-                        None,
-                        "mcp_method_not_found",
-                    ),
-                }
+                self.request(exchange, &downstream, &id, &method, params).await
             }
             Message::Notification { method, params } => {
-                self.notify(exchange, &session, &method, params).await
+                self.notify(exchange, &downstream, &method, params).await
             }
             Message::Response { id, mut message } => {
                 let (index, own_id) = if self.multiplexed {
@@ -222,9 +195,97 @@ impl McpTarget {
                     (0, id)
                 };
                 message.insert("id".into(), own_id);
-                self.forward(exchange, &session, index, Value::Object(message))
+                self.forward(exchange, &downstream, index, Value::Object(message))
                     .await
             }
+        }
+    }
+
+    async fn modern(&self, exchange: &mut Exchange<'_>, message: Message) -> Response<Body> {
+        let (id, method, params) = match message {
+            Message::Request { id, method, params } => (id, method, params),
+            Message::Notification { method, params } => {
+                if let Err(answer) =
+                    downstream::modern_client(&exchange.headers, &method, params.as_ref(), &Value::Null)
+                {
+                    return *answer;
+                }
+                // 2026-07-28 cancels by closing the stream; other notifications from the
+                // client have nowhere to go without sessions.
+                return accepted();
+            }
+            Message::Response { .. } => return jsonrpc::error(
+                StatusCode::BAD_REQUEST,
+                &Value::Null,
+                jsonrpc::INVALID_REQUEST,
+                "Invalid Request: 2026-07-28 clients send no responses (answer input requests by retrying)",
+                None,
+                "mcp_invalid_message",
+            ),
+        };
+        let client = match downstream::modern_client(&exchange.headers, &method, params.as_ref(), &id) {
+            Ok(client) => client,
+            Err(answer) => return *answer,
+        };
+        match method.as_str() {
+            "server/discover" => self.discover(exchange, &id, &client).await,
+            "ping" => jsonrpc::result(&id, json!({})),
+            _ => {
+                self.request(exchange, &Downstream::Modern(client), &id, &method, params)
+                    .await
+            }
+        }
+    }
+
+    /// A request of either era, once the client is known.
+    async fn request(
+        &self,
+        exchange: &mut Exchange<'_>,
+        downstream: &Downstream,
+        id: &Value,
+        method: &str,
+        params: Option<Value>,
+    ) -> Response<Body> {
+        let params = match params {
+            Some(Value::Object(params)) => params,
+            _ => Map::new(),
+        };
+        let modern = matches!(downstream, Downstream::Modern(_));
+        match method {
+            "tools/list" | "prompts/list" | "resources/list" | "resources/templates/list" => {
+                self.list(exchange, downstream, id, method, params).await
+            }
+            "tools/call" => {
+                self.call(exchange, downstream, id, method, params, ItemKind::Tool)
+                    .await
+            }
+            "prompts/get" => {
+                self.call(exchange, downstream, id, method, params, ItemKind::Prompt)
+                    .await
+            }
+            "resources/read" | "resources/subscribe" | "resources/unsubscribe" => {
+                self.call(exchange, downstream, id, method, params, ItemKind::Resource)
+                    .await
+            }
+            "completion/complete" => self.complete(exchange, downstream, id, params).await,
+            "logging/setLevel" if !modern => self.set_level(exchange, downstream, id, params).await,
+            _ if !self.multiplexed => {
+                let message = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
+                self.forward(exchange, downstream, 0, message).await
+            }
+            _ => jsonrpc::error(
+                // 2026-07-28 tells an unknown method apart from a missing endpoint by 404.
+                if modern {
+                    StatusCode::NOT_FOUND
+                } else {
+                    StatusCode::OK
+                },
+                id,
+                jsonrpc::METHOD_NOT_FOUND,
+                format!("Method not found: {method} (not supported across several servers)"),
+                None,
+                "mcp_method_not_found",
+            ),
         }
     }
 
@@ -272,157 +333,19 @@ impl McpTarget {
         }
     }
 
-    async fn initialize(
-        &self,
-        exchange: &mut Exchange<'_>,
-        id: &Value,
-        params: Option<&Value>,
-    ) -> Response<Body> {
-        let Some(requested) = params
-            .and_then(|params| params.get("protocolVersion"))
-            .and_then(Value::as_str)
-        else {
-            return jsonrpc::error(
-                StatusCode::OK,
-                id,
-                jsonrpc::INVALID_PARAMS,
-                "Invalid params: initialize needs params.protocolVersion",
-                None,
-                "mcp_invalid_message",
-            );
-        };
-        let version = SUPPORTED_VERSIONS
-            .iter()
-            .find(|supported| **supported == requested)
-            .unwrap_or(&SUPPORTED_VERSIONS[0]);
-        let mut upstream_params = params.cloned().unwrap_or_else(|| json!({}));
-        upstream_params["protocolVersion"] = Value::from(*version);
-        inject_trace(&mut upstream_params, exchange);
-        let message = json!({"jsonrpc": "2.0", "id": id, "method": "initialize", "params": upstream_params});
-        let trace = &exchange.ctx.trace;
-        let upstream = exchange.upstream;
-        let opened = join_all(
-            self.servers
-                .iter()
-                .map(|server| open_session(server, upstream, trace, &message)),
-        )
-        .await;
-        let mut sessions = Vec::new();
-        let mut results = Vec::new();
-        let mut failure = None;
-        for (server, outcome) in self.servers.iter().zip(opened) {
-            match outcome {
-                Ok((session, result)) => {
-                    sessions.push(session);
-                    results.push((server, result));
-                }
-                Err(error) if server.failure_mode == McpFailureMode::Omit => {
-                    tracing::warn!(target = %self.name, %error, "MCP server left out of a new session");
-                }
-                Err(error) => failure = failure.or(Some(error)),
-            }
-        }
-        if failure.is_some() || sessions.is_empty() {
-            // Close what was opened: the client gets no session to close it with.
-            let opened = Session {
-                version: version.to_string(),
-                servers: sessions,
-            };
-            self.close(exchange.upstream, &exchange.ctx.trace, &opened).await;
-            let error = failure.map_or_else(
-                || "no server could be reached".to_string(),
-                |error| error.to_string(),
-            );
-            return upstream_failed(id, &self.name, &error);
-        }
-        let merged = self.merge_initialize(version, &results);
-        let session = Session {
-            version: version.to_string(),
-            servers: sessions,
-        };
-        let mut answer = jsonrpc::result(id, merged);
-        if let Ok(sealed) = HeaderValue::from_str(&self.sealer.seal(&session)) {
-            answer.headers_mut().insert(SESSION_ID, sealed);
-        }
-        answer
-    }
-
-    fn merge_initialize(&self, version: &str, results: &[(&Server, Value)]) -> Value {
-        if let [(_, result)] = results {
-            if !self.multiplexed {
-                let mut result = result.clone();
-                result["protocolVersion"] = Value::from(version);
-                return result;
-            }
-        }
-        let mut capabilities = Map::new();
-        let mut instructions = Vec::new();
-        for (server, result) in results {
-            if let Some(Value::Object(offered)) = result.get("capabilities") {
-                for (name, value) in offered {
-                    let merged = capabilities.entry(name.clone()).or_insert_with(|| json!({}));
-                    if let (Value::Object(merged), Value::Object(value)) = (merged, value) {
-                        for (flag, on) in value {
-                            // Change notifications are not relayed across servers yet.
-                            if flag == "listChanged" {
-                                continue;
-                            }
-                            if on.as_bool() == Some(true) || !merged.contains_key(flag) {
-                                merged.insert(flag.clone(), on.clone());
-                            }
-                        }
-                    }
-                }
-            }
-            if let Some(text) = result.get("instructions").and_then(Value::as_str) {
-                instructions.push(format!("[{}] {text}", server.name));
-            }
-        }
-        let mut merged = json!({
-            "protocolVersion": version,
-            "capabilities": capabilities,
-            "serverInfo": {"name": format!("portcullis {}", self.name), "version": env!("CARGO_PKG_VERSION")},
-        });
-        if !instructions.is_empty() {
-            merged["instructions"] = Value::from(instructions.join("\n\n"));
-        }
-        merged
-    }
-
-    /// Ends every upstream session of `session` (best effort).
-    async fn close(&self, upstream: &Upstream, trace: &crate::telemetry::RequestTrace, session: &Session) {
-        let closing = session.servers.iter().filter_map(|state| {
-            let server = &self.servers[self.server_index(&state.name)?];
-            let id = state.id.as_deref()?;
-            let headers = Headers {
-                session: Some(id),
-                version: Some(&state.version),
-                trace,
-            };
-            Some(async move {
-                if let Err(error) = server.delete(upstream, &headers).await {
-                    tracing::debug!(target = %self.name, %error, "closing an upstream MCP session failed");
-                }
-            })
-        });
-        join_all(closing).await;
-    }
-
     async fn delete(&self, exchange: &mut Exchange<'_>) -> Response<Body> {
         let session = match self.session(exchange, &Value::Null) {
             Ok(session) => session,
             Err(answer) => return *answer,
         };
         self.close(exchange.upstream, &exchange.ctx.trace, &session).await;
-        let mut answer = Response::new(body::empty());
-        *answer.status_mut() = StatusCode::OK;
-        answer
+        Response::new(body::empty())
     }
 
     async fn call(
         &self,
         exchange: &mut Exchange<'_>,
-        session: &Session,
+        downstream: &Downstream,
         id: &Value,
         method: &str,
         mut params: Map<String, Value>,
@@ -458,7 +381,7 @@ impl McpTarget {
         let mut params = Value::Object(params);
         inject_trace(&mut params, exchange);
         let message = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
-        self.forward(exchange, session, index, message).await
+        self.forward(exchange, downstream, index, message).await
     }
 
     /// `None` when the item may be used; otherwise the denial, recorded in the context.
@@ -473,15 +396,13 @@ impl McpTarget {
         if rules.is_empty() {
             return None;
         }
-        let caller = caller(exchange);
-        match rules.judge(&caller, item) {
-            Judgement::Unrestricted => None,
+        match rules.judge(&caller(exchange), item) {
+            // Undecided only for a completion, which has no arguments to decide on.
+            Judgement::Unrestricted | Judgement::Undecided => None,
             Judgement::Allowed { policy } => {
                 exchange.ctx.decisions.push((policy, "allow"));
                 None
             }
-            // At call time arguments are present, so only a completion can be undecided.
-            Judgement::Undecided => None,
             Judgement::Denied { policy, reason } => {
                 exchange.ctx.decisions.push((policy.clone(), "deny"));
                 Some(jsonrpc::error(
@@ -502,7 +423,7 @@ impl McpTarget {
     async fn complete(
         &self,
         exchange: &mut Exchange<'_>,
-        session: &Session,
+        downstream: &Downstream,
         id: &Value,
         mut params: Map<String, Value>,
     ) -> Response<Body> {
@@ -541,25 +462,28 @@ impl McpTarget {
         let mut params = Value::Object(params);
         inject_trace(&mut params, exchange);
         let message = json!({"jsonrpc": "2.0", "id": id, "method": "completion/complete", "params": params});
-        self.forward(exchange, session, index, message).await
+        self.forward(exchange, downstream, index, message).await
     }
 
     async fn set_level(
         &self,
         exchange: &mut Exchange<'_>,
-        session: &Session,
+        downstream: &Downstream,
         id: &Value,
         params: Map<String, Value>,
     ) -> Response<Body> {
         let mut params = Value::Object(params);
         inject_trace(&mut params, exchange);
         let message = json!({"jsonrpc": "2.0", "id": id, "method": "logging/setLevel", "params": params});
-        let outcomes = self.fan_out(exchange, session, &message).await;
-        for (server, outcome) in outcomes {
+        let all: Vec<usize> = (0..self.servers.len()).collect();
+        for (index, outcome) in self
+            .ask_each(exchange, downstream, &all, |_| message.clone())
+            .await
+        {
             match outcome {
-                Err(error) if error.session_gone => return session_not_found(id),
-                Err(error) if server.failure_mode == McpFailureMode::Fail => {
-                    return upstream_failed(id, &self.name, &error.to_string())
+                Err(Problem::SessionGone) => return session_not_found(id),
+                Err(Problem::Failed(error)) if self.servers[index].failure_mode == McpFailureMode::Fail => {
+                    return upstream_failed(id, &self.name, &error)
                 }
                 _ => {}
             }
@@ -567,37 +491,34 @@ impl McpTarget {
         jsonrpc::result(id, json!({}))
     }
 
-    /// Sends a request to every server of the session and reads each result.
-    async fn fan_out<'s>(
-        &'s self,
+    /// Asks each of `indexes` (those in the client's session) at once and reads the results.
+    async fn ask_each(
+        &self,
         exchange: &Exchange<'_>,
-        session: &Session,
-        message: &Value,
-    ) -> Vec<(&'s Server, Result<Value, Failure>)> {
-        let trace = &exchange.ctx.trace;
-        let upstream = exchange.upstream;
-        let calls = session.servers.iter().filter_map(|state| {
-            let server = &self.servers[self.server_index(&state.name)?];
-            Some(async move {
-                let headers = Headers {
-                    session: state.id.as_deref(),
-                    version: Some(&state.version),
-                    trace,
-                };
-                let outcome = match server.call(upstream, &headers, message).await {
-                    Ok(answer) => answer.result(server),
+        downstream: &Downstream,
+        indexes: &[usize],
+        message: impl Fn(usize) -> Value,
+    ) -> Vec<(usize, Result<Value, Problem>)> {
+        let (upstream, trace) = (exchange.upstream, &exchange.ctx.trace);
+        let asks = indexes.iter().map(|&index| {
+            let message = message(index);
+            async move {
+                let server = &self.servers[index];
+                let outcome = match reach::reach(server, downstream, upstream, trace).await {
+                    Ok(None) => return None,
+                    Ok(Some(how)) => reach::ask(server, &how, message, upstream, trace).await,
                     Err(error) => Err(error),
                 };
-                (server, outcome)
-            })
+                Some((index, outcome.map_err(Problem::from)))
+            }
         });
-        join_all(calls).await
+        join_all(asks).await.into_iter().flatten().collect()
     }
 
     async fn notify(
         &self,
         exchange: &mut Exchange<'_>,
-        session: &Session,
+        downstream: &Downstream,
         method: &str,
         params: Option<Value>,
     ) -> Response<Body> {
@@ -607,61 +528,69 @@ impl McpTarget {
             if let Some(params) = params {
                 message["params"] = params;
             }
-            let trace = &exchange.ctx.trace;
-            let upstream = exchange.upstream;
-            let sends = session.servers.iter().filter_map(|state| {
-                let server = &self.servers[self.server_index(&state.name)?];
-                let message = &message;
-                Some(async move {
-                    let headers = Headers {
-                        session: state.id.as_deref(),
-                        version: Some(&state.version),
-                        trace,
+            let (upstream, trace) = (exchange.upstream, &exchange.ctx.trace);
+            let sends = self.servers.iter().map(|server| {
+                let message = message.clone();
+                async move {
+                    let Ok(Some(how @ Reach::Session { .. })) =
+                        reach::reach(server, downstream, upstream, trace).await
+                    else {
+                        return;
                     };
-                    match server.post(upstream, &headers, message).await {
-                        Ok(response) => drop(response.into_body().collect().await),
+                    match reach::send(server, &how, message, upstream, trace).await {
+                        Ok(Sent::Relay(response)) => drop(response.into_body().collect().await),
+                        Ok(Sent::Answered(_)) => {}
                         Err(error) => tracing::debug!(%error, "an MCP notification was not delivered"),
                     }
-                })
+                }
             });
             join_all(sends).await;
         }
-        let mut accepted = Response::new(body::empty());
-        *accepted.status_mut() = StatusCode::ACCEPTED;
-        accepted
+        accepted()
     }
 
     /// Sends one message to one server and relays its answer as it comes.
     async fn forward(
         &self,
         exchange: &mut Exchange<'_>,
-        session: &Session,
+        downstream: &Downstream,
         index: usize,
         message: Value,
     ) -> Response<Body> {
         let server = &self.servers[index];
         let id = message.get("id").cloned().unwrap_or(Value::Null);
-        // A server added to the McpBackend after this session began is not in it: the
-        // client initializes again and gets it.
-        let Some(state) = session.server(&server.name) else {
-            return session_not_found(&id);
-        };
         exchange.ctx.endpoint = Some(server.name.clone());
         exchange.ctx.attempts = 1;
-        let headers = Headers {
-            session: state.id.as_deref(),
-            version: Some(&state.version),
-            trace: &exchange.ctx.trace,
-        };
         let started = std::time::Instant::now();
-        match server.post(exchange.upstream, &headers, &message).await {
+        let (upstream, trace) = (exchange.upstream, &exchange.ctx.trace);
+        let sent = match reach::reach(server, downstream, upstream, trace).await {
+            // A server added to the McpBackend after this session began is not in it: the
+            // client initializes again and gets it.
+            Ok(None) => return session_not_found(&id),
+            Ok(Some(how)) => reach::send(server, &how, message, upstream, trace)
+                .await
+                .map(|sent| (sent, matches!(how, Reach::Session { .. }))),
+            Err(error) => Err(error),
+        };
+        match sent {
             Err(error) if error.session_gone => session_not_found(&id),
             Err(error) => upstream_failed(&id, &self.name, &error.to_string()),
-            Ok(response) => {
+            Ok((Sent::Answered(answer), _)) => {
+                exchange.ctx.upstream_headers = Some(started.elapsed());
+                let mut message = answer.message;
+                if let Some(Value::Object(result)) = message.get_mut("result") {
+                    result
+                        .entry("resultType")
+                        .or_insert_with(|| Value::from("complete"));
+                }
+                jsonrpc::message(&message)
+            }
+            Ok((Sent::Relay(response), in_session)) => {
                 exchange.ctx.upstream_headers = Some(started.elapsed());
                 let streamed = server::is_event_stream(response.headers());
                 let relayed = server::relay(response, exchange.route.body_idle_timeout);
-                if self.multiplexed && streamed {
+                // Only a session-based server sends the client requests on its stream.
+                if self.multiplexed && streamed && in_session {
                     let (parts, inner) = relayed.into_parts();
                     Response::from_parts(parts, body::boxed(remap::RemapRequests::new(inner, &server.name)))
                 } else {
@@ -672,62 +601,20 @@ impl McpTarget {
     }
 }
 
-impl Exchange<'_> {
-    /// A protocol version this target does not speak, named by the client's header. The
-    /// 2026-07-28 revision answers so: a dual-era client then falls back to `initialize`.
-    fn unsupported_version(&self, id: &Value) -> Option<Response<Body>> {
-        let requested = self.headers.get(&PROTOCOL_VERSION)?;
-        let requested = String::from_utf8_lossy(requested.as_bytes());
-        if SUPPORTED_VERSIONS.contains(&requested.as_ref()) {
-            return None;
-        }
-        Some(jsonrpc::error(
-            StatusCode::BAD_REQUEST,
-            id,
-            jsonrpc::UNSUPPORTED_PROTOCOL_VERSION,
-            format!("Unsupported protocol version: {requested}"),
-            Some(json!({"supported": SUPPORTED_VERSIONS, "requested": requested})),
-            "mcp_unsupported_version",
-        ))
-    }
+/// Why a server gave no result.
+enum Problem {
+    /// The server no longer knows the client's session.
+    SessionGone,
+    Failed(String),
+}
 
-    /// Streamable HTTP: the body is JSON and the client takes both JSON and SSE answers.
-    fn unacceptable(&self) -> Option<Response<Body>> {
-        let content_type = self
-            .headers
-            .get(CONTENT_TYPE)
-            .and_then(|value| value.to_str().ok())
-            .unwrap_or_default();
-        let media_type = content_type.split(';').next().unwrap_or_default().trim();
-        if !media_type.eq_ignore_ascii_case("application/json") {
-            return Some(jsonrpc::error(
-                StatusCode::UNSUPPORTED_MEDIA_TYPE,
-                &Value::Null,
-                jsonrpc::INVALID_REQUEST,
-                "Unsupported Media Type: Content-Type must be application/json",
-                None,
-                "mcp_invalid_message",
-            ));
+impl From<server::Failure> for Problem {
+    fn from(failure: server::Failure) -> Problem {
+        if failure.session_gone {
+            Problem::SessionGone
+        } else {
+            Problem::Failed(failure.to_string())
         }
-        let accepts = |wanted: &str| {
-            self.headers.get_all(ACCEPT).iter().any(|value| {
-                value.to_str().unwrap_or_default().split(',').any(|range| {
-                    let range = range.split(';').next().unwrap_or_default().trim();
-                    range.eq_ignore_ascii_case(wanted) || range == "*/*"
-                })
-            })
-        };
-        if !(accepts("application/json") && accepts("text/event-stream")) {
-            return Some(jsonrpc::error(
-                StatusCode::NOT_ACCEPTABLE,
-                &Value::Null,
-                jsonrpc::INVALID_REQUEST,
-                "Not Acceptable: Accept must list application/json and text/event-stream",
-                None,
-                "mcp_invalid_message",
-            ));
-        }
-        None
     }
 }
 
@@ -767,48 +654,10 @@ fn inject_trace(params: &mut Value, exchange: &Exchange<'_>) {
     }
 }
 
-/// Opens a server's session: `initialize`, then `notifications/initialized`.
-async fn open_session(
-    server: &Server,
-    upstream: &Upstream,
-    trace: &crate::telemetry::RequestTrace,
-    message: &Value,
-) -> Result<(ServerSession, Value), Failure> {
-    let initial = Headers {
-        session: None,
-        version: None,
-        trace,
-    };
-    let answer = server.call(upstream, &initial, message).await?;
-    let session = answer.session.clone();
-    let result = answer.result(server)?;
-    let version = result
-        .get("protocolVersion")
-        .and_then(Value::as_str)
-        .unwrap_or(VERSION_WITHOUT_HEADER)
-        .to_string();
-    let headers = Headers {
-        session: session.as_deref(),
-        version: Some(&version),
-        trace,
-    };
-    let initialized = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
-    let response = server.post(upstream, &headers, &initialized).await?;
-    if !response.status().is_success() {
-        return Err(server.failure(format!(
-            "refused notifications/initialized with HTTP {}",
-            response.status()
-        )));
-    }
-    drop(response.into_body().collect().await);
-    Ok((
-        ServerSession {
-            name: server.name.to_string(),
-            id: session,
-            version,
-        },
-        result,
-    ))
+fn accepted() -> Response<Body> {
+    let mut accepted = Response::new(body::empty());
+    *accepted.status_mut() = StatusCode::ACCEPTED;
+    accepted
 }
 
 fn session_not_found(id: &Value) -> Response<Body> {

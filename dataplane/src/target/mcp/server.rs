@@ -4,6 +4,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use base64::engine::general_purpose::STANDARD;
+use base64::Engine;
 use bytes::Bytes;
 use http::header::{ACCEPT, CONTENT_TYPE, HOST};
 use http::{HeaderName, HeaderValue, Method, Request, Response, StatusCode, Uri};
@@ -19,6 +21,13 @@ use crate::upstream::Upstream;
 
 pub(super) const SESSION_ID: HeaderName = HeaderName::from_static("mcp-session-id");
 pub(super) const PROTOCOL_VERSION: HeaderName = HeaderName::from_static("mcp-protocol-version");
+pub(super) const MCP_METHOD: HeaderName = HeaderName::from_static("mcp-method");
+pub(super) const MCP_NAME: HeaderName = HeaderName::from_static("mcp-name");
+/// The stateless revision: no `initialize`, no sessions, the client's `_meta` on every request.
+pub(super) const MODERN_VERSION: &str = "2026-07-28";
+pub(super) const META_VERSION: &str = "io.modelcontextprotocol/protocolVersion";
+pub(super) const META_CAPABILITIES: &str = "io.modelcontextprotocol/clientCapabilities";
+pub(super) const META_CLIENT_INFO: &str = "io.modelcontextprotocol/clientInfo";
 const TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
 const TRACESTATE: HeaderName = HeaderName::from_static("tracestate");
 /// An answer the gateway reads whole (a list, an initialize result) may be this large.
@@ -31,6 +40,9 @@ pub(super) struct Server {
     host: HeaderValue,
     pub(super) timeout: Duration,
     pub(super) failure_mode: McpFailureMode,
+    /// Whether the server speaks the 2026-07-28 revision, learned once per config version
+    /// from `server/discover`.
+    modern: tokio::sync::OnceCell<bool>,
 }
 
 /// Why a server could not answer; the message names the server, never a session id.
@@ -40,6 +52,8 @@ pub(super) struct Failure {
     pub(super) reason: String,
     /// The server no longer knows the session (HTTP 404): the client must initialize again.
     pub(super) session_gone: bool,
+    /// The server answered, with something other than what was asked for.
+    pub(super) answered: bool,
 }
 
 impl std::fmt::Display for Failure {
@@ -53,6 +67,8 @@ pub(super) struct Headers<'a> {
     pub(super) session: Option<&'a str>,
     /// Absent on `initialize`.
     pub(super) version: Option<&'a str>,
+    /// The 2026-07-28 revision's `Mcp-Method` and `Mcp-Name`, taken from the message.
+    pub(super) modern: bool,
     pub(super) trace: &'a RequestTrace,
 }
 
@@ -73,6 +89,7 @@ impl Server {
             uri,
             timeout: spec.timeout(),
             failure_mode: spec.failure_mode,
+            modern: tokio::sync::OnceCell::new(),
         })
     }
 
@@ -81,10 +98,25 @@ impl Server {
             server: self.name.clone(),
             reason: reason.into(),
             session_gone: false,
+            answered: false,
         }
     }
 
-    fn request(&self, method: Method, headers: &Headers<'_>, body: Body) -> Result<Request<Body>, Failure> {
+    /// The server answered, but not with what was asked for.
+    pub(super) fn answered(&self, reason: impl Into<String>) -> Failure {
+        Failure {
+            answered: true,
+            ..self.failure(reason)
+        }
+    }
+
+    fn request(
+        &self,
+        method: Method,
+        headers: &Headers<'_>,
+        message: Option<&Value>,
+    ) -> Result<Request<Body>, Failure> {
+        let body = message.map_or_else(body::empty, |message| body::full(message.to_string()));
         let mut request = Request::new(body);
         *request.method_mut() = method;
         *request.uri_mut() = self.uri.clone();
@@ -107,6 +139,11 @@ impl Server {
                 map.insert(name, value);
             }
         }
+        if let (true, Some(message)) = (headers.modern, message) {
+            for (name, value) in modern_headers(message) {
+                map.insert(name, value);
+            }
+        }
         if let Some(traceparent) = headers.trace.traceparent() {
             map.insert(TRACEPARENT, traceparent);
             if let Some(tracestate) = headers.trace.tracestate() {
@@ -123,8 +160,8 @@ impl Server {
         headers: &Headers<'_>,
         message: &Value,
     ) -> Result<Response<Incoming>, Failure> {
-        let request = self.request(Method::POST, headers, body::full(message.to_string()))?;
-        self.send(upstream, request).await
+        let request = self.request(Method::POST, headers, Some(message))?;
+        self.send(upstream, request, headers.session.is_some()).await
     }
 
     /// Ends the server's session (best effort: a server may answer 405).
@@ -133,22 +170,60 @@ impl Server {
         upstream: &Upstream,
         headers: &Headers<'_>,
     ) -> Result<StatusCode, Failure> {
-        let request = self.request(Method::DELETE, headers, body::empty())?;
-        let response = self.send(upstream, request).await?;
+        let request = self.request(Method::DELETE, headers, None)?;
+        let response = self.send(upstream, request, headers.session.is_some()).await?;
         Ok(response.status())
     }
 
-    async fn send(&self, upstream: &Upstream, request: Request<Body>) -> Result<Response<Incoming>, Failure> {
+    /// A 404 to a request in a session means the server dropped the session; the client
+    /// must initialize again. Without a session, a 404's body says what went wrong.
+    async fn send(
+        &self,
+        upstream: &Upstream,
+        request: Request<Body>,
+        in_session: bool,
+    ) -> Result<Response<Incoming>, Failure> {
         match tokio::time::timeout(self.timeout, upstream.http1_exchange(request)).await {
             Err(_) => Err(self.failure(format!("no answer within {:?}", self.timeout))),
             Ok(Err(reason)) => Err(self.failure(reason)),
-            Ok(Ok(response)) if response.status() == StatusCode::NOT_FOUND => Err(Failure {
-                server: self.name.clone(),
-                reason: "the server no longer knows this session".into(),
+            Ok(Ok(response)) if in_session && response.status() == StatusCode::NOT_FOUND => Err(Failure {
                 session_gone: true,
+                ..self.answered("no longer knows this session")
             }),
             Ok(Ok(response)) => Ok(response),
         }
+    }
+
+    /// Whether the server speaks the 2026-07-28 revision: it answers `server/discover`
+    /// listing it. Learned once; a server that cannot be reached is asked again next time.
+    pub(super) async fn speaks_modern(
+        &self,
+        upstream: &Upstream,
+        trace: &RequestTrace,
+    ) -> Result<bool, Failure> {
+        self.modern
+            .get_or_try_init(|| async {
+                let probe = serde_json::json!({
+                    "jsonrpc": "2.0", "id": "portcullis-discover", "method": "server/discover",
+                    "params": {"_meta": {META_VERSION: MODERN_VERSION, META_CAPABILITIES: {}}},
+                });
+                let headers = Headers {
+                    session: None,
+                    version: Some(MODERN_VERSION),
+                    modern: true,
+                    trace,
+                };
+                match self.call(upstream, &headers, &probe).await {
+                    Ok(answer) => Ok(answer.message["result"]["supportedVersions"]
+                        .as_array()
+                        .is_some_and(|versions| versions.iter().any(|version| version == MODERN_VERSION))),
+                    // It answered, but not as a modern server would.
+                    Err(failure) if failure.answered => Ok(false),
+                    Err(failure) => Err(failure),
+                }
+            })
+            .await
+            .copied()
     }
 
     /// Sends a request and reads its JSON-RPC response, from a JSON body or from the SSE
@@ -210,11 +285,14 @@ impl Server {
     }
 
     fn message(&self, bytes: &Bytes, status: StatusCode) -> Result<Value, Failure> {
-        match serde_json::from_slice::<Value>(bytes) {
-            Ok(message) if message.get("result").is_some() || message.get("error").is_some() => Ok(message),
-            _ if !status.is_success() => Err(self.failure(format!("answered HTTP {status}"))),
-            _ => Err(self.failure("answered something that is not a JSON-RPC response")),
-        }
+        let reason = match serde_json::from_slice::<Value>(bytes) {
+            Ok(message) if message.get("result").is_some() || message.get("error").is_some() => {
+                return Ok(message)
+            }
+            _ if !status.is_success() => format!("answered HTTP {status}"),
+            _ => "answered something that is not a JSON-RPC response".to_string(),
+        };
+        Err(self.answered(reason))
     }
 }
 
@@ -239,7 +317,7 @@ impl Answer {
                 Some(result) => Ok(result),
                 None => {
                     let error = message.remove("error").unwrap_or(Value::Null);
-                    Err(server.failure(format!(
+                    Err(server.answered(format!(
                         "error {}: {}",
                         error.get("code").unwrap_or(&Value::Null),
                         error
@@ -249,7 +327,7 @@ impl Answer {
                     )))
                 }
             },
-            _ => Err(server.failure("answered something that is not a JSON-RPC response")),
+            _ => Err(server.answered("answered something that is not a JSON-RPC response")),
         }
     }
 }
@@ -262,4 +340,67 @@ pub(super) fn relay(response: Response<Incoming>, idle: Duration) -> Response<Bo
     // The upstream session id is the gateway's business, not the client's.
     parts.headers.remove(&SESSION_ID);
     Response::from_parts(parts, body::boxed(body::IdleTimeout::new(incoming, idle)))
+}
+
+/// `Mcp-Method`, and `Mcp-Name` where the revision requires it, matching the message.
+fn modern_headers(message: &Value) -> Vec<(HeaderName, HeaderValue)> {
+    let mut headers = Vec::new();
+    let Some(method) = message.get("method").and_then(Value::as_str) else {
+        return headers;
+    };
+    if let Ok(value) = HeaderValue::from_str(method) {
+        headers.push((MCP_METHOD, value));
+    }
+    let name = match method {
+        "tools/call" | "prompts/get" => message["params"]["name"].as_str(),
+        "resources/read" => message["params"]["uri"].as_str(),
+        _ => None,
+    };
+    if let Some(name) = name {
+        headers.push((MCP_NAME, encode_header_value(name)));
+    }
+    headers
+}
+
+/// A value as the 2026-07-28 revision puts it in a header: plain when it is visible ASCII
+/// without surrounding spaces, otherwise `=?base64?…?=` of its UTF-8.
+pub(super) fn encode_header_value(value: &str) -> HeaderValue {
+    let plain = !value.is_empty()
+        && value.bytes().all(|byte| (0x20..0x7f).contains(&byte))
+        && !value.starts_with(' ')
+        && !value.ends_with(' ')
+        && !value.starts_with("=?base64?");
+    let text = if plain {
+        value.to_string()
+    } else {
+        format!("=?base64?{}?=", STANDARD.encode(value))
+    };
+    HeaderValue::from_str(&text).unwrap_or_else(|_| HeaderValue::from_static(""))
+}
+
+/// The inverse of [`encode_header_value`]; `None` for a malformed encoding.
+pub(super) fn decode_header_value(value: &HeaderValue) -> Option<String> {
+    let text = value.to_str().ok()?;
+    match text
+        .strip_prefix("=?base64?")
+        .and_then(|rest| rest.strip_suffix("?="))
+    {
+        Some(encoded) => String::from_utf8(STANDARD.decode(encoded).ok()?).ok(),
+        None => Some(text.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn header_values_encode_what_headers_cannot_carry() {
+        for name in ["get-sum", "file:///a b", "naïve", " padded", ""] {
+            let encoded = encode_header_value(name);
+            assert_eq!(decode_header_value(&encoded).as_deref(), Some(name), "{name}");
+        }
+        assert_eq!(encode_header_value("get-sum"), "get-sum");
+        assert_eq!(encode_header_value("naïve"), "=?base64?bmHDr3Zl?=");
+    }
 }

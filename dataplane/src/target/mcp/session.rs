@@ -14,6 +14,8 @@ use portcullis_config::SecretSource;
 use rand::RngCore;
 use serde::{Deserialize, Serialize};
 
+use super::reach::ClientMeta;
+
 /// The format of a sealed id, its first byte: a later format can be told apart.
 const FORMAT: u8 = 1;
 const NONCE_BYTES: usize = 24;
@@ -36,6 +38,9 @@ pub(super) struct Session {
     /// One entry per server that took part in `initialize`.
     #[serde(rename = "s")]
     pub(super) servers: Vec<ServerSession>,
+    /// Kept only when a server speaks 2026-07-28, which wants it on every request.
+    #[serde(rename = "c", default, skip_serializing_if = "Option::is_none")]
+    pub(super) client: Option<ClientMeta>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -162,6 +167,7 @@ mod tests {
                 id: Some("upstream-1".into()),
                 version: "2025-06-18".into(),
             }],
+            client: None,
         }
     }
 

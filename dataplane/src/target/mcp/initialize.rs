@@ -1,0 +1,328 @@
+//! Starting out: `initialize` for session-based clients (one session per server, sealed
+//! into one id) and `server/discover` for 2026-07-28 clients; both merge what the servers
+//! offer.
+
+use futures::future::join_all;
+use http::{HeaderValue, Response};
+use portcullis_config::McpFailureMode;
+use serde_json::{json, Map, Value};
+
+use super::downstream::LEGACY_VERSIONS;
+use super::reach::{ClientMeta, Reach, BRIDGE_VERSION};
+use super::server::{Failure, Headers, Server, META_CAPABILITIES, MODERN_VERSION, SESSION_ID};
+use super::session::{ServerSession, Session};
+use super::{inject_trace, invalid_params, jsonrpc, upstream_failed, Exchange, McpTarget};
+use crate::body::Body;
+use crate::telemetry::RequestTrace;
+use crate::upstream::Upstream;
+
+/// What a server that sends no version is assumed to speak (the spec's rule).
+const VERSION_WITHOUT_HEADER: &str = "2025-03-26";
+
+impl McpTarget {
+    pub(super) async fn initialize(
+        &self,
+        exchange: &mut Exchange<'_>,
+        id: &Value,
+        params: Option<&Value>,
+    ) -> Response<Body> {
+        let Some(requested) = params
+            .and_then(|params| params.get("protocolVersion"))
+            .and_then(Value::as_str)
+        else {
+            return invalid_params(
+                id,
+                "Invalid params: initialize needs params.protocolVersion".into(),
+            );
+        };
+        let version = LEGACY_VERSIONS
+            .iter()
+            .find(|supported| **supported == requested)
+            .unwrap_or(&LEGACY_VERSIONS[0]);
+        let mut upstream_params = params.cloned().unwrap_or_else(|| json!({}));
+        upstream_params["protocolVersion"] = Value::from(*version);
+        inject_trace(&mut upstream_params, exchange);
+        let client = ClientMeta::from_initialize(&upstream_params);
+        let message = json!({"jsonrpc": "2.0", "id": id, "method": "initialize", "params": upstream_params});
+        let (upstream, trace) = (exchange.upstream, &exchange.ctx.trace);
+        let opened = join_all(
+            self.servers
+                .iter()
+                .map(|server| open_any_session(server, upstream, trace, &message, &client)),
+        )
+        .await;
+        let mut sessions = Vec::new();
+        let mut offers = Vec::new();
+        let mut failure = None;
+        for (server, outcome) in self.servers.iter().zip(opened) {
+            match outcome {
+                Ok((session, offer)) => {
+                    sessions.push(session);
+                    offers.push((server, offer));
+                }
+                Err(error) if server.failure_mode == McpFailureMode::Omit => {
+                    tracing::warn!(target = %self.name, %error, "MCP server left out of a new session");
+                }
+                Err(error) => failure = failure.or(Some(error)),
+            }
+        }
+        let modern = sessions.iter().any(|session| session.version == MODERN_VERSION);
+        let session = Session {
+            version: version.to_string(),
+            servers: sessions,
+            client: modern.then_some(client),
+        };
+        if failure.is_some() || session.servers.is_empty() {
+            // Close what was opened: the client gets no session to close it with.
+            self.close(upstream, trace, &session).await;
+            let error = failure.map_or_else(
+                || "no server could be reached".to_string(),
+                |error| error.to_string(),
+            );
+            return upstream_failed(id, &self.name, &error);
+        }
+        let mut merged = self.merge_offers(&offers);
+        merged.insert("protocolVersion".into(), Value::from(*version));
+        let mut answer = jsonrpc::result(id, Value::Object(merged));
+        if let Ok(sealed) = HeaderValue::from_str(&self.sealer.seal(&session)) {
+            answer.headers_mut().insert(SESSION_ID, sealed);
+        }
+        answer
+    }
+
+    /// `server/discover` for a 2026-07-28 client: what the servers offer, merged.
+    pub(super) async fn discover(
+        &self,
+        exchange: &mut Exchange<'_>,
+        id: &Value,
+        client: &ClientMeta,
+    ) -> Response<Body> {
+        let (upstream, trace) = (exchange.upstream, &exchange.ctx.trace);
+        let offers = join_all(
+            self.servers
+                .iter()
+                .map(|server| offer(server, upstream, trace, client)),
+        )
+        .await;
+        let mut merged_offers = Vec::new();
+        for (server, outcome) in self.servers.iter().zip(offers) {
+            match outcome {
+                Ok(offer) => merged_offers.push((server, offer)),
+                Err(error) if server.failure_mode == McpFailureMode::Omit => {
+                    tracing::warn!(target = %self.name, %error, "MCP server left out of server/discover");
+                }
+                Err(error) => return upstream_failed(id, &self.name, &error.to_string()),
+            }
+        }
+        let mut merged = self.merge_offers(&merged_offers);
+        let server_info = merged.remove("serverInfo").unwrap_or(Value::Null);
+        merged.insert("supportedVersions".into(), json!([MODERN_VERSION]));
+        merged.insert("ttlMs".into(), Value::from(0));
+        merged.insert("cacheScope".into(), Value::from("private"));
+        merged.insert("resultType".into(), Value::from("complete"));
+        merged.insert(
+            "_meta".into(),
+            json!({"io.modelcontextprotocol/serverInfo": server_info}),
+        );
+        jsonrpc::result(id, Value::Object(merged))
+    }
+
+    /// Capabilities, instructions and server info of the servers as one server's.
+    fn merge_offers(&self, offers: &[(&Server, Value)]) -> Map<String, Value> {
+        if let ([(_, offer)], false) = (offers, self.multiplexed) {
+            let mut single = Map::new();
+            for field in ["capabilities", "instructions", "serverInfo"] {
+                if let Some(value) = offer.get(field) {
+                    single.insert(field.into(), value.clone());
+                }
+            }
+            return single;
+        }
+        let mut capabilities = Map::new();
+        let mut instructions = Vec::new();
+        for (server, offer) in offers {
+            if let Some(Value::Object(offered)) = offer.get("capabilities") {
+                for (name, value) in offered {
+                    let merged = capabilities.entry(name.clone()).or_insert_with(|| json!({}));
+                    if let (Value::Object(merged), Value::Object(value)) = (merged, value) {
+                        for (flag, on) in value {
+                            // Change notifications are not relayed across servers yet.
+                            if flag == "listChanged" {
+                                continue;
+                            }
+                            if on.as_bool() == Some(true) || !merged.contains_key(flag) {
+                                merged.insert(flag.clone(), on.clone());
+                            }
+                        }
+                    }
+                }
+            }
+            if let Some(text) = offer.get("instructions").and_then(Value::as_str) {
+                instructions.push(format!("[{}] {text}", server.name));
+            }
+        }
+        let mut merged = Map::new();
+        merged.insert("capabilities".into(), Value::Object(capabilities));
+        merged.insert(
+            "serverInfo".into(),
+            json!({"name": format!("portcullis {}", self.name), "version": env!("CARGO_PKG_VERSION")}),
+        );
+        if !instructions.is_empty() {
+            merged.insert("instructions".into(), Value::from(instructions.join("\n\n")));
+        }
+        merged
+    }
+
+    /// Ends every upstream session of `session` (best effort).
+    pub(super) async fn close(&self, upstream: &Upstream, trace: &RequestTrace, session: &Session) {
+        let closing = session.servers.iter().filter_map(|state| {
+            let server = &self.servers[self.server_index(&state.name)?];
+            let id = state.id.as_deref()?;
+            let headers = Headers {
+                session: Some(id),
+                version: Some(&state.version),
+                modern: false,
+                trace,
+            };
+            Some(async move {
+                if let Err(error) = server.delete(upstream, &headers).await {
+                    tracing::debug!(target = %self.name, %error, "closing an upstream MCP session failed");
+                }
+            })
+        });
+        join_all(closing).await;
+    }
+}
+
+/// A session-based client's session with one server: the server's own session when it
+/// takes `initialize`, else (a 2026-07-28-only server) none, the client's capabilities
+/// then going with every request. Returns what the server offers.
+async fn open_any_session(
+    server: &Server,
+    upstream: &Upstream,
+    trace: &RequestTrace,
+    message: &Value,
+    client: &ClientMeta,
+) -> Result<(ServerSession, Value), Failure> {
+    let refused = match open_session(server, upstream, trace, message).await {
+        Ok(opened) => return Ok(opened),
+        Err(error) if error.answered => error,
+        Err(error) => return Err(error),
+    };
+    if !server.speaks_modern(upstream, trace).await? {
+        return Err(refused);
+    }
+    let offer = modern_offer(server, upstream, trace, client).await?;
+    Ok((
+        ServerSession {
+            name: server.name.to_string(),
+            id: None,
+            version: MODERN_VERSION.to_string(),
+        },
+        offer,
+    ))
+}
+
+/// What a server offers, in whichever revision it speaks.
+async fn offer(
+    server: &Server,
+    upstream: &Upstream,
+    trace: &RequestTrace,
+    client: &ClientMeta,
+) -> Result<Value, Failure> {
+    if server.speaks_modern(upstream, trace).await? {
+        return modern_offer(server, upstream, trace, client).await;
+    }
+    let mut params = json!({"protocolVersion": BRIDGE_VERSION, "capabilities": client.capabilities});
+    params["clientInfo"] = client
+        .info
+        .clone()
+        .unwrap_or_else(|| json!({"name": "portcullis", "version": env!("CARGO_PKG_VERSION")}));
+    let message =
+        json!({"jsonrpc": "2.0", "id": "portcullis-discover", "method": "initialize", "params": params});
+    let (session, offer) = open_session(server, upstream, trace, &message).await?;
+    if let Some(id) = &session.id {
+        let headers = Headers {
+            session: Some(id),
+            version: Some(&session.version),
+            modern: false,
+            trace,
+        };
+        if let Err(error) = server.delete(upstream, &headers).await {
+            tracing::debug!(%error, "closing a discovery session failed");
+        }
+    }
+    Ok(offer)
+}
+
+async fn modern_offer(
+    server: &Server,
+    upstream: &Upstream,
+    trace: &RequestTrace,
+    client: &ClientMeta,
+) -> Result<Value, Failure> {
+    let message = json!({"jsonrpc": "2.0", "id": "portcullis-discover", "method": "server/discover",
+        "params": {"_meta": {META_CAPABILITIES: client.capabilities}}});
+    let mut offer = super::reach::ask(
+        server,
+        &Reach::Modern(std::sync::Arc::new(client.clone())),
+        message,
+        upstream,
+        trace,
+    )
+    .await?;
+    if let Some(info) = offer
+        .get("_meta")
+        .and_then(|meta| meta.get("io.modelcontextprotocol/serverInfo"))
+        .cloned()
+    {
+        offer["serverInfo"] = info;
+    }
+    Ok(offer)
+}
+
+/// Opens a server's session: `initialize`, then `notifications/initialized`.
+pub(super) async fn open_session(
+    server: &Server,
+    upstream: &Upstream,
+    trace: &RequestTrace,
+    message: &Value,
+) -> Result<(ServerSession, Value), Failure> {
+    let initial = Headers {
+        session: None,
+        version: None,
+        modern: false,
+        trace,
+    };
+    let answer = server.call(upstream, &initial, message).await?;
+    let session = answer.session.clone();
+    let result = answer.result(server)?;
+    let version = result
+        .get("protocolVersion")
+        .and_then(Value::as_str)
+        .unwrap_or(VERSION_WITHOUT_HEADER)
+        .to_string();
+    let headers = Headers {
+        session: session.as_deref(),
+        version: Some(&version),
+        modern: false,
+        trace,
+    };
+    let initialized = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
+    let response = server.post(upstream, &headers, &initialized).await?;
+    if !response.status().is_success() {
+        return Err(server.failure(format!(
+            "refused notifications/initialized with HTTP {}",
+            response.status()
+        )));
+    }
+    drop(http_body_util::BodyExt::collect(response.into_body()).await);
+    Ok((
+        ServerSession {
+            name: server.name.to_string(),
+            id: session,
+            version,
+        },
+        result,
+    ))
+}

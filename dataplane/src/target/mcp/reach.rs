@@ -1,0 +1,226 @@
+//! How one request reaches one server, whichever revision each side speaks
+//! (<https://modelcontextprotocol.io/specification/2026-07-28/basic/versioning>):
+//!
+//! | client ↓ server → | session-based                         | 2026-07-28                    |
+//! |-------------------|---------------------------------------|-------------------------------|
+//! | session-based     | the server's session from `initialize` | the client's capabilities from `initialize`, as `_meta` |
+//! | 2026-07-28        | a session opened for this one request  | passed through                |
+//!
+//! A server that speaks both is spoken to in the client's revision, so nothing is lost in
+//! translation (a legacy client keeps server-to-client requests).
+
+use std::sync::Arc;
+
+use http::Response;
+use hyper::body::Incoming;
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Map, Value};
+
+use super::server::{
+    Answer, Failure, Headers, Server, META_CAPABILITIES, META_CLIENT_INFO, META_VERSION, MODERN_VERSION,
+};
+use super::session::Session;
+use crate::telemetry::RequestTrace;
+use crate::upstream::Upstream;
+
+/// The revision a session-based server is spoken to in when the client speaks 2026-07-28.
+pub(super) const BRIDGE_VERSION: &str = "2025-11-25";
+
+/// What the client is.
+pub(super) enum Downstream {
+    /// Session-based: the sealed session of its `initialize`.
+    Legacy(Session),
+    /// 2026-07-28: the `_meta` fields it sent with this request.
+    Modern(Arc<ClientMeta>),
+}
+
+/// What a 2026-07-28 server needs to know about the client on every request. A session
+/// keeps it when one of its servers speaks that revision.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(super) struct ClientMeta {
+    #[serde(rename = "c")]
+    pub(super) capabilities: Value,
+    #[serde(rename = "i", default, skip_serializing_if = "Option::is_none")]
+    pub(super) info: Option<Value>,
+}
+
+impl ClientMeta {
+    /// From a modern request's `params._meta`.
+    pub(super) fn from_meta(meta: &Map<String, Value>) -> Option<ClientMeta> {
+        Some(ClientMeta {
+            capabilities: meta.get(META_CAPABILITIES)?.clone(),
+            info: meta.get(META_CLIENT_INFO).cloned(),
+        })
+    }
+
+    /// From a session-based client's `initialize` params.
+    pub(super) fn from_initialize(params: &Value) -> ClientMeta {
+        ClientMeta {
+            capabilities: params.get("capabilities").cloned().unwrap_or_else(|| json!({})),
+            info: params.get("clientInfo").cloned(),
+        }
+    }
+
+    /// Writes the client's fields into `message.params._meta`, as the revision requires.
+    fn stamp(&self, message: &mut Value) {
+        let Value::Object(object) = message else { return };
+        let params = object.entry("params").or_insert_with(|| json!({}));
+        let Value::Object(params) = params else { return };
+        let meta = params.entry("_meta").or_insert_with(|| json!({}));
+        let Value::Object(meta) = meta else { return };
+        meta.insert(META_VERSION.into(), Value::from(MODERN_VERSION));
+        meta.insert(META_CAPABILITIES.into(), self.capabilities.clone());
+        if let Some(info) = &self.info {
+            meta.insert(META_CLIENT_INFO.into(), info.clone());
+        }
+    }
+}
+
+/// How this request goes to one server.
+pub(super) enum Reach {
+    /// The server's own session (or none, for a stateless server) in a session-based revision.
+    Session { id: Option<String>, version: String },
+    /// 2026-07-28, with the client's `_meta`.
+    Modern(Arc<ClientMeta>),
+    /// A session-based server for a 2026-07-28 client: a session opened for this request.
+    Bridge(Arc<ClientMeta>),
+}
+
+/// A server's answer: relayed as it comes, or read whole (a bridged request).
+pub(super) enum Sent {
+    Relay(Response<Incoming>),
+    Answered(Answer),
+}
+
+/// `Ok(None)`: the server is not part of this session (added after it began).
+pub(super) async fn reach(
+    server: &Server,
+    downstream: &Downstream,
+    upstream: &Upstream,
+    trace: &RequestTrace,
+) -> Result<Option<Reach>, Failure> {
+    match downstream {
+        Downstream::Legacy(session) => {
+            let Some(state) = session.server(&server.name) else {
+                return Ok(None);
+            };
+            if state.version == MODERN_VERSION {
+                let client = session
+                    .client
+                    .clone()
+                    .unwrap_or_else(|| ClientMeta::from_initialize(&json!({})));
+                return Ok(Some(Reach::Modern(Arc::new(client))));
+            }
+            Ok(Some(Reach::Session {
+                id: state.id.clone(),
+                version: state.version.clone(),
+            }))
+        }
+        Downstream::Modern(client) => Ok(Some(if server.speaks_modern(upstream, trace).await? {
+            Reach::Modern(client.clone())
+        } else {
+            Reach::Bridge(client.clone())
+        })),
+    }
+}
+
+/// Sends `message` to `server` the way `reach` says.
+pub(super) async fn send(
+    server: &Server,
+    reach: &Reach,
+    mut message: Value,
+    upstream: &Upstream,
+    trace: &RequestTrace,
+) -> Result<Sent, Failure> {
+    match reach {
+        Reach::Session { id, version } => {
+            let headers = Headers {
+                session: id.as_deref(),
+                version: Some(version),
+                modern: false,
+                trace,
+            };
+            server.post(upstream, &headers, &message).await.map(Sent::Relay)
+        }
+        Reach::Modern(client) => {
+            client.stamp(&mut message);
+            let headers = Headers {
+                session: None,
+                version: Some(MODERN_VERSION),
+                modern: true,
+                trace,
+            };
+            server.post(upstream, &headers, &message).await.map(Sent::Relay)
+        }
+        Reach::Bridge(client) => bridge(server, client, &message, upstream, trace)
+            .await
+            .map(Sent::Answered),
+    }
+}
+
+/// Sends `message` and reads the server's result.
+pub(super) async fn ask(
+    server: &Server,
+    reach: &Reach,
+    mut message: Value,
+    upstream: &Upstream,
+    trace: &RequestTrace,
+) -> Result<Value, Failure> {
+    let answer = match reach {
+        Reach::Session { id, version } => {
+            let headers = Headers {
+                session: id.as_deref(),
+                version: Some(version),
+                modern: false,
+                trace,
+            };
+            server.call(upstream, &headers, &message).await?
+        }
+        Reach::Modern(client) => {
+            client.stamp(&mut message);
+            let headers = Headers {
+                session: None,
+                version: Some(MODERN_VERSION),
+                modern: true,
+                trace,
+            };
+            server.call(upstream, &headers, &message).await?
+        }
+        Reach::Bridge(client) => bridge(server, client, &message, upstream, trace).await?,
+    };
+    answer.result(server)
+}
+
+/// One request to a session-based server for a 2026-07-28 client: initialize, send, read
+/// the answer, end the session. Requests the server sends the client meanwhile cannot be
+/// delivered (that revision has no server-to-client requests) and are dropped.
+async fn bridge(
+    server: &Server,
+    client: &ClientMeta,
+    message: &Value,
+    upstream: &Upstream,
+    trace: &RequestTrace,
+) -> Result<Answer, Failure> {
+    let mut params = json!({"protocolVersion": BRIDGE_VERSION, "capabilities": client.capabilities});
+    if let Some(info) = &client.info {
+        params["clientInfo"] = info.clone();
+    } else {
+        params["clientInfo"] = json!({"name": "portcullis", "version": env!("CARGO_PKG_VERSION")});
+    }
+    let initialize =
+        json!({"jsonrpc": "2.0", "id": "portcullis-bridge", "method": "initialize", "params": params});
+    let (session, _) = super::initialize::open_session(server, upstream, trace, &initialize).await?;
+    let headers = Headers {
+        session: session.id.as_deref(),
+        version: Some(&session.version),
+        modern: false,
+        trace,
+    };
+    let answer = server.call(upstream, &headers, message).await;
+    if session.id.is_some() {
+        if let Err(error) = server.delete(upstream, &headers).await {
+            tracing::debug!(%error, "closing a bridged MCP session failed");
+        }
+    }
+    answer
+}

@@ -1,0 +1,32 @@
+"""MCP interop peer: the official Python SDK (`mcp` 2.x) as a server, both protocol eras.
+
+    python mcp_server.py PORT
+
+Serves `get-sum(a, b)` and `echo(message)` on http://127.0.0.1:PORT/mcp (Streamable HTTP,
+sessions on, SSE answers: the SDK's defaults).
+"""
+
+import sys
+
+from mcp.server import MCPServer
+
+server = MCPServer("PythonPeer")
+
+
+@server.tool(name="get-sum")
+def get_sum(a: int, b: int) -> int:
+    """Add two integers."""
+    return a + b
+
+
+@server.tool()
+def echo(message: str) -> str:
+    """Echo the message back."""
+    return message
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        print(__doc__, file=sys.stderr)
+        sys.exit(2)
+    server.run("streamable-http", host="127.0.0.1", port=int(sys.argv[1]))
