@@ -57,6 +57,16 @@ impl Tools {
         format!("{}: {text}", self.name)
     }
 
+    #[tool(description = "Returns the traceparent the request's _meta carried")]
+    fn traceparent(&self, context: RequestContext<RoleServer>) -> String {
+        context
+            .meta
+            .get("traceparent")
+            .and_then(Value::as_str)
+            .unwrap_or("none")
+            .to_string()
+    }
+
     #[tool(description = "Asks the client's model and returns its answer")]
     async fn ask(
         &self,
@@ -219,9 +229,11 @@ fn two_servers_behind_one_route_with_the_rmcp_client() {
                 "math__ask",
                 "math__echo",
                 "math__get-sum",
+                "math__traceparent",
                 "web__ask",
                 "web__echo",
-                "web__get-sum"
+                "web__get-sum",
+                "web__traceparent"
             ]
         );
 
@@ -362,7 +374,13 @@ fn authorization_lists_what_may_be_called_and_decides_calls_on_their_arguments()
     // policy is on server math only: web's tools are untouched.
     assert_eq!(
         wire.tools(),
-        ["math__get-sum", "web__ask", "web__echo", "web__get-sum"]
+        [
+            "math__get-sum",
+            "web__ask",
+            "web__echo",
+            "web__get-sum",
+            "web__traceparent"
+        ]
     );
 
     let (status, allowed) = wire.call("math__get-sum", json!({"a": 1, "b": 2}));
@@ -387,6 +405,23 @@ fn authorization_lists_what_may_be_called_and_decides_calls_on_their_arguments()
     let (_, web_echo) = wire.call("web__echo", json!({"text": "x"}));
     assert_eq!(web_echo["result"]["content"][0]["text"], "web: x");
 
+    // An incoming trace continues into the request's `_meta`: same trace, the proxy's span.
+    let incoming = "00-0af7651916cd43dd8448eb211c80319c-00f067aa0ba902b7-01";
+    let body = json!({"jsonrpc": "2.0", "id": 9, "method": "tools/call", "params": {"name": "web__traceparent", "arguments": {}}});
+    let headers = [
+        ACCEPT_BOTH,
+        ("Mcp-Session-Id", wire.session.as_str()),
+        ("traceparent", incoming),
+    ];
+    let response = http_request_with(port, "POST", "/mcp", &headers, Some(&body.to_string())).unwrap();
+    let seen = json_or_last_event(&response.body)["result"]["content"][0]["text"].clone();
+    let seen = seen.as_str().unwrap_or_default();
+    assert!(
+        seen.starts_with("00-0af7651916cd43dd8448eb211c80319c-") && seen.len() == incoming.len(),
+        "{seen}"
+    );
+    assert!(!seen.contains("00f067aa0ba902b7"), "a new span id: {seen}");
+
     // The same rule written to decide at list time on the absence of arguments.
     let rule = "  allow: ['!has(mcp.tool.arguments) || mcp.tool.arguments.a == 1']\n";
     gateway.apply(
@@ -396,7 +431,7 @@ fn authorization_lists_what_may_be_called_and_decides_calls_on_their_arguments()
     let wire = Wire::initialize(port);
     assert_eq!(
         wire.tools().len(),
-        6,
+        8,
         "every tool may be called with the right arguments"
     );
     assert_eq!(
@@ -413,13 +448,20 @@ fn authorization_lists_what_may_be_called_and_decides_calls_on_their_arguments()
         "a missing argument does not hold"
     );
 
-    // Decisions reach the metrics.
+    // Decisions and MCP outcomes reach the metrics.
+    let mcp_requests = |labels: &[&str]| metric(gateway.admin, "portcullis_proxy_mcp_requests_total", labels);
     wait_for("decisions in the metrics", Duration::from_secs(5), || {
         metric(
             gateway.admin,
             "portcullis_proxy_policy_decisions_total",
             &["deny"],
         ) >= 3.0
+            && mcp_requests(&[
+                "mcp_method_name=\"tools/call\"",
+                "server=\"math\"",
+                "outcome=\"-32010\"",
+            ]) >= 3.0
+            && mcp_requests(&["mcp_method_name=\"tools/list\"", "outcome=\"ok\""]) >= 2.0
     });
 }
 
@@ -768,6 +810,7 @@ fn clients_of_either_revision_reach_servers_of_either_revision_on_one_route() {
                     "dual__ask",
                     "dual__echo",
                     "dual__get-sum",
+                    "dual__traceparent",
                     "new__echo",
                     "new__get-sum",
                     "old__echo",

@@ -78,6 +78,7 @@ impl Handler for Pipeline {
             bytes_sent: 0,
             completed: false,
             llm: None,
+            mcp: None,
         };
         // Written even if the client leaves before the response starts (this future is
         // then dropped): every request ends in exactly one record.
@@ -193,6 +194,7 @@ impl Pipeline {
             attempts: 0,
             upstream_headers: None,
             llm: None,
+            mcp: None,
         };
         // A policy attached to both the listener and the route runs once, as the
         // listener's.
@@ -250,6 +252,7 @@ impl Pipeline {
         record.attempts = ctx.attempts;
         record.upstream_headers = ctx.upstream_headers;
         record.llm = ctx.llm.as_ref().map(|llm| llm.record.clone());
+        record.mcp = ctx.mcp;
         response
     }
 

@@ -75,6 +75,8 @@ pub(crate) struct RequestContext {
     pub(crate) upstream_headers: Option<std::time::Duration>,
     /// An LLM route's request, read right after route match (see `llm/`).
     pub(crate) llm: Option<crate::llm::LlmRequest>,
+    /// An MCP request, as the McpBackend target understood it.
+    pub(crate) mcp: Option<crate::telemetry::McpRecord>,
 }
 
 impl RequestContext {

@@ -15,6 +15,7 @@ fn context(max_body_bytes: u64) -> RequestContext {
     let peer: SocketAddr = "127.0.0.1:40000".parse().unwrap();
     RequestContext {
         llm: None,
+        mcp: None,
         route: Arc::from("r"),
         client_ip: peer.ip(),
         trace: RequestTrace::default(),

@@ -248,7 +248,9 @@ impl Serialize for Line<'_> {
             duration,
         } = self.0;
         let mut trace_id = [0u8; 32];
-        let mut map = serializer.serialize_map(Some(19 + usize::from(r.llm.is_some())))?;
+        let mut map = serializer.serialize_map(Some(
+            19 + usize::from(r.llm.is_some()) + usize::from(r.mcp.is_some()),
+        ))?;
         map.serialize_entry(
             "time",
             &format_args!("{}", humantime::format_rfc3339_millis(*time)),
@@ -271,6 +273,17 @@ impl Serialize for Line<'_> {
         map.serialize_entry("completed", &r.completed)?;
         map.serialize_entry("trace_id", &r.trace.write_trace_id(&mut trace_id))?;
         map.serialize_entry("decisions", &Decisions(&r.decisions))?;
+        if let Some(mcp) = &r.mcp {
+            map.serialize_entry(
+                "mcp",
+                &serde_json::json!({
+                    "method": &*mcp.method,
+                    "server": mcp.server.as_deref(),
+                    "name": mcp.name,
+                    "error_code": mcp.error_code,
+                }),
+            )?;
+        }
         if let Some(llm) = &r.llm {
             let llm = llm.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
             map.serialize_entry(

@@ -17,7 +17,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::{MetricType, TypedMetric};
 use prometheus_client::registry::{Registry, Unit};
 
-use super::{LlmRecord, RequestRecord};
+use super::{LlmRecord, McpRecord, RequestRecord};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RequestLabels {
@@ -69,6 +69,16 @@ struct GenAiRequestLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct McpLabels {
+    target: Arc<str>,
+    mcp_method_name: Arc<str>,
+    /// Empty when the request went to no single server.
+    server: Arc<str>,
+    /// `ok`, or the JSON-RPC error code the gateway answered with.
+    outcome: Arc<str>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct GenAiTokenLabels {
     pool: Arc<str>,
     gen_ai_request_model: Arc<str>,
@@ -87,6 +97,7 @@ pub(super) struct Metrics {
     upstream_errors: Family<UpstreamErrorLabels, Counter>,
     policy_decisions: Family<PolicyLabels, Counter>,
     gen_ai_requests: Family<GenAiRequestLabels, Counter>,
+    mcp_requests: Family<McpLabels, Counter>,
     gen_ai_tokens: Family<GenAiTokenLabels, Counter>,
     gen_ai_time_to_first_token: Family<GenAiLabels, DurationHistogram>,
     gen_ai_time_per_output_token: Family<GenAiLabels, DurationHistogram>,
@@ -108,6 +119,7 @@ impl Metrics {
             upstream_errors: Family::default(),
             policy_decisions: Family::default(),
             gen_ai_requests: Family::default(),
+            mcp_requests: Family::default(),
             gen_ai_tokens: Family::default(),
             gen_ai_time_to_first_token: Family::default(),
             gen_ai_time_per_output_token: Family::default(),
@@ -152,6 +164,12 @@ impl Metrics {
             "policy_decisions",
             "Policy decisions taken on requests, by policy and decision",
             metrics.policy_decisions.clone(),
+        );
+        registry.register(
+            "mcp_requests",
+            "MCP requests through McpBackends, by target, JSON-RPC method, server and outcome \
+             (ok or the gateway's JSON-RPC error code)",
+            metrics.mcp_requests.clone(),
         );
         registry.register(
             "gen_ai_requests",
@@ -246,6 +264,22 @@ impl Metrics {
             self.policy_decisions.get_or_create(&labels).inc();
         }
         record
+    }
+
+    /// Counts an MCP request (a request whose route sends to an McpBackend).
+    pub(super) fn mcp(&self, record: &RequestRecord, mcp: &McpRecord) {
+        let outcome: Arc<str> = match mcp.error_code {
+            None => Arc::from("ok"),
+            Some(code) => Arc::from(code.to_string()),
+        };
+        self.mcp_requests
+            .get_or_create(&McpLabels {
+                target: record.target.clone().unwrap_or_else(|| Arc::from("")),
+                mcp_method_name: mcp.method.clone(),
+                server: mcp.server.clone().unwrap_or_else(|| Arc::from("")),
+                outcome,
+            })
+            .inc();
     }
 
     /// Counts an LLM exchange (a request whose route sends to InferencePools).

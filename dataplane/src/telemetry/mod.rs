@@ -100,6 +100,21 @@ pub(crate) struct RequestRecord {
     pub(crate) completed: bool,
     /// An LLM route's exchange, filled in as its response passes (see `llm/tap.rs`).
     pub(crate) llm: Option<Arc<std::sync::Mutex<LlmRecord>>>,
+    /// An MCP exchange, filled in by the McpBackend target.
+    pub(crate) mcp: Option<McpRecord>,
+}
+
+/// What an MCP request was. Metrics leave out `name`: a client can send any name.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct McpRecord {
+    /// The JSON-RPC method (`tools/call`), or the kind of message when it had none.
+    pub(crate) method: Arc<str>,
+    /// The server the request went to, when it went to one.
+    pub(crate) server: Option<Arc<str>>,
+    /// The tool's or prompt's own name, or the resource's own URI.
+    pub(crate) name: Option<String>,
+    /// The JSON-RPC error code of an error the gateway answered with.
+    pub(crate) error_code: Option<i64>,
 }
 
 /// What an LLM exchange produced. Times count from when the proxy had the whole request.
@@ -185,6 +200,9 @@ impl Telemetry {
     pub(crate) fn finish(&self, record: RequestRecord) {
         let duration = record.start.elapsed();
         let mut record = self.metrics.request(record, duration);
+        if let Some(mcp) = &record.mcp {
+            self.metrics.mcp(&record, mcp);
+        }
         if let Some(llm) = &record.llm {
             let llm = llm.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
             self.metrics.llm(&record, &llm);

@@ -48,6 +48,7 @@ fn record(trace: RequestTrace, route: Option<&str>, status: u16) -> RequestRecor
         bytes_sent: 120,
         completed: true,
         llm: None,
+        mcp: None,
     }
 }
 

@@ -398,6 +398,27 @@ pub(super) fn end_span(mut span: Box<SdkSpan>, record: &RequestRecord) {
         attributes.push(KeyValue::new(PORTCULLIS_ENDPOINT, Value::from(endpoint.clone())));
     }
     attributes.push(KeyValue::new(PORTCULLIS_ATTEMPTS, i64::from(record.attempts)));
+    if let Some(mcp) = &record.mcp {
+        // OpenTelemetry's MCP semantic conventions.
+        attributes.push(KeyValue::new("mcp.method.name", Value::from(mcp.method.clone())));
+        if let Some(server) = &mcp.server {
+            attributes.push(KeyValue::new(
+                "portcullis.mcp.server",
+                Value::from(server.clone()),
+            ));
+        }
+        if let Some(name) = &mcp.name {
+            let key = if mcp.method.as_ref() == "tools/call" {
+                "gen_ai.tool.name"
+            } else {
+                "mcp.item.name"
+            };
+            attributes.push(KeyValue::new(key, name.clone()));
+        }
+        if let Some(code) = mcp.error_code {
+            attributes.push(KeyValue::new("rpc.jsonrpc.error_code", code));
+        }
+    }
     if let Some(llm) = &record.llm {
         let llm = llm.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         attributes.push(KeyValue::new(

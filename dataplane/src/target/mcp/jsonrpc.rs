@@ -147,8 +147,13 @@ pub(super) fn error(
     }
     let mut response = json_response(status, &json!({"jsonrpc": "2.0", "id": id, "error": error}));
     response.extensions_mut().insert(ProxyError(kind));
+    response.extensions_mut().insert(ErrorCode(code));
     response
 }
+
+/// The JSON-RPC error code of an error the gateway answered with, for the record.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct ErrorCode(pub(super) i64);
 
 pub(super) fn rejected(rejected: Rejected) -> Response<Body> {
     error(

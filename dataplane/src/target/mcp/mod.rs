@@ -40,6 +40,7 @@ use super::{ResponseFuture, Target};
 use crate::body::{self, Body, BodyStatus};
 use crate::policy::RequestContext;
 use crate::route::Route;
+use crate::telemetry::McpRecord;
 use crate::upstream::Upstream;
 
 /// Between a server's name and a resource URI of it: `math+file:///notes`.
@@ -104,7 +105,14 @@ impl McpTarget {
             upstream,
             headers: parts.headers,
         };
-        match parts.method {
+        exchange.ctx.mcp = Some(McpRecord {
+            method: Arc::from(match parts.method {
+                Method::DELETE => "(end session)",
+                _ => "(none)",
+            }),
+            ..McpRecord::default()
+        });
+        let answer = match parts.method {
             Method::POST => self.post(&mut exchange, body).await,
             Method::DELETE => self.delete(&mut exchange).await,
             _ => {
@@ -123,7 +131,14 @@ impl McpTarget {
                     .insert(ALLOW, HeaderValue::from_static("POST, DELETE"));
                 answer
             }
+        };
+        if let (Some(code), Some(record)) = (
+            answer.extensions().get::<jsonrpc::ErrorCode>(),
+            &mut exchange.ctx.mcp,
+        ) {
+            record.error_code = Some(code.0);
         }
+        answer
     }
 
     async fn post(&self, exchange: &mut Exchange<'_>, body: Body) -> Response<Body> {
@@ -145,6 +160,9 @@ impl McpTarget {
             Message::Response { id, .. } => (id.clone(), None),
             Message::Notification { method, .. } => (Value::Null, Some(method.as_str())),
         };
+        if let Some(record) = &mut exchange.ctx.mcp {
+            record.method = Arc::from(method.unwrap_or("(response)"));
+        }
         match downstream::era(&exchange.headers, method, &id) {
             Err(answer) => *answer,
             Ok(Era::Legacy) => self.legacy(exchange, message).await,
@@ -374,6 +392,10 @@ impl McpTarget {
             name: own,
             arguments: Some(arguments),
         };
+        if let Some(record) = &mut exchange.ctx.mcp {
+            record.server = Some(self.servers[index].name.clone());
+            record.name = Some(own.to_string());
+        }
         if let Some(denied) = self.authorize(exchange, id, &public, item) {
             return denied;
         }
@@ -561,6 +583,9 @@ impl McpTarget {
         let id = message.get("id").cloned().unwrap_or(Value::Null);
         exchange.ctx.endpoint = Some(server.name.clone());
         exchange.ctx.attempts = 1;
+        if let Some(record) = &mut exchange.ctx.mcp {
+            record.server = Some(server.name.clone());
+        }
         let started = std::time::Instant::now();
         let (upstream, trace) = (exchange.upstream, &exchange.ctx.trace);
         let sent = match reach::reach(server, downstream, upstream, trace).await {
