@@ -832,3 +832,46 @@ fn clients_of_either_revision_reach_servers_of_either_revision_on_one_route() {
         });
     }
 }
+
+#[test]
+fn lists_are_reused_for_the_configured_time_and_filtered_per_caller() {
+    let dir = tempfile::tempdir().unwrap();
+    let runtime = runtime();
+    let math = runtime.block_on(serve("math", true));
+    let web = runtime.block_on(serve("web", true));
+    let port = free_port();
+    let rule = "  allow: ['mcp.tool.name == \"echo\" || request.headers[\"x-team\"] == \"admin\"']\n";
+    let config = |math_ttl: &str| {
+        mcp_config(port, &[("math", math), ("web", web)], &authorization(rule))
+            .replace(
+                "name: math, url:",
+                &format!("name: math, {math_ttl}failureMode: Omit, url:"),
+            )
+            .replace("name: web, url:", "name: web, failureMode: Omit, url:")
+    };
+    let gateway = start_gateway(dir.path(), &config("listTtl: 60s, "));
+    let wire = Wire::initialize(port);
+    assert_eq!(wire.tools().len(), 5, "math's echo, and web's four tools");
+
+    // The servers go away. Math's page is reused, and still filtered per caller; web's was
+    // not kept, so web is left out.
+    drop(runtime);
+    assert_eq!(wire.tools(), ["math__echo"]);
+    let list = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list"}).to_string();
+    let admin = [
+        ACCEPT_BOTH,
+        ("Mcp-Session-Id", wire.session.as_str()),
+        ("x-team", "admin"),
+    ];
+    let response = http_request_with(port, "POST", "/mcp", &admin, Some(&list)).unwrap();
+    let answer = json_or_last_event(&response.body);
+    assert_eq!(
+        answer["result"]["tools"].as_array().map(Vec::len),
+        Some(4),
+        "{answer}"
+    );
+
+    // A new config version starts with an empty cache: nothing is left to list.
+    gateway.apply(dir.path(), &config(""));
+    assert_eq!(wire.tools(), Vec::<String>::new());
+}

@@ -50,6 +50,12 @@ pub struct McpServerSpec {
     /// one fails: `Fail` the request (default) or `Omit` this server from the answer.
     #[serde(default, skip_serializing_if = "McpFailureMode::is_fail")]
     pub failure_mode: McpFailureMode,
+    /// How long this server's list pages (tools, prompts, resources, templates) are reused
+    /// for every client when the server says nothing itself (a 2026-07-28 server's `ttlMs`
+    /// and `cacheScope` decide for it). Set it only for a server whose lists are the same
+    /// in every session. Default: not reused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub list_ttl: Option<HumanDuration>,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -174,6 +180,9 @@ impl KindSpec for McpBackendSpec {
             }
             if server.timeout.is_some_and(|timeout| timeout.0.is_zero()) {
                 checker.fail(format!("{field}.timeout"), "must be above 0");
+            }
+            if server.list_ttl.is_some_and(|ttl| ttl.0.is_zero()) {
+                checker.fail(format!("{field}.listTtl"), "must be above 0 (leave it out not to reuse lists)");
             }
         }
         if self.session_keys.len() > MAX_SESSION_KEYS {

@@ -14,6 +14,7 @@ use portcullis_config::mcp_rules::{Item, ItemKind};
 use portcullis_config::McpFailureMode;
 use serde_json::{json, Map, Value};
 
+use super::cache;
 use super::reach::Downstream;
 use super::{
     caller, inject_trace, invalid_params, session_not_found, upstream_failed, Exchange, McpTarget, Problem,
@@ -84,7 +85,29 @@ impl McpTarget {
         };
         let mut base = Value::Object(params);
         inject_trace(&mut base, exchange);
-        let indexes: Vec<usize> = asked.keys().filter_map(|name| self.server_index(name)).collect();
+        let cursor_of = |index: usize| asked.get(&*self.servers[index].name).cloned().flatten();
+        // Credentials when the client sends some, else its session, else its address.
+        let caller_key = match (exchange.headers.get(http::header::AUTHORIZATION), downstream) {
+            (Some(credentials), _) => self.lists.caller(credentials.as_bytes()),
+            (None, Downstream::Legacy(_)) => self.lists.caller(
+                exchange
+                    .headers
+                    .get(&super::server::SESSION_ID)
+                    .map(|id| id.as_bytes()),
+            ),
+            (None, Downstream::Modern(_)) => self.lists.caller(exchange.ctx.client_ip),
+        };
+        let mut pages = Vec::new();
+        let mut indexes = Vec::new();
+        for index in asked.keys().filter_map(|name| self.server_index(name)) {
+            match self
+                .lists
+                .get(index, method, cursor_of(index).as_deref(), caller_key)
+            {
+                Some(page) => pages.push((index, Ok(page))),
+                None => indexes.push(index),
+            }
+        }
         let message = |index: usize| {
             let mut params = base.clone();
             if let Some(Some(cursor)) = asked.get(&*self.servers[index].name) {
@@ -92,7 +115,21 @@ impl McpTarget {
             }
             json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params})
         };
-        let mut pages = self.ask_each(exchange, downstream, &indexes, message).await;
+        for (index, outcome) in self.ask_each(exchange, downstream, &indexes, message).await {
+            if let Ok(page) = &outcome {
+                if let Some(reuse) = cache::Reuse::of(page, self.servers[index].list_ttl) {
+                    self.lists.put(
+                        index,
+                        method,
+                        cursor_of(index).as_deref(),
+                        caller_key,
+                        reuse,
+                        page,
+                    );
+                }
+            }
+            pages.push((index, outcome));
+        }
         pages.sort_by_key(|(index, _)| *index);
 
         let judging = kind.judged.is_some() && pages.iter().any(|(index, _)| !self.rules[*index].is_empty());

@@ -9,6 +9,7 @@
 //! answer, JSON or SSE, passes through as it comes ([`server::relay`], [`remap`]).
 
 mod authz;
+mod cache;
 mod downstream;
 mod initialize;
 mod jsonrpc;
@@ -53,6 +54,7 @@ pub(crate) struct McpTarget {
     rules: Vec<ServerRules>,
     multiplexed: bool,
     sealer: Sealer,
+    lists: cache::ListCache,
 }
 
 /// One request being served: what every handler needs.
@@ -88,6 +90,7 @@ impl McpTarget {
             servers,
             rules,
             multiplexed: spec.multiplexed(),
+            lists: cache::ListCache::default(),
         })
     }
 

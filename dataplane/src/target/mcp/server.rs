@@ -40,6 +40,7 @@ pub(super) struct Server {
     host: HeaderValue,
     pub(super) timeout: Duration,
     pub(super) failure_mode: McpFailureMode,
+    pub(super) list_ttl: Option<Duration>,
     /// Whether the server speaks the 2026-07-28 revision, learned once per config version
     /// from `server/discover`.
     modern: tokio::sync::OnceCell<bool>,
@@ -89,6 +90,7 @@ impl Server {
             uri,
             timeout: spec.timeout(),
             failure_mode: spec.failure_mode,
+            list_ttl: spec.list_ttl.map(|ttl| ttl.0),
             modern: tokio::sync::OnceCell::new(),
         })
     }

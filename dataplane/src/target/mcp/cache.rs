@@ -1,0 +1,188 @@
+//! List pages kept for reuse, per server, page and — when the server says its lists differ
+//! per caller (`cacheScope: "private"`) — per caller: a 2026-07-28 server's `ttlMs` and
+//! `cacheScope` decide (<https://modelcontextprotocol.io/specification/2026-07-28/server/utilities/caching>),
+//! and a server that says nothing is reused for its `listTtl`, if set. Filtering by rules
+//! runs on each answer, per caller, after the cache. A config change starts an empty cache.
+
+use std::collections::HashMap;
+use std::hash::{BuildHasher, Hash};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+/// Pages kept per McpBackend; when full, expired pages go, and if none has, all of them.
+const MAX_PAGES: usize = 4096;
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct Key {
+    server: usize,
+    method: String,
+    cursor: Option<String>,
+    /// 0 for a page every caller may see.
+    caller: u64,
+}
+
+#[derive(Default)]
+pub(super) struct ListCache {
+    pages: Mutex<HashMap<Key, (Instant, Value)>>,
+    hasher: std::hash::RandomState,
+}
+
+/// How long a page may be reused, and by whom.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Reuse {
+    pub(super) ttl: Duration,
+    pub(super) private: bool,
+}
+
+impl Reuse {
+    /// The server's own hints, else the configured TTL for everyone.
+    pub(super) fn of(page: &Value, configured: Option<Duration>) -> Option<Reuse> {
+        let reuse = match page.get("ttlMs").and_then(Value::as_u64) {
+            Some(millis) => Reuse {
+                ttl: Duration::from_millis(millis),
+                private: page.get("cacheScope").and_then(Value::as_str) != Some("public"),
+            },
+            None => Reuse {
+                ttl: configured?,
+                private: false,
+            },
+        };
+        (!reuse.ttl.is_zero()).then_some(reuse)
+    }
+}
+
+impl ListCache {
+    /// A caller's key: its credentials when it sends some, else what identifies its session.
+    pub(super) fn caller(&self, identity: impl Hash) -> u64 {
+        // Never 0, which marks pages for everyone.
+        self.hasher.hash_one(identity).max(1)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Key, (Instant, Value)>> {
+        self.pages
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    pub(super) fn get(
+        &self,
+        server: usize,
+        method: &str,
+        cursor: Option<&str>,
+        caller: u64,
+    ) -> Option<Value> {
+        let pages = self.lock();
+        let now = Instant::now();
+        [0, caller].into_iter().find_map(|caller| {
+            let key = Key {
+                server,
+                method: method.to_string(),
+                cursor: cursor.map(str::to_string),
+                caller,
+            };
+            pages
+                .get(&key)
+                .filter(|(until, _)| *until > now)
+                .map(|(_, page)| page.clone())
+        })
+    }
+
+    pub(super) fn put(
+        &self,
+        server: usize,
+        method: &str,
+        cursor: Option<&str>,
+        caller: u64,
+        reuse: Reuse,
+        page: &Value,
+    ) {
+        let now = Instant::now();
+        let mut pages = self.lock();
+        if pages.len() >= MAX_PAGES {
+            pages.retain(|_, (until, _)| *until > now);
+            if pages.len() >= MAX_PAGES {
+                pages.clear();
+            }
+        }
+        let key = Key {
+            server,
+            method: method.to_string(),
+            cursor: cursor.map(str::to_string),
+            caller: if reuse.private { caller } else { 0 },
+        };
+        pages.insert(key, (now + reuse.ttl, page.clone()));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn the_server_decides_else_the_config() {
+        let public = json!({"tools": [], "ttlMs": 5000, "cacheScope": "public"});
+        assert_eq!(
+            Reuse::of(&public, None),
+            Some(Reuse {
+                ttl: Duration::from_secs(5),
+                private: false
+            })
+        );
+        let private = json!({"tools": [], "ttlMs": 5000, "cacheScope": "private"});
+        assert!(
+            Reuse::of(&private, Some(Duration::from_secs(60)))
+                .unwrap()
+                .private
+        );
+        assert_eq!(
+            Reuse::of(&json!({"tools": [], "ttlMs": 0}), Some(Duration::from_secs(60))),
+            None
+        );
+        assert_eq!(Reuse::of(&json!({"tools": []}), None), None);
+        assert_eq!(
+            Reuse::of(&json!({"tools": []}), Some(Duration::from_secs(60))).map(|r| r.private),
+            Some(false)
+        );
+    }
+
+    #[test]
+    fn private_pages_are_kept_per_caller() {
+        let cache = ListCache::default();
+        let (alice, bob) = (cache.caller("alice"), cache.caller("bob"));
+        let reuse = Reuse {
+            ttl: Duration::from_secs(60),
+            private: true,
+        };
+        cache.put(0, "tools/list", None, alice, reuse, &json!({"tools": ["a"]}));
+        assert_eq!(
+            cache.get(0, "tools/list", None, alice),
+            Some(json!({"tools": ["a"]}))
+        );
+        assert_eq!(cache.get(0, "tools/list", None, bob), None);
+        assert_eq!(cache.get(0, "tools/list", Some("next"), alice), None);
+        let shared = Reuse {
+            private: false,
+            ..reuse
+        };
+        cache.put(1, "tools/list", None, alice, shared, &json!({"tools": ["b"]}));
+        assert_eq!(
+            cache.get(1, "tools/list", None, bob),
+            Some(json!({"tools": ["b"]}))
+        );
+    }
+
+    #[test]
+    fn expired_pages_are_not_served() {
+        let cache = ListCache::default();
+        let reuse = Reuse {
+            ttl: Duration::from_millis(1),
+            private: false,
+        };
+        cache.put(0, "tools/list", None, 1, reuse, &json!({}));
+        std::thread::sleep(Duration::from_millis(5));
+        assert_eq!(cache.get(0, "tools/list", None, 1), None);
+    }
+}
