@@ -126,6 +126,13 @@ impl Rule {
             .map_err(|errors| errors.to_string())
     }
 
+    /// Whether the rule reads the caller (`source`, `request`): if not, its verdict on an
+    /// item is the same for everyone and may be kept with the item.
+    pub fn reads_caller(&self) -> bool {
+        let variables = self.program.references();
+        variables.has_variable("source") || variables.has_variable("request")
+    }
+
     pub fn evaluate(&self, caller: &Caller, item: Item<'_>) -> Verdict {
         match self.execute(caller, item) {
             Ok(Value::Bool(true)) => Verdict::True,

@@ -69,6 +69,14 @@ impl ServerRules {
         self.allow.is_empty() && self.deny.is_empty()
     }
 
+    /// Whether a verdict can differ between callers.
+    pub(super) fn reads_caller(&self) -> bool {
+        self.allow
+            .iter()
+            .chain(&self.deny)
+            .any(|compiled| compiled.rule.reads_caller())
+    }
+
     /// Deny rules first: one that holds, or fails, denies. Then, if there are allow rules,
     /// one must hold. Listing (`item.arguments` is `None`), a rule that needs arguments
     /// leaves the item to be decided at call time.

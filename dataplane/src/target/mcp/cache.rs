@@ -6,10 +6,12 @@
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hash};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
+
+use super::lists::Page;
 
 /// Pages kept per McpBackend; when full, expired pages go, and if none has, all of them.
 const MAX_PAGES: usize = 4096;
@@ -25,7 +27,7 @@ struct Key {
 
 #[derive(Default)]
 pub(super) struct ListCache {
-    pages: Mutex<HashMap<Key, (Instant, Value)>>,
+    pages: Mutex<HashMap<Key, (Instant, Arc<Page>)>>,
     hasher: std::hash::RandomState,
 }
 
@@ -60,7 +62,7 @@ impl ListCache {
         self.hasher.hash_one(identity).max(1)
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Key, (Instant, Value)>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Key, (Instant, Arc<Page>)>> {
         self.pages
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -72,7 +74,7 @@ impl ListCache {
         method: &str,
         cursor: Option<&str>,
         caller: u64,
-    ) -> Option<Value> {
+    ) -> Option<Arc<Page>> {
         let pages = self.lock();
         let now = Instant::now();
         [0, caller].into_iter().find_map(|caller| {
@@ -96,7 +98,7 @@ impl ListCache {
         cursor: Option<&str>,
         caller: u64,
         reuse: Reuse,
-        page: &Value,
+        page: &Arc<Page>,
     ) {
         let now = Instant::now();
         let mut pages = self.lock();
@@ -112,7 +114,7 @@ impl ListCache {
             cursor: cursor.map(str::to_string),
             caller: if reuse.private { caller } else { 0 },
         };
-        pages.insert(key, (now + reuse.ttl, page.clone()));
+        pages.insert(key, (now + reuse.ttl, Arc::clone(page)));
     }
 }
 
@@ -148,6 +150,10 @@ mod tests {
         );
     }
 
+    fn page(name: &str) -> Arc<Page> {
+        Arc::new(Page::of_names(&[name]))
+    }
+
     #[test]
     fn private_pages_are_kept_per_caller() {
         let cache = ListCache::default();
@@ -156,22 +162,16 @@ mod tests {
             ttl: Duration::from_secs(60),
             private: true,
         };
-        cache.put(0, "tools/list", None, alice, reuse, &json!({"tools": ["a"]}));
-        assert_eq!(
-            cache.get(0, "tools/list", None, alice),
-            Some(json!({"tools": ["a"]}))
-        );
+        cache.put(0, "tools/list", None, alice, reuse, &page("a"));
+        assert_eq!(cache.get(0, "tools/list", None, alice), Some(page("a")));
         assert_eq!(cache.get(0, "tools/list", None, bob), None);
         assert_eq!(cache.get(0, "tools/list", Some("next"), alice), None);
         let shared = Reuse {
             private: false,
             ..reuse
         };
-        cache.put(1, "tools/list", None, alice, shared, &json!({"tools": ["b"]}));
-        assert_eq!(
-            cache.get(1, "tools/list", None, bob),
-            Some(json!({"tools": ["b"]}))
-        );
+        cache.put(1, "tools/list", None, alice, shared, &page("b"));
+        assert_eq!(cache.get(1, "tools/list", None, bob), Some(page("b")));
     }
 
     #[test]
@@ -181,7 +181,7 @@ mod tests {
             ttl: Duration::from_millis(1),
             private: false,
         };
-        cache.put(0, "tools/list", None, 1, reuse, &json!({}));
+        cache.put(0, "tools/list", None, 1, reuse, &page("a"));
         std::thread::sleep(Duration::from_millis(5));
         assert_eq!(cache.get(0, "tools/list", None, 1), None);
     }

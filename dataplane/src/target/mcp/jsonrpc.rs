@@ -120,6 +120,15 @@ fn json_response(status: StatusCode, value: &Value) -> Response<Body> {
     response
 }
 
+/// A message already serialized.
+pub(super) fn serialized(message: String) -> Response<Body> {
+    let mut response = Response::new(body::full(message));
+    response
+        .headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    response
+}
+
 /// A whole JSON-RPC message, as a server sent it.
 pub(super) fn message(message: &Value) -> Response<Body> {
     json_response(StatusCode::OK, message)

@@ -10,15 +10,15 @@ use std::collections::BTreeMap;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
 use http::Response;
-use portcullis_config::mcp_rules::{Item, ItemKind};
+use std::sync::Arc;
+
+use portcullis_config::mcp_rules::{Caller, Item, ItemKind};
 use portcullis_config::McpFailureMode;
 use serde_json::{json, Map, Value};
 
 use super::cache;
 use super::reach::Downstream;
-use super::{
-    caller, inject_trace, invalid_params, session_not_found, upstream_failed, Exchange, McpTarget, Problem,
-};
+use super::{inject_trace, invalid_params, session_not_found, upstream_failed, Exchange, McpTarget, Problem};
 use crate::body::Body;
 
 /// The shape of one kind of list.
@@ -59,7 +59,77 @@ fn decode_cursor(text: &str) -> Option<Cursor> {
     serde_json::from_slice(&URL_SAFE_NO_PAD.decode(text).ok()?).ok()
 }
 
+/// One server's page, ready to merge: each item renamed and serialized once, with the
+/// rules' verdict when it cannot depend on the caller. What the cache keeps.
+#[derive(Debug, PartialEq)]
+pub(super) struct Page {
+    items: Vec<PageItem>,
+    next_cursor: Option<String>,
+}
+
+#[derive(Debug, PartialEq)]
+struct PageItem {
+    /// The item's own name or URI, for rules that read the caller.
+    own: String,
+    json: String,
+    /// Listed or not, when every rule's verdict is the same for every caller.
+    listed: Option<bool>,
+}
+
+#[cfg(test)]
+impl Page {
+    pub(super) fn of_names(names: &[&str]) -> Page {
+        Page {
+            items: names
+                .iter()
+                .map(|name| PageItem {
+                    own: name.to_string(),
+                    json: json!({"name": name}).to_string(),
+                    listed: Some(true),
+                })
+                .collect(),
+            next_cursor: None,
+        }
+    }
+}
+
 impl McpTarget {
+    /// Renames and serializes a server's page, judging its items now if no rule reads the
+    /// caller.
+    fn page(&self, index: usize, kind: &ListKind, mut answer: Value) -> Page {
+        let server = &self.servers[index].name;
+        let rules = &self.rules[index];
+        let fixed_verdicts = kind.judged.is_none() || rules.is_empty() || !rules.reads_caller();
+        // Unread by the rules (checked above): any caller will do.
+        let nobody = Caller::new(std::net::IpAddr::from([0, 0, 0, 0]), []);
+        let next_cursor = answer
+            .get("nextCursor")
+            .and_then(Value::as_str)
+            .map(str::to_string);
+        let items = match answer.get_mut(kind.field).map(Value::take) {
+            Some(Value::Array(items)) => items,
+            _ => Vec::new(),
+        };
+        let items = items
+            .into_iter()
+            .filter_map(|mut item| {
+                let own = item.get(kind.key)?.as_str()?.to_string();
+                item[kind.key] = Value::from(self.public_name(server, kind.renamed, &own));
+                let listed = match kind.judged {
+                    None => Some(true),
+                    Some(_) if !fixed_verdicts => None,
+                    Some(judged) => Some(rules.judge(&nobody, listed_item(judged, server, &own)).permits()),
+                };
+                Some(PageItem {
+                    json: item.to_string(),
+                    own,
+                    listed,
+                })
+            })
+            .collect();
+        Page { items, next_cursor }
+    }
+
     pub(super) async fn list(
         &self,
         exchange: &mut Exchange<'_>,
@@ -97,7 +167,7 @@ impl McpTarget {
             ),
             (None, Downstream::Modern(_)) => self.lists.caller(exchange.ctx.client_ip),
         };
-        let mut pages = Vec::new();
+        let mut pages: Vec<(usize, Result<Arc<Page>, Problem>)> = Vec::new();
         let mut indexes = Vec::new();
         for index in asked.keys().filter_map(|name| self.server_index(name)) {
             match self
@@ -110,31 +180,33 @@ impl McpTarget {
         }
         let message = |index: usize| {
             let mut params = base.clone();
-            if let Some(Some(cursor)) = asked.get(&*self.servers[index].name) {
-                params["cursor"] = Value::from(cursor.as_str());
+            if let Some(cursor) = cursor_of(index) {
+                params["cursor"] = Value::from(cursor);
             }
             json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params})
         };
         for (index, outcome) in self.ask_each(exchange, downstream, &indexes, message).await {
-            if let Ok(page) = &outcome {
-                if let Some(reuse) = cache::Reuse::of(page, self.servers[index].list_ttl) {
+            let outcome = outcome.map(|answer| {
+                let reuse = cache::Reuse::of(&answer, self.servers[index].list_ttl);
+                let page = Arc::new(self.page(index, &kind, answer));
+                if let Some(reuse) = reuse {
                     self.lists.put(
                         index,
                         method,
                         cursor_of(index).as_deref(),
                         caller_key,
                         reuse,
-                        page,
+                        &page,
                     );
                 }
-            }
+                page
+            });
             pages.push((index, outcome));
         }
         pages.sort_by_key(|(index, _)| *index);
 
-        let judging = kind.judged.is_some() && pages.iter().any(|(index, _)| !self.rules[*index].is_empty());
-        let caller = judging.then(|| caller(exchange));
-        let mut items = Vec::new();
+        let mut caller = None;
+        let mut items = String::new();
         let mut next = Cursor::new();
         for (index, outcome) in pages {
             let server = &self.servers[index];
@@ -147,43 +219,48 @@ impl McpTarget {
                 }
                 Err(Problem::Failed(error)) => return upstream_failed(id, &self.name, &error),
             };
-            if let Some(cursor) = page.get("nextCursor").and_then(Value::as_str) {
-                next.insert(server.name.to_string(), Some(cursor.to_string()));
+            if let Some(cursor) = &page.next_cursor {
+                next.insert(server.name.to_string(), Some(cursor.clone()));
             }
-            let Some(Value::Array(page_items)) = page.get(kind.field) else {
-                continue;
-            };
-            for item in page_items {
-                let Some(own) = item.get(kind.key).and_then(Value::as_str) else {
-                    continue;
-                };
-                if let (Some(judged), Some(caller)) = (kind.judged, &caller) {
-                    let listed = Item {
-                        kind: judged,
-                        server: &server.name,
-                        name: own,
-                        arguments: None,
-                    };
-                    if !self.rules[index].judge(caller, listed).permits() {
-                        continue;
+            for item in &page.items {
+                let listed = match (item.listed, kind.judged) {
+                    (Some(listed), _) => listed,
+                    (None, None) => true,
+                    (None, Some(judged)) => {
+                        let caller = caller.get_or_insert_with(|| super::caller(exchange));
+                        self.rules[index]
+                            .judge(caller, listed_item(judged, &server.name, &item.own))
+                            .permits()
                     }
+                };
+                if listed {
+                    if !items.is_empty() {
+                        items.push(',');
+                    }
+                    items.push_str(&item.json);
                 }
-                let mut item = item.clone();
-                item[kind.key] = Value::from(self.public_name(&server.name, kind.renamed, own));
-                items.push(item);
             }
         }
-        let mut result = json!({ kind.field: items });
+        // Assembled from the items' serialized forms: a reused page is not serialized again.
+        let mut result = format!(r#"{{"{}":[{items}]"#, kind.field);
         if !next.is_empty() {
-            result["nextCursor"] = Value::from(encode_cursor(&next));
+            result.push_str(&format!(r#","nextCursor":{}"#, Value::from(encode_cursor(&next))));
         }
         if matches!(downstream, Downstream::Modern(_)) {
             // Filtered per caller: a shared cache must not keep it.
-            result["ttlMs"] = Value::from(0);
-            result["cacheScope"] = Value::from("private");
-            result["resultType"] = Value::from("complete");
+            result.push_str(r#","ttlMs":0,"cacheScope":"private","resultType":"complete""#);
         }
-        super::jsonrpc::result(id, result)
+        super::jsonrpc::serialized(format!(r#"{{"jsonrpc":"2.0","id":{id},"result":{result}}}}}"#))
+    }
+}
+
+/// An item as rules see it while listing: no arguments.
+fn listed_item<'a>(kind: ItemKind, server: &'a str, own: &'a str) -> Item<'a> {
+    Item {
+        kind,
+        server,
+        name: own,
+        arguments: None,
     }
 }
 
