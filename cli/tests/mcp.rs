@@ -733,6 +733,22 @@ fn bad_input_gets_the_protocol_error_and_reaches_no_server() {
         started.elapsed() < Duration::from_secs(10),
         "bounded by the server timeout"
     );
+
+    // Methods a client makes up are counted as `other`: no new metric series per string.
+    let made_up = json!({"jsonrpc": "2.0", "id": 1, "method": "zz/made-up-12345"}).to_string();
+    http_request_with(port, "POST", "/mcp", &[ACCEPT_BOTH], Some(&made_up)).unwrap();
+    wait_for("the made-up method counted", Duration::from_secs(5), || {
+        metric(
+            gateway.admin,
+            "portcullis_proxy_mcp_requests_total",
+            &["mcp_method_name=\"other\""],
+        ) >= 1.0
+    });
+    let exposition = http_get(gateway.admin, "/metrics").unwrap().body;
+    assert!(
+        !exposition.contains("zz/made-up"),
+        "a client's string became a label"
+    );
 }
 
 const MODERN_GET_SUM: &str = r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"get-sum","arguments":{"a":1,"b":2},"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{}}}}"#;

@@ -143,6 +143,11 @@ impl Rule {
             {
                 Verdict::NeedsArguments
             }
+            // A rule about another kind of item (a tool rule asked about a prompt) does
+            // not apply to this one: it neither allows nor denies it.
+            Err(ExecutionError::NoSuchKey(key)) if ["tool", "prompt", "resource"].contains(&key.as_str()) => {
+                Verdict::False
+            }
             Err(error) => Verdict::Error(error.to_string()),
         }
     }
@@ -449,6 +454,16 @@ mod tests {
     fn list_time_cannot_decide_on_arguments_call_time_can() {
         let rule = r#"mcp.tool.name == "get-sum" && mcp.tool.arguments.a == 1"#;
         assert_eq!(verdict(rule, "get-sum", None), Verdict::NeedsArguments);
+        let prompt = Rule::compile(rule).unwrap().evaluate(
+            &Caller::new(IpAddr::from([10, 0, 0, 7]), []),
+            Item {
+                kind: ItemKind::Prompt,
+                server: "math",
+                name: "get-sum",
+                arguments: None,
+            },
+        );
+        assert_eq!(prompt, Verdict::False, "a tool rule does not apply to a prompt");
         assert_eq!(verdict(rule, "echo", None), Verdict::False);
         assert_eq!(
             verdict(rule, "get-sum", Some(serde_json::json!({"a": 1}))),

@@ -12,8 +12,10 @@ use crate::McpBackendSpec;
 ///
 /// For one item, every McpAuthorization attached to it is considered together: it is
 /// allowed when no `deny` rule holds and, if there are `allow` rules at all, at least one
-/// of them holds. A rule that fails on an input (a missing key) does not hold; for a `deny`
-/// rule that means the item is denied (fail closed). Lists show only items that may be
+/// of them holds. A rule about another kind of item (`mcp.tool` for a prompt) neither allows
+/// nor denies. A rule that fails on its input (a missing argument or header) does not hold;
+/// for a `deny` rule that means the item is denied (fail closed): guard optional inputs
+/// (`"x-team" in request.headers && …`). Lists show only items that may be
 /// allowed; requests without an item (initialize, lists, ping) are not subject to rules.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]

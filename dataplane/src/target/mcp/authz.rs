@@ -89,20 +89,20 @@ impl ServerRules {
             match deny.rule.evaluate(caller, item) {
                 Verdict::False => {}
                 Verdict::NeedsArguments => undecided = true,
+                // The client learns which policy, not the rule: rules are the operator's.
                 Verdict::True => {
+                    tracing::debug!(policy = %deny.policy, rule = %deny.source, "deny rule holds");
                     return Judgement::Denied {
                         policy: deny.policy.clone(),
-                        reason: format!("denied by rule `{}`", deny.source),
-                    }
+                        reason: "a deny rule holds".into(),
+                    };
                 }
                 Verdict::Error(error) => {
+                    tracing::debug!(policy = %deny.policy, rule = %deny.source, %error, "deny rule failed, so it holds");
                     return Judgement::Denied {
                         policy: deny.policy.clone(),
-                        reason: format!(
-                            "deny rule `{}` could not be evaluated ({error}), so it holds",
-                            deny.source
-                        ),
-                    }
+                        reason: "a deny rule could not be evaluated, so it holds".into(),
+                    };
                 }
             }
         }

@@ -13,8 +13,10 @@ use serde_json::Value;
 
 use super::lists::Page;
 
-/// Pages kept per McpBackend; when full, expired pages go, and if none has, all of them.
+/// Pages and bytes kept per McpBackend; when either is reached, expired pages go, and if
+/// that is not enough, all of them.
 const MAX_PAGES: usize = 4096;
+const MAX_BYTES: usize = 64 << 20;
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 struct Key {
@@ -27,8 +29,14 @@ struct Key {
 
 #[derive(Default)]
 pub(super) struct ListCache {
-    pages: Mutex<HashMap<Key, (Instant, Arc<Page>)>>,
+    pages: Mutex<Pages>,
     hasher: std::hash::RandomState,
+}
+
+#[derive(Default)]
+struct Pages {
+    by_key: HashMap<Key, (Instant, Arc<Page>)>,
+    bytes: usize,
 }
 
 /// How long a page may be reused, and by whom.
@@ -62,7 +70,7 @@ impl ListCache {
         self.hasher.hash_one(identity).max(1)
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Key, (Instant, Arc<Page>)>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Pages> {
         self.pages
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -85,6 +93,7 @@ impl ListCache {
                 caller,
             };
             pages
+                .by_key
                 .get(&key)
                 .filter(|(until, _)| *until > now)
                 .map(|(_, page)| page.clone())
@@ -100,12 +109,19 @@ impl ListCache {
         reuse: Reuse,
         page: &Arc<Page>,
     ) {
+        let size = page.bytes();
+        if size > MAX_BYTES {
+            return;
+        }
         let now = Instant::now();
         let mut pages = self.lock();
-        if pages.len() >= MAX_PAGES {
-            pages.retain(|_, (until, _)| *until > now);
-            if pages.len() >= MAX_PAGES {
-                pages.clear();
+        let full = |pages: &Pages| pages.by_key.len() >= MAX_PAGES || pages.bytes + size > MAX_BYTES;
+        if full(&pages) {
+            pages.by_key.retain(|_, (until, _)| *until > now);
+            pages.bytes = pages.by_key.values().map(|(_, page)| page.bytes()).sum();
+            if full(&pages) {
+                pages.by_key.clear();
+                pages.bytes = 0;
             }
         }
         let key = Key {
@@ -114,7 +130,10 @@ impl ListCache {
             cursor: cursor.map(str::to_string),
             caller: if reuse.private { caller } else { 0 },
         };
-        pages.insert(key, (now + reuse.ttl, Arc::clone(page)));
+        if let Some((_, replaced)) = pages.by_key.insert(key, (now + reuse.ttl, Arc::clone(page))) {
+            pages.bytes -= replaced.bytes();
+        }
+        pages.bytes += size;
     }
 }
 

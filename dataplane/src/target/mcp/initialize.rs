@@ -16,6 +16,8 @@ use crate::body::Body;
 use crate::telemetry::RequestTrace;
 use crate::upstream::Upstream;
 
+/// Server capabilities passed on to clients (their flags filtered further).
+const DELIVERABLE_CAPABILITIES: &[&str] = &["tools", "prompts", "resources", "logging", "completions"];
 /// What a server that sends no version is assumed to speak (the spec's rule).
 const VERSION_WITHOUT_HEADER: &str = "2025-03-26";
 
@@ -129,25 +131,20 @@ impl McpTarget {
 
     /// Capabilities, instructions and server info of the servers as one server's.
     fn merge_offers(&self, offers: &[(&Server, Value)]) -> Map<String, Value> {
-        if let ([(_, offer)], false) = (offers, self.multiplexed) {
-            let mut single = Map::new();
-            for field in ["capabilities", "instructions", "serverInfo"] {
-                if let Some(value) = offer.get(field) {
-                    single.insert(field.into(), value.clone());
-                }
-            }
-            return single;
-        }
         let mut capabilities = Map::new();
         let mut instructions = Vec::new();
         for (server, offer) in offers {
             if let Some(Value::Object(offered)) = offer.get("capabilities") {
-                for (name, value) in offered {
+                // Only what the gateway delivers: no list-change or resource-update
+                // notifications (no standalone stream yet), no tasks, no extensions.
+                let deliverable = offered
+                    .iter()
+                    .filter(|(name, _)| DELIVERABLE_CAPABILITIES.contains(&name.as_str()));
+                for (name, value) in deliverable {
                     let merged = capabilities.entry(name.clone()).or_insert_with(|| json!({}));
                     if let (Value::Object(merged), Value::Object(value)) = (merged, value) {
                         for (flag, on) in value {
-                            // Change notifications are not relayed across servers yet.
-                            if flag == "listChanged" {
+                            if flag == "listChanged" || flag == "subscribe" {
                                 continue;
                             }
                             if on.as_bool() == Some(true) || !merged.contains_key(flag) {
@@ -156,6 +153,16 @@ impl McpTarget {
                         }
                     }
                 }
+            }
+            if let ([(_, offer)], false) = (offers, self.multiplexed) {
+                let mut single = Map::new();
+                single.insert("capabilities".into(), Value::Object(capabilities));
+                for field in ["instructions", "serverInfo"] {
+                    if let Some(value) = offer.get(field) {
+                        single.insert(field.into(), value.clone());
+                    }
+                }
+                return single;
             }
             if let Some(text) = offer.get("instructions").and_then(Value::as_str) {
                 instructions.push(format!("[{}] {text}", server.name));
@@ -316,7 +323,7 @@ pub(super) async fn open_session(
             response.status()
         )));
     }
-    drop(http_body_util::BodyExt::collect(response.into_body()).await);
+    server.drain(response).await;
     Ok((
         ServerSession {
             name: server.name.to_string(),

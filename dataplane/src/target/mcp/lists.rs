@@ -76,6 +76,17 @@ struct PageItem {
     listed: Option<bool>,
 }
 
+impl Page {
+    /// What keeping it costs, roughly.
+    pub(super) fn bytes(&self) -> usize {
+        self.items
+            .iter()
+            .map(|item| item.json.len() + item.own.len())
+            .sum::<usize>()
+            + self.next_cursor.as_ref().map_or(0, String::len)
+    }
+}
+
 #[cfg(test)]
 impl Page {
     pub(super) fn of_names(names: &[&str]) -> Page {
@@ -169,7 +180,16 @@ impl McpTarget {
         };
         let mut pages: Vec<(usize, Result<Arc<Page>, Problem>)> = Vec::new();
         let mut indexes = Vec::new();
-        for index in asked.keys().filter_map(|name| self.server_index(name)) {
+        // A session lists only its own servers, reused pages included.
+        let in_session = |name: &str| match downstream {
+            Downstream::Legacy(session) => session.server(name).is_some(),
+            Downstream::Modern(_) => true,
+        };
+        for index in asked
+            .keys()
+            .filter(|name| in_session(name))
+            .filter_map(|name| self.server_index(name))
+        {
             match self
                 .lists
                 .get(index, method, cursor_of(index).as_deref(), caller_key)

@@ -46,6 +46,35 @@ use crate::upstream::Upstream;
 
 /// Between a server's name and a resource URI of it: `math+file:///notes`.
 const URI_SEPARATOR: char = '+';
+/// Client notifications sent on to the servers of a session.
+const FORWARDED_NOTIFICATIONS: &[&str] = &[
+    "notifications/cancelled",
+    "notifications/progress",
+    "notifications/roots/list_changed",
+];
+/// Methods recorded by name in metrics and logs; any other is `other` (a client can send
+/// any string, and each would be a new metric series).
+const KNOWN_METHODS: &[&str] = &[
+    "initialize",
+    "server/discover",
+    "ping",
+    "tools/list",
+    "tools/call",
+    "prompts/list",
+    "prompts/get",
+    "resources/list",
+    "resources/templates/list",
+    "resources/read",
+    "resources/subscribe",
+    "resources/unsubscribe",
+    "completion/complete",
+    "logging/setLevel",
+    "subscriptions/listen",
+    "notifications/initialized",
+    "notifications/cancelled",
+    "notifications/progress",
+    "notifications/roots/list_changed",
+];
 
 pub(crate) struct McpTarget {
     name: Arc<str>,
@@ -164,7 +193,8 @@ impl McpTarget {
             Message::Notification { method, .. } => (Value::Null, Some(method.as_str())),
         };
         if let Some(record) = &mut exchange.ctx.mcp {
-            record.method = Arc::from(method.unwrap_or("(response)"));
+            let known = |method: &str| KNOWN_METHODS.iter().copied().find(|known| *known == method);
+            record.method = Arc::from(method.map_or(Some("(response)"), known).unwrap_or("other"));
         }
         match downstream::era(&exchange.headers, method, &id) {
             Err(answer) => *answer,
@@ -290,7 +320,9 @@ impl McpTarget {
             }
             "completion/complete" => self.complete(exchange, downstream, id, params).await,
             "logging/setLevel" if !modern => self.set_level(exchange, downstream, id, params).await,
-            _ if !self.multiplexed => {
+            // One server without rules: methods the gateway does not know pass through (a
+            // rule could not be applied to them, so with rules they are refused).
+            _ if !self.multiplexed && self.rules[0].is_empty() => {
                 let message = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
                 self.forward(exchange, downstream, 0, message).await
             }
@@ -547,8 +579,10 @@ impl McpTarget {
         method: &str,
         params: Option<Value>,
     ) -> Response<Body> {
-        // Each server had its own `notifications/initialized` right after `initialize`.
-        if method != "notifications/initialized" {
+        // Each server had its own `notifications/initialized` right after `initialize`;
+        // anything but these few is dropped: a notification is never a way around routing
+        // and rules (a server built on a plain JSON-RPC library would run any method).
+        if FORWARDED_NOTIFICATIONS.contains(&method) {
             let mut message = json!({"jsonrpc": "2.0", "method": method});
             if let Some(params) = params {
                 message["params"] = params;
@@ -563,7 +597,7 @@ impl McpTarget {
                         return;
                     };
                     match reach::send(server, &how, message, upstream, trace).await {
-                        Ok(Sent::Relay(response)) => drop(response.into_body().collect().await),
+                        Ok(Sent::Relay(response)) => server.drain(response).await,
                         Ok(Sent::Answered(_)) => {}
                         Err(error) => tracing::debug!(%error, "an MCP notification was not delivered"),
                     }
@@ -619,7 +653,9 @@ impl McpTarget {
                 let relayed = server::relay(response, exchange.route.body_idle_timeout);
                 // Only a session-based server sends the client requests on its stream.
                 if self.multiplexed && streamed && in_session {
-                    let (parts, inner) = relayed.into_parts();
+                    let (mut parts, inner) = relayed.into_parts();
+                    // Events are re-encoded: the server's length no longer holds.
+                    parts.headers.remove(http::header::CONTENT_LENGTH);
                     Response::from_parts(parts, body::boxed(remap::RemapRequests::new(inner, &server.name)))
                 } else {
                     relayed

@@ -196,6 +196,15 @@ impl Server {
         }
     }
 
+    /// Reads and drops an answer nobody needs (a notification's), within the server's
+    /// timeout and the answer size limit, so the connection can be reused.
+    pub(super) async fn drain(&self, response: Response<Incoming>) {
+        let body = http_body_util::Limited::new(response.into_body(), MAX_ANSWER_BYTES);
+        if tokio::time::timeout(self.timeout, body.collect()).await.is_err() {
+            tracing::debug!(server = %self.name, "an MCP server's answer to a notification did not end in time");
+        }
+    }
+
     /// Whether the server speaks the 2026-07-28 revision: it answers `server/discover`
     /// listing it. Learned once; a server that cannot be reached is asked again next time.
     pub(super) async fn speaks_modern(
@@ -291,6 +300,8 @@ impl Server {
             Ok(message) if message.get("result").is_some() || message.get("error").is_some() => {
                 return Ok(message)
             }
+            // A server error may pass: not an answer to learn anything from.
+            _ if status.is_server_error() => return Err(self.failure(format!("answered HTTP {status}"))),
             _ if !status.is_success() => format!("answered HTTP {status}"),
             _ => "answered something that is not a JSON-RPC response".to_string(),
         };

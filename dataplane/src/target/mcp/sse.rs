@@ -43,9 +43,9 @@ pub(super) struct Parser {
 }
 
 impl Parser {
-    /// Bytes held waiting for the end of a line.
+    /// Bytes held waiting for the end of an event.
     pub(super) fn pending(&self) -> usize {
-        self.buffer.len()
+        self.buffer.len() + self.current.data.len()
     }
 
     pub(super) fn feed(&mut self, chunk: &[u8], events: &mut Vec<Event>) {
