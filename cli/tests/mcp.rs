@@ -590,11 +590,25 @@ fn bad_input_gets_the_protocol_error_and_reaches_no_server() {
         tokio::spawn(async move {
             use tokio::io::{AsyncReadExt, AsyncWriteExt};
             while let Ok((mut stream, _)) = listener.accept().await {
-                let mut buffer = [0u8; 4096];
-                let _ = stream.read(&mut buffer).await;
-                let _ = stream
-                    .write_all(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 5\r\n\r\nhello")
-                    .await;
+                tokio::spawn(async move {
+                    // Each whole request first (answering early races the client's write),
+                    // then a well-framed answer that is not JSON-RPC; keep-alive.
+                    let mut request = Vec::new();
+                    let mut chunk = [0u8; 4096];
+                    loop {
+                        while !whole_request(&request) {
+                            match stream.read(&mut chunk).await {
+                                Ok(0) | Err(_) => return,
+                                Ok(read) => request.extend_from_slice(&chunk[..read]),
+                            }
+                        }
+                        request.clear();
+                        let answer = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 5\r\n\r\nhello";
+                        if stream.write_all(answer).await.is_err() {
+                            return;
+                        }
+                    }
+                });
             }
         });
         address
@@ -752,6 +766,23 @@ fn bad_input_gets_the_protocol_error_and_reaches_no_server() {
 }
 
 const MODERN_GET_SUM: &str = r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"get-sum","arguments":{"a":1,"b":2},"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{}}}}"#;
+
+/// Whether `bytes` hold a whole HTTP/1.1 request with a `Content-Length` body.
+fn whole_request(bytes: &[u8]) -> bool {
+    let text = String::from_utf8_lossy(bytes);
+    let Some((head, body)) = text.split_once("\r\n\r\n") else {
+        return false;
+    };
+    let length = head
+        .lines()
+        .find_map(|line| {
+            let (name, value) = line.split_once(':')?;
+            name.eq_ignore_ascii_case("content-length")
+                .then(|| value.trim().parse::<usize>().ok())?
+        })
+        .unwrap_or(0);
+    body.len() >= length
+}
 
 /// Request headers, body, expected HTTP status and JSON-RPC error code.
 type Case<'a> = (&'a [(&'a str, &'a str)], &'a str, u16, i64);
