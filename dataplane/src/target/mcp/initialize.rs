@@ -316,14 +316,26 @@ pub(super) async fn open_session(
         trace,
     };
     let initialized = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
-    let response = server.post(upstream, &headers, &initialized).await?;
-    if !response.status().is_success() {
-        return Err(server.failure(format!(
+    let refused = match server.post(upstream, &headers, &initialized).await {
+        Ok(response) if response.status().is_success() => {
+            server.drain(response).await;
+            None
+        }
+        Ok(response) => Some(server.failure(format!(
             "refused notifications/initialized with HTTP {}",
             response.status()
-        )));
+        ))),
+        Err(error) => Some(error),
+    };
+    if let Some(error) = refused {
+        // The server's session exists already; nobody else will end it.
+        if session.is_some() {
+            if let Err(close) = server.delete(upstream, &headers).await {
+                tracing::debug!(error = %close, "closing a half-opened MCP session failed");
+            }
+        }
+        return Err(error);
     }
-    server.drain(response).await;
     Ok((
         ServerSession {
             name: server.name.to_string(),
