@@ -39,12 +39,11 @@ config=$work/config.yaml
 # One MCP test server, McpBackend, Listener and Route per case: name, server flags, extra
 # McpServer fields. Sets the case's server and gateway ports.
 declare -A server_port gateway_port
-add_case() {
-    local name=$1 flags=$2 extra=$3
-    server_port[$name]=$(free_port)
+# A Listener, McpBackend and Route named NAME, fronting the server on SERVER_PORT with the
+# extra server fields EXTRA; sets gateway_port[NAME].
+add_route() {
+    local name=$1 port=$2 extra=$3
     gateway_port[$name]=$(free_port)
-    # shellcheck disable=SC2086
-    "$bin" mcp-server --listen 127.0.0.1:${server_port[$name]} $flags >"$work/$name.log" 2>&1 & pids+=($!)
     cat >>"$config" <<EOF
 $header
 kind: Listener
@@ -55,7 +54,7 @@ $header
 kind: McpBackend
 metadata: {name: $name}
 spec:
-  servers: [{name: s, url: 'http://127.0.0.1:${server_port[$name]}/mcp'$extra}]
+  servers: [{name: s, url: 'http://127.0.0.1:$port/mcp'$extra}]
 ---
 $header
 kind: Route
@@ -64,33 +63,20 @@ spec: {listeners: [$name], backends: [{kind: McpBackend, name: $name}]}
 ---
 EOF
 }
-for delay in 0 10 200; do add_case "call-$delay" "--tools 8 --delay-ms $delay" ""; done
+# One MCP test server per case, with its route; server flags.
+add_case() {
+    local name=$1 flags=$2
+    server_port[$name]=$(free_port)
+    # shellcheck disable=SC2086
+    "$bin" mcp-server --listen 127.0.0.1:${server_port[$name]} $flags >"$work/$name.log" 2>&1 & pids+=($!)
+    add_route "$name" "${server_port[$name]}" ""
+}
+for delay in 0 10 200; do add_case "call-$delay" "--tools 8 --delay-ms $delay"; done
 for tools in 8 100 500; do
-    add_case "list-$tools" "--tools $tools" ""
+    add_case "list-$tools" "--tools $tools"
     # The reused cases front the same server as list-$tools.
-    for variant in cached filtered; do
-        name="list-$tools-$variant"
-        server_port[$name]=${server_port[list-$tools]}
-        gateway_port[$name]=$(free_port)
-        cat >>"$config" <<EOF
-$header
-kind: Listener
-metadata: {name: $name}
-spec: {address: 127.0.0.1, port: ${gateway_port[$name]}}
----
-$header
-kind: McpBackend
-metadata: {name: $name}
-spec:
-  servers: [{name: s, url: 'http://127.0.0.1:${server_port[list-$tools]}/mcp', listTtl: 1h}]
----
-$header
-kind: Route
-metadata: {name: $name}
-spec: {listeners: [$name], backends: [{kind: McpBackend, name: $name}]}
----
-EOF
-    done
+    add_route "list-$tools-cached" "${server_port[list-$tools]}" ", listTtl: 1h"
+    add_route "list-$tools-filtered" "${server_port[list-$tools]}" ", listTtl: 1h"
     cat >>"$config" <<EOF
 $header
 kind: McpAuthorization

@@ -17,6 +17,7 @@ mod policy;
 mod response;
 mod route;
 mod signals;
+mod sse;
 mod subscription;
 mod target;
 mod telemetry;

@@ -13,10 +13,11 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 use std::time::Instant;
 
-use bytes::{Buf, Bytes, BytesMut};
+use bytes::{Bytes, BytesMut};
 use http_body::{Body as HttpBody, Frame, SizeHint};
 
 use crate::body::{Body, BoxError};
+use crate::sse;
 use crate::telemetry::LlmRecord;
 
 /// Parsing stops (the response still passes) past this much unparsed text: one SSE event or
@@ -29,12 +30,10 @@ pub(crate) struct Tap {
     /// When the proxy had the whole request.
     since: Instant,
     streamed: bool,
-    /// An unfinished SSE event (line ends normalized to `\n`), or the JSON answer so far.
+    /// A streamed answer's events.
+    events: sse::Parser,
+    /// A JSON answer so far.
     pending: BytesMut,
-    /// How far `pending` has been searched for the end of an event.
-    scanned: usize,
-    /// The last byte appended was a CR (its LF, if one follows, is dropped).
-    after_cr: bool,
     gave_up: bool,
     content_chunks: u64,
     ended: bool,
@@ -50,9 +49,8 @@ impl Tap {
             record,
             since,
             streamed,
+            events: sse::Parser::default(),
             pending: BytesMut::new(),
-            scanned: 0,
-            after_cr: false,
             gave_up: false,
             content_chunks: 0,
             ended: false,
@@ -67,61 +65,35 @@ impl Tap {
         if !self.streamed {
             self.pending.extend_from_slice(data);
         } else {
-            // SSE lines end in CRLF, LF or CR (WHATWG HTML, "Server-sent events"): keep LF
-            // only. Most servers send LF alone: such a chunk is copied as it is.
-            if self.after_cr || data.contains(&b'\r') {
-                for &byte in data.iter() {
-                    match byte {
-                        b'\r' => self.pending.extend_from_slice(b"\n"),
-                        b'\n' if self.after_cr => {}
-                        _ => self.pending.extend_from_slice(&[byte]),
-                    }
-                    self.after_cr = byte == b'\r';
-                }
-            } else {
-                self.pending.extend_from_slice(data);
+            let mut events = Vec::new();
+            self.events.feed(data, &mut events);
+            for event in events {
+                self.event(&event.data);
             }
-            // An event ends at a blank line; search only what is new (and the byte before).
-            loop {
-                let from = self.scanned.saturating_sub(1);
-                let Some(at) = self.pending[from..].windows(2).position(|pair| pair == b"\n\n") else {
-                    break;
-                };
-                let event = self.pending.split_to(from + at);
-                self.pending.advance(2);
-                self.scanned = 0;
-                self.event(&event);
-            }
-            self.scanned = self.pending.len();
         }
-        if self.pending.len() > MAX_PENDING_BYTES {
+        if self.pending.len() > MAX_PENDING_BYTES || self.events.pending() > MAX_PENDING_BYTES {
             self.gave_up = true;
             self.pending = BytesMut::new();
+            self.events = sse::Parser::default();
         }
     }
 
-    /// One SSE event: its `data:` lines.
-    fn event(&mut self, event: &[u8]) {
-        for line in event.split(|&b| b == b'\n') {
-            let Some(payload) = line.strip_prefix(b"data:") else {
-                continue;
-            };
-            let payload = payload.strip_prefix(b" ").unwrap_or(payload);
-            if payload == b"[DONE]" {
-                continue;
-            }
-            let Ok(chunk) = serde_json::from_slice::<serde_json::Value>(payload) else {
-                continue;
-            };
-            let now = self.since.elapsed();
-            let mut record = self.record.lock().unwrap_or_else(PoisonError::into_inner);
-            if has_content(&chunk) {
-                self.content_chunks += 1;
-                record.first_token.get_or_insert(now);
-                record.last_token = Some(now);
-            }
-            read_usage(&chunk, &mut record);
+    /// One SSE event's data.
+    fn event(&mut self, data: &str) {
+        if data == "[DONE]" {
+            return;
         }
+        let Ok(chunk) = serde_json::from_str::<serde_json::Value>(data) else {
+            return;
+        };
+        let now = self.since.elapsed();
+        let mut record = self.record.lock().unwrap_or_else(PoisonError::into_inner);
+        if has_content(&chunk) {
+            self.content_chunks += 1;
+            record.first_token.get_or_insert(now);
+            record.last_token = Some(now);
+        }
+        read_usage(&chunk, &mut record);
     }
 
     fn end(&mut self) {
@@ -205,7 +177,7 @@ impl HttpBody for Tap {
                     .unwrap_or_else(PoisonError::into_inner)
                     .interrupted = true;
                 // An event the server left unfinished must not swallow the error event.
-                let unfinished = !this.pending.is_empty();
+                let unfinished = this.events.in_event();
                 this.end();
                 return Poll::Ready(Some(Ok(Frame::data(error_event(&**error, unfinished)))));
             }

@@ -154,22 +154,21 @@ impl McpTarget {
                     }
                 }
             }
-            if let ([(_, offer)], false) = (offers, self.multiplexed) {
-                let mut single = Map::new();
-                single.insert("capabilities".into(), Value::Object(capabilities));
-                for field in ["instructions", "serverInfo"] {
-                    if let Some(value) = offer.get(field) {
-                        single.insert(field.into(), value.clone());
-                    }
-                }
-                return single;
-            }
             if let Some(text) = offer.get("instructions").and_then(Value::as_str) {
                 instructions.push(format!("[{}] {text}", server.name));
             }
         }
         let mut merged = Map::new();
         merged.insert("capabilities".into(), Value::Object(capabilities));
+        if let ([(_, offer)], false) = (offers, self.multiplexed) {
+            // One server: its own name and instructions, as if the gateway were not there.
+            for field in ["instructions", "serverInfo"] {
+                if let Some(value) = offer.get(field) {
+                    merged.insert(field.into(), value.clone());
+                }
+            }
+            return merged;
+        }
         merged.insert(
             "serverInfo".into(),
             json!({"name": format!("portcullis {}", self.name), "version": env!("CARGO_PKG_VERSION")}),

@@ -1,12 +1,11 @@
 //! JSON-RPC 2.0 (<https://www.jsonrpc.org/specification>) as MCP's Streamable HTTP carries
 //! it: one message per POST, no batches (removed in MCP 2025-06-18), ids strings or numbers.
 
-use http::header::CONTENT_TYPE;
-use http::{HeaderValue, Response, StatusCode};
+use http::{Response, StatusCode};
 use serde_json::{json, Map, Value};
 
-use crate::body::{self, Body};
-use crate::response::ProxyError;
+use crate::body::Body;
+use crate::response::{self, ProxyError};
 
 pub(super) const PARSE_ERROR: i64 = -32700;
 pub(super) const INVALID_REQUEST: i64 = -32600;
@@ -111,31 +110,18 @@ fn valid_id(id: &Value) -> bool {
     }
 }
 
-fn json_response(status: StatusCode, value: &Value) -> Response<Body> {
-    let mut response = Response::new(body::full(value.to_string()));
-    *response.status_mut() = status;
-    response
-        .headers_mut()
-        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-    response
-}
-
 /// A message already serialized.
 pub(super) fn serialized(message: String) -> Response<Body> {
-    let mut response = Response::new(body::full(message));
-    response
-        .headers_mut()
-        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-    response
+    response::with_body(StatusCode::OK, "application/json", message)
 }
 
 /// A whole JSON-RPC message, as a server sent it.
 pub(super) fn message(message: &Value) -> Response<Body> {
-    json_response(StatusCode::OK, message)
+    response::json(StatusCode::OK, message)
 }
 
 pub(super) fn result(id: &Value, result: Value) -> Response<Body> {
-    json_response(
+    response::json(
         StatusCode::OK,
         &json!({"jsonrpc": "2.0", "id": id, "result": result}),
     )
@@ -154,7 +140,7 @@ pub(super) fn error(
     if let Some(data) = data {
         error["data"] = data;
     }
-    let mut response = json_response(status, &json!({"jsonrpc": "2.0", "id": id, "error": error}));
+    let mut response = response::json(status, &json!({"jsonrpc": "2.0", "id": id, "error": error}));
     response.extensions_mut().insert(ProxyError(kind));
     response.extensions_mut().insert(ErrorCode(code));
     response

@@ -18,7 +18,6 @@ mod reach;
 mod remap;
 mod server;
 mod session;
-mod sse;
 
 use std::sync::Arc;
 

@@ -124,6 +124,35 @@ pub(super) async fn reach(
     }
 }
 
+impl Reach {
+    /// The headers for a message sent this way, and the message as the server's revision
+    /// wants it; for a bridged request, which opens its own session, the client instead.
+    fn prepare<'a>(
+        &'a self,
+        message: &mut Value,
+        trace: &'a RequestTrace,
+    ) -> Result<Headers<'a>, &'a ClientMeta> {
+        match self {
+            Reach::Session { id, version } => Ok(Headers {
+                session: id.as_deref(),
+                version: Some(version),
+                modern: false,
+                trace,
+            }),
+            Reach::Modern(client) => {
+                client.stamp(message);
+                Ok(Headers {
+                    session: None,
+                    version: Some(MODERN_VERSION),
+                    modern: true,
+                    trace,
+                })
+            }
+            Reach::Bridge(client) => Err(client),
+        }
+    }
+}
+
 /// Sends `message` to `server` the way `reach` says.
 pub(super) async fn send(
     server: &Server,
@@ -132,27 +161,9 @@ pub(super) async fn send(
     upstream: &Upstream,
     trace: &RequestTrace,
 ) -> Result<Sent, Failure> {
-    match reach {
-        Reach::Session { id, version } => {
-            let headers = Headers {
-                session: id.as_deref(),
-                version: Some(version),
-                modern: false,
-                trace,
-            };
-            server.post(upstream, &headers, &message).await.map(Sent::Relay)
-        }
-        Reach::Modern(client) => {
-            client.stamp(&mut message);
-            let headers = Headers {
-                session: None,
-                version: Some(MODERN_VERSION),
-                modern: true,
-                trace,
-            };
-            server.post(upstream, &headers, &message).await.map(Sent::Relay)
-        }
-        Reach::Bridge(client) => bridge(server, client, &message, upstream, trace)
+    match reach.prepare(&mut message, trace) {
+        Ok(headers) => server.post(upstream, &headers, &message).await.map(Sent::Relay),
+        Err(client) => bridge(server, client, &message, upstream, trace)
             .await
             .map(Sent::Answered),
     }
@@ -166,27 +177,9 @@ pub(super) async fn ask(
     upstream: &Upstream,
     trace: &RequestTrace,
 ) -> Result<Value, Failure> {
-    let answer = match reach {
-        Reach::Session { id, version } => {
-            let headers = Headers {
-                session: id.as_deref(),
-                version: Some(version),
-                modern: false,
-                trace,
-            };
-            server.call(upstream, &headers, &message).await?
-        }
-        Reach::Modern(client) => {
-            client.stamp(&mut message);
-            let headers = Headers {
-                session: None,
-                version: Some(MODERN_VERSION),
-                modern: true,
-                trace,
-            };
-            server.call(upstream, &headers, &message).await?
-        }
-        Reach::Bridge(client) => bridge(server, client, &message, upstream, trace).await?,
+    let answer = match reach.prepare(&mut message, trace) {
+        Ok(headers) => server.call(upstream, &headers, &message).await?,
+        Err(client) => bridge(server, client, &message, upstream, trace).await?,
     };
     answer.result(server)
 }

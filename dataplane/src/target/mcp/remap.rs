@@ -11,8 +11,8 @@ use http_body::{Body as HttpBody, Frame};
 use portcullis_config::MCP_NAME_SEPARATOR;
 use serde_json::Value;
 
-use super::sse;
 use crate::body::{Body, BoxError};
+use crate::sse;
 
 /// An SSE event left unfinished beyond this is not an MCP message.
 const MAX_PENDING_EVENT_BYTES: usize = 16 * 1024 * 1024;

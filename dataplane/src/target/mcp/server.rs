@@ -14,8 +14,8 @@ use hyper::body::Incoming;
 use portcullis_config::{McpFailureMode, McpServerSpec};
 use serde_json::Value;
 
-use super::sse;
 use crate::body::{self, Body};
+use crate::sse;
 use crate::telemetry::RequestTrace;
 use crate::upstream::Upstream;
 

@@ -1,20 +1,21 @@
-//! Server-Sent Events as MCP uses them (<https://html.spec.whatwg.org/multipage/server-sent-events.html>):
-//! events split by a blank line, `\n` or `\r\n` line ends, `data:` lines joined by `\n`,
-//! comment lines (`: ping`) ignored.
+//! Server-Sent Events (<https://html.spec.whatwg.org/multipage/server-sent-events.html>), read
+//! incrementally from a body passing through (LLM streams, MCP answers): events end at a
+//! blank line; lines end in CRLF, LF or CR; `data:` lines join with `\n`; comment lines
+//! (`: ping`) are ignored.
 
 use bytes::{Bytes, BytesMut};
 
 /// One event's fields that MCP uses.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub(super) struct Event {
-    pub(super) id: Option<String>,
-    pub(super) event: Option<String>,
-    pub(super) data: String,
-    pub(super) retry: Option<String>,
+pub(crate) struct Event {
+    pub(crate) id: Option<String>,
+    pub(crate) event: Option<String>,
+    pub(crate) data: String,
+    pub(crate) retry: Option<String>,
 }
 
 impl Event {
-    pub(super) fn encode(&self) -> Bytes {
+    pub(crate) fn encode(&self) -> Bytes {
         let mut out = String::new();
         if let Some(event) = &self.event {
             out.push_str(&format!("event: {event}\n"));
@@ -35,8 +36,13 @@ impl Event {
 
 /// Incremental parser: feed chunks as they arrive, take whole events out.
 #[derive(Default)]
-pub(super) struct Parser {
+pub(crate) struct Parser {
+    /// The unfinished line, line ends normalized to `\n`.
     buffer: BytesMut,
+    /// How far `buffer` has been searched for a line end.
+    scanned: usize,
+    /// The last byte fed was a CR (its LF, if one follows, is dropped).
+    after_cr: bool,
     current: Event,
     has_fields: bool,
     data_lines: usize,
@@ -44,18 +50,34 @@ pub(super) struct Parser {
 
 impl Parser {
     /// Bytes held waiting for the end of an event.
-    pub(super) fn pending(&self) -> usize {
+    pub(crate) fn pending(&self) -> usize {
         self.buffer.len() + self.current.data.len()
     }
 
-    pub(super) fn feed(&mut self, chunk: &[u8], events: &mut Vec<Event>) {
-        self.buffer.extend_from_slice(chunk);
-        while let Some(end) = self.buffer.iter().position(|&byte| byte == b'\n') {
-            let line = self.buffer.split_to(end + 1);
-            let mut line = &line[..end];
-            if let [rest @ .., b'\r'] = line {
-                line = rest;
+    /// An event has begun and not ended.
+    pub(crate) fn in_event(&self) -> bool {
+        self.has_fields || !self.buffer.is_empty()
+    }
+
+    pub(crate) fn feed(&mut self, chunk: &[u8], events: &mut Vec<Event>) {
+        // Most servers end lines with LF alone: such a chunk is copied as it is.
+        if self.after_cr || chunk.contains(&b'\r') {
+            for &byte in chunk {
+                match byte {
+                    b'\r' => self.buffer.extend_from_slice(b"\n"),
+                    b'\n' if self.after_cr => {}
+                    _ => self.buffer.extend_from_slice(&[byte]),
+                }
+                self.after_cr = byte == b'\r';
             }
+        } else {
+            self.buffer.extend_from_slice(chunk);
+        }
+        // Search only what is new: a long line arriving in many chunks stays linear.
+        while let Some(end) = self.buffer[self.scanned..].iter().position(|&byte| byte == b'\n') {
+            let line = self.buffer.split_to(self.scanned + end + 1);
+            self.scanned = 0;
+            let line = &line[..line.len() - 1];
             if line.is_empty() {
                 if self.has_fields {
                     events.push(std::mem::take(&mut self.current));
@@ -66,6 +88,7 @@ impl Parser {
             }
             self.line(line);
         }
+        self.scanned = self.buffer.len();
     }
 
     fn line(&mut self, line: &[u8]) {
@@ -111,7 +134,8 @@ mod tests {
     fn events_split_across_chunks_and_line_ends() {
         let events = parse(&[
             ": ping\r\n\r\nevent: message\r\nda",
-            "ta: {\"a\":1}\r\n\r\nid: 7\ndata: x\ndata: y\n\n",
+            "ta: {\"a\":1}\r\n\r",
+            "\nid: 7\ndata: x\rdata: y\n\n",
             "data: unfinished",
         ]);
         assert_eq!(events.len(), 2);

@@ -7,168 +7,22 @@
 
 #![allow(deprecated)] // rmcp marks sampling deprecated (SEP-2577); legacy clients still use it.
 
+mod peers;
+#[path = "../support/mod.rs"]
 mod support;
+mod wire;
 
 use std::net::SocketAddr;
-use std::time::Duration;
 
-use rmcp::handler::server::router::tool::ToolRouter;
-use rmcp::handler::server::wrapper::Parameters;
-use rmcp::model::*;
-use rmcp::service::RequestContext;
-use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
-use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
+use peers::*;
+use rmcp::model::{CallToolRequestParams, ProtocolVersion};
 use rmcp::transport::StreamableHttpClientTransport;
-use rmcp::{schemars, tool, tool_handler, tool_router, ClientHandler, ClientLifecycleMode, ClientServiceExt};
-use rmcp::{ErrorData, RoleClient, RoleServer, ServerHandler};
+use rmcp::{ClientLifecycleMode, ClientServiceExt};
 use serde_json::{json, Value};
 use support::*;
+use wire::*;
 
 const HEADER: &str = "apiVersion: portcullis.dev/v1alpha1";
-
-#[derive(Debug, serde::Deserialize, schemars::JsonSchema)]
-struct SumArgs {
-    a: i64,
-    b: i64,
-}
-
-#[derive(Debug, serde::Deserialize, schemars::JsonSchema)]
-struct TextArgs {
-    text: String,
-}
-
-/// An rmcp server: `get-sum`, `echo`, and `ask` (asks the client's model through
-/// sampling, a request from the server to the client), each answer naming the server.
-#[derive(Clone)]
-struct Tools {
-    name: &'static str,
-    tool_router: ToolRouter<Tools>,
-}
-
-#[tool_router]
-impl Tools {
-    #[tool(name = "get-sum", description = "Adds two integers")]
-    fn get_sum(&self, Parameters(SumArgs { a, b }): Parameters<SumArgs>) -> String {
-        (a + b).to_string()
-    }
-
-    #[tool(description = "Echoes text, prefixed with the server's name")]
-    fn echo(&self, Parameters(TextArgs { text }): Parameters<TextArgs>) -> String {
-        format!("{}: {text}", self.name)
-    }
-
-    #[tool(description = "Returns the traceparent the request's _meta carried")]
-    fn traceparent(&self, context: RequestContext<RoleServer>) -> String {
-        context
-            .meta
-            .get("traceparent")
-            .and_then(Value::as_str)
-            .unwrap_or("none")
-            .to_string()
-    }
-
-    #[tool(description = "Asks the client's model and returns its answer")]
-    async fn ask(
-        &self,
-        Parameters(TextArgs { text }): Parameters<TextArgs>,
-        context: RequestContext<RoleServer>,
-    ) -> Result<String, ErrorData> {
-        let answer = context
-            .peer
-            .create_message(CreateMessageRequestParams::new(
-                vec![SamplingMessage::user_text(text)],
-                50,
-            ))
-            .await
-            .map_err(|error| ErrorData::internal_error(error.to_string(), None))?;
-        let text = answer
-            .message
-            .content
-            .first()
-            .and_then(|content| content.as_text().map(|t| t.text.clone()));
-        Ok(format!("{} heard: {}", self.name, text.unwrap_or_default()))
-    }
-}
-
-#[tool_handler(router = self.tool_router)]
-impl ServerHandler for Tools {
-    fn get_info(&self) -> ServerConfig {
-        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
-    }
-}
-
-/// A client that answers sampling requests with a fixed "model" reply.
-#[derive(Clone, Default)]
-struct Sampler;
-
-impl ClientHandler for Sampler {
-    async fn create_message(
-        &self,
-        params: CreateMessageRequestParams,
-        _context: RequestContext<RoleClient>,
-    ) -> Result<CreateMessageResult, ErrorData> {
-        let asked = params
-            .messages
-            .first()
-            .and_then(|message| message.content.first())
-            .and_then(|content| content.as_text().map(|text| text.text.clone()))
-            .unwrap_or_default();
-        Ok(CreateMessageResult::new(
-            SamplingMessage::assistant_text(format!("model says {asked}")),
-            "test-model".into(),
-        ))
-    }
-
-    fn get_info(&self) -> ClientConfig {
-        ClientConfig::new(
-            ClientCapabilities::builder().enable_sampling().build(),
-            Implementation::new("portcullis-test", "0"),
-        )
-    }
-}
-
-/// Serves an rmcp server on a fresh loopback port; `json` prefers JSON answers over SSE.
-async fn serve(name: &'static str, json: bool) -> SocketAddr {
-    let service: StreamableHttpService<Tools, LocalSessionManager> = StreamableHttpService::new(
-        move || {
-            Ok(Tools {
-                name,
-                tool_router: Tools::tool_router(),
-            })
-        },
-        Default::default(),
-        StreamableHttpServerConfig::default()
-            .with_sse_keep_alive(None)
-            .with_json_response(json),
-    );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let address = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        loop {
-            let Ok((stream, _)) = listener.accept().await else {
-                continue;
-            };
-            let service = hyper_util::service::TowerToHyperService::new(service.clone());
-            tokio::spawn(async move {
-                let io = hyper_util::rt::TokioIo::new(stream);
-                let _ = hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new())
-                    .serve_connection(io, service)
-                    .await;
-            });
-        }
-    });
-    address
-}
-
-/// A runtime for the MCP servers and clients; the gateway helpers block, so they run on
-/// the test's own thread while the servers keep serving on the runtime's workers.
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-}
 
 fn mcp_config(port: u16, servers: &[(&str, SocketAddr)], extra: &str) -> String {
     let servers: Vec<String> = servers
@@ -183,26 +37,6 @@ fn mcp_config(port: u16, servers: &[(&str, SocketAddr)], extra: &str) -> String 
     )
 }
 
-async fn rmcp_client(port: u16) -> rmcp::service::RunningService<RoleClient, Sampler> {
-    let transport = StreamableHttpClientTransport::from_uri(format!("http://127.0.0.1:{port}/mcp"));
-    Sampler
-        .serve_with_lifecycle(transport, ClientLifecycleMode::Initialize)
-        .await
-        .expect("the client initializes through the gateway")
-}
-
-fn arguments(value: Value) -> serde_json::Map<String, Value> {
-    value.as_object().cloned().unwrap_or_default()
-}
-
-fn text_of(result: &CallToolResult) -> String {
-    result
-        .content
-        .iter()
-        .filter_map(|content| content.as_text().map(|text| text.text.clone()))
-        .collect()
-}
-
 #[test]
 fn two_servers_behind_one_route_with_the_rmcp_client() {
     let dir = tempfile::tempdir().unwrap();
@@ -215,14 +49,7 @@ fn two_servers_behind_one_route_with_the_rmcp_client() {
 
     runtime.block_on(async {
         let client = rmcp_client(port).await;
-        let mut names: Vec<String> = client
-            .list_all_tools()
-            .await
-            .unwrap()
-            .into_iter()
-            .map(|tool| tool.name.to_string())
-            .collect();
-        names.sort();
+        let names = tool_names(&client).await;
         assert_eq!(
             names,
             [
@@ -283,74 +110,6 @@ fn two_servers_behind_one_route_with_the_rmcp_client() {
         );
         client.cancel().await.unwrap();
     });
-}
-
-/// A raw MCP session over HTTP/1.1, for checks on the wire.
-struct Wire {
-    port: u16,
-    session: String,
-}
-
-const ACCEPT_BOTH: (&str, &str) = ("Accept", "application/json, text/event-stream");
-
-impl Wire {
-    fn initialize(port: u16) -> Wire {
-        let body = json!({"jsonrpc": "2.0", "id": 0, "method": "initialize",
-            "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "wire", "version": "0"}}});
-        let response =
-            http_request_with(port, "POST", "/mcp", &[ACCEPT_BOTH], Some(&body.to_string())).unwrap();
-        assert_eq!(response.status, 200, "{}", response.body);
-        let session = header(&response, "mcp-session-id").expect("a session id");
-        let answer: Value = serde_json::from_str(&response.body).unwrap();
-        assert_eq!(answer["result"]["protocolVersion"], "2025-06-18");
-        Wire { port, session }
-    }
-
-    fn post(&self, body: &Value) -> (u16, Value) {
-        let headers = [
-            ACCEPT_BOTH,
-            ("Mcp-Session-Id", self.session.as_str()),
-            ("MCP-Protocol-Version", "2025-06-18"),
-        ];
-        let response =
-            http_request_with(self.port, "POST", "/mcp", &headers, Some(&body.to_string())).unwrap();
-        (response.status, json_or_last_event(&response.body))
-    }
-
-    fn call(&self, tool: &str, args: Value) -> (u16, Value) {
-        self.post(&json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {"name": tool, "arguments": args}}))
-    }
-
-    fn tools(&self) -> Vec<String> {
-        let (status, answer) = self.post(&json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list"}));
-        assert_eq!(status, 200);
-        let mut names: Vec<String> = answer["result"]["tools"]
-            .as_array()
-            .unwrap_or_else(|| panic!("no tools in {answer}"))
-            .iter()
-            .map(|tool| tool["name"].as_str().unwrap().to_string())
-            .collect();
-        names.sort();
-        names
-    }
-}
-
-fn header(response: &HttpResponse, name: &str) -> Option<String> {
-    response.head.lines().find_map(|line| {
-        let (field, value) = line.split_once(':')?;
-        field.eq_ignore_ascii_case(name).then(|| value.trim().to_string())
-    })
-}
-
-/// The JSON body, or the last `data:` of an SSE body.
-fn json_or_last_event(body: &str) -> Value {
-    serde_json::from_str(body).unwrap_or_else(|_| {
-        body.lines()
-            .rev()
-            .filter_map(|line| line.strip_prefix("data:"))
-            .find_map(|data| serde_json::from_str(data.trim()).ok())
-            .unwrap_or(Value::Null)
-    })
 }
 
 fn authorization(rules: &str) -> String {
@@ -450,7 +209,7 @@ fn authorization_lists_what_may_be_called_and_decides_calls_on_their_arguments()
 
     // Decisions and MCP outcomes reach the metrics.
     let mcp_requests = |labels: &[&str]| metric(gateway.admin, "portcullis_proxy_mcp_requests_total", labels);
-    wait_for("decisions in the metrics", Duration::from_secs(5), || {
+    wait_for("decisions in the metrics", TIMEOUT, || {
         metric(
             gateway.admin,
             "portcullis_proxy_policy_decisions_total",
@@ -551,7 +310,7 @@ fn a_session_opened_on_one_replica_continues_on_another() {
     apply(dir.path(), "replicas.yaml", &config, &controlplane);
     let version = config_version(&controlplane);
     for replica in ["a", "b"] {
-        wait_for("both replicas on the config", Duration::from_secs(20), || {
+        wait_for("both replicas on the config", TIMEOUT, || {
             proxy_applied(&controlplane, replica) == Some((version, true))
         });
     }
@@ -584,35 +343,7 @@ fn bad_input_gets_the_protocol_error_and_reaches_no_server() {
     let math = runtime.block_on(serve("math", true));
     // A server that accepts connections and never answers, and one that answers garbage.
     let hanging = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let garbage = runtime.block_on(async {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let address = listener.local_addr().unwrap();
-        tokio::spawn(async move {
-            use tokio::io::{AsyncReadExt, AsyncWriteExt};
-            while let Ok((mut stream, _)) = listener.accept().await {
-                tokio::spawn(async move {
-                    // Each whole request first (answering early races the client's write),
-                    // then a well-framed answer that is not JSON-RPC; keep-alive.
-                    let mut request = Vec::new();
-                    let mut chunk = [0u8; 4096];
-                    loop {
-                        while !whole_request(&request) {
-                            match stream.read(&mut chunk).await {
-                                Ok(0) | Err(_) => return,
-                                Ok(read) => request.extend_from_slice(&chunk[..read]),
-                            }
-                        }
-                        request.clear();
-                        let answer = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 5\r\n\r\nhello";
-                        if stream.write_all(answer).await.is_err() {
-                            return;
-                        }
-                    }
-                });
-            }
-        });
-        address
-    });
+    let garbage = runtime.block_on(garbage_server());
     let port = free_port();
     let config = mcp_config(port, &[("math", math)], "").replace(
         "kind: Route\nmetadata: {name: mcp}\nspec: {listeners: [gw],",
@@ -732,7 +463,6 @@ fn bad_input_gets_the_protocol_error_and_reaches_no_server() {
     .replace("name: hangs, url:", "name: hangs, failureMode: Omit, url:");
     let gateway = _gateway;
     gateway.apply(dir.path(), &config);
-    let started = std::time::Instant::now();
     let body = json!({"jsonrpc": "2.0", "id": 3, "method": "initialize",
         "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "wire", "version": "0"}}});
     let response = http_request_with(port, "POST", "/mcp", &[ACCEPT_BOTH], Some(&body.to_string())).unwrap();
@@ -743,15 +473,11 @@ fn bad_input_gets_the_protocol_error_and_reaches_no_server() {
         message.contains("server garbage") && message.contains("not a JSON-RPC response"),
         "{message}"
     );
-    assert!(
-        started.elapsed() < Duration::from_secs(10),
-        "bounded by the server timeout"
-    );
 
     // Methods a client makes up are counted as `other`: no new metric series per string.
     let made_up = json!({"jsonrpc": "2.0", "id": 1, "method": "zz/made-up-12345"}).to_string();
     http_request_with(port, "POST", "/mcp", &[ACCEPT_BOTH], Some(&made_up)).unwrap();
-    wait_for("the made-up method counted", Duration::from_secs(5), || {
+    wait_for("the made-up method counted", TIMEOUT, || {
         metric(
             gateway.admin,
             "portcullis_proxy_mcp_requests_total",
@@ -766,53 +492,6 @@ fn bad_input_gets_the_protocol_error_and_reaches_no_server() {
 }
 
 const MODERN_GET_SUM: &str = r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"get-sum","arguments":{"a":1,"b":2},"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{}}}}"#;
-
-/// Whether `bytes` hold a whole HTTP/1.1 request with a `Content-Length` body.
-fn whole_request(bytes: &[u8]) -> bool {
-    let text = String::from_utf8_lossy(bytes);
-    let Some((head, body)) = text.split_once("\r\n\r\n") else {
-        return false;
-    };
-    let length = head
-        .lines()
-        .find_map(|line| {
-            let (name, value) = line.split_once(':')?;
-            name.eq_ignore_ascii_case("content-length")
-                .then(|| value.trim().parse::<usize>().ok())?
-        })
-        .unwrap_or(0);
-    body.len() >= length
-}
-
-/// Request headers, body, expected HTTP status and JSON-RPC error code.
-type Case<'a> = (&'a [(&'a str, &'a str)], &'a str, u16, i64);
-
-fn raw_request(port: u16, raw: &str) -> String {
-    use std::io::{Read, Write};
-    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
-    stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    stream.write_all(raw.as_bytes()).unwrap();
-    let mut out = String::new();
-    let _ = stream.read_to_string(&mut out);
-    out
-}
-
-/// Portcullis' MCP test server (`portcullis mcp-server`) serving only `era`: stands for a
-/// server from before 2026-07-28, or one that dropped the handshake. The official SDKs
-/// serve both.
-fn era_server(dir: &std::path::Path, era: &str) -> (Process, SocketAddr) {
-    let port = free_port();
-    let listen = format!("127.0.0.1:{port}");
-    let process = Process::start(
-        &format!("mcp-{era}"),
-        dir,
-        &["mcp-server", "--listen", &listen, "--tools", "0", "--era", era],
-    );
-    wait_for("the MCP test server", Duration::from_secs(20), || {
-        std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
-    });
-    (process, listen.parse().unwrap())
-}
 
 #[test]
 fn clients_of_either_revision_reach_servers_of_either_revision_on_one_route() {
@@ -843,14 +522,7 @@ fn clients_of_either_revision_reach_servers_of_either_revision_on_one_route() {
                 client.peer_info().map(|info| info.protocol_version.clone()),
                 Some(revision.clone())
             );
-            let mut names: Vec<String> = client
-                .list_all_tools()
-                .await
-                .unwrap()
-                .into_iter()
-                .map(|tool| tool.name.to_string())
-                .collect();
-            names.sort();
+            let names = tool_names(&client).await;
             assert_eq!(
                 names,
                 [

@@ -1,0 +1,244 @@
+//! MCP peers for the tests: servers and a client built with the official Rust SDK
+//! (`rmcp`), Portcullis' own MCP test server serving one era, and a server answering garbage.
+
+use std::net::SocketAddr;
+
+use rmcp::handler::server::router::tool::ToolRouter;
+use rmcp::handler::server::wrapper::Parameters;
+use rmcp::model::*;
+use rmcp::service::RequestContext;
+use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
+use rmcp::transport::StreamableHttpClientTransport;
+use rmcp::{schemars, tool, tool_handler, tool_router, ClientHandler, ClientLifecycleMode, ClientServiceExt};
+use rmcp::{ErrorData, RoleClient, RoleServer, ServerHandler};
+use serde_json::Value;
+
+use crate::support::*;
+use crate::wire::whole_request;
+
+#[derive(Debug, serde::Deserialize, schemars::JsonSchema)]
+pub(crate) struct SumArgs {
+    a: i64,
+    b: i64,
+}
+
+#[derive(Debug, serde::Deserialize, schemars::JsonSchema)]
+pub(crate) struct TextArgs {
+    text: String,
+}
+
+/// An rmcp server: `get-sum`, `echo`, and `ask` (asks the client's model through
+/// sampling, a request from the server to the client), each answer naming the server.
+#[derive(Clone)]
+pub(crate) struct Tools {
+    name: &'static str,
+    tool_router: ToolRouter<Tools>,
+}
+
+#[tool_router]
+impl Tools {
+    #[tool(name = "get-sum", description = "Adds two integers")]
+    fn get_sum(&self, Parameters(SumArgs { a, b }): Parameters<SumArgs>) -> String {
+        (a + b).to_string()
+    }
+
+    #[tool(description = "Echoes text, prefixed with the server's name")]
+    fn echo(&self, Parameters(TextArgs { text }): Parameters<TextArgs>) -> String {
+        format!("{}: {text}", self.name)
+    }
+
+    #[tool(description = "Returns the traceparent the request's _meta carried")]
+    fn traceparent(&self, context: RequestContext<RoleServer>) -> String {
+        context
+            .meta
+            .get("traceparent")
+            .and_then(Value::as_str)
+            .unwrap_or("none")
+            .to_string()
+    }
+
+    #[tool(description = "Asks the client's model and returns its answer")]
+    async fn ask(
+        &self,
+        Parameters(TextArgs { text }): Parameters<TextArgs>,
+        context: RequestContext<RoleServer>,
+    ) -> Result<String, ErrorData> {
+        let answer = context
+            .peer
+            .create_message(CreateMessageRequestParams::new(
+                vec![SamplingMessage::user_text(text)],
+                50,
+            ))
+            .await
+            .map_err(|error| ErrorData::internal_error(error.to_string(), None))?;
+        let text = answer
+            .message
+            .content
+            .first()
+            .and_then(|content| content.as_text().map(|t| t.text.clone()));
+        Ok(format!("{} heard: {}", self.name, text.unwrap_or_default()))
+    }
+}
+
+#[tool_handler(router = self.tool_router)]
+impl ServerHandler for Tools {
+    fn get_info(&self) -> ServerConfig {
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+    }
+}
+
+/// A client that answers sampling requests with a fixed "model" reply.
+#[derive(Clone, Default)]
+pub(crate) struct Sampler;
+
+impl ClientHandler for Sampler {
+    async fn create_message(
+        &self,
+        params: CreateMessageRequestParams,
+        _context: RequestContext<RoleClient>,
+    ) -> Result<CreateMessageResult, ErrorData> {
+        let asked = params
+            .messages
+            .first()
+            .and_then(|message| message.content.first())
+            .and_then(|content| content.as_text().map(|text| text.text.clone()))
+            .unwrap_or_default();
+        Ok(CreateMessageResult::new(
+            SamplingMessage::assistant_text(format!("model says {asked}")),
+            "test-model".into(),
+        ))
+    }
+
+    fn get_info(&self) -> ClientConfig {
+        ClientConfig::new(
+            ClientCapabilities::builder().enable_sampling().build(),
+            Implementation::new("portcullis-test", "0"),
+        )
+    }
+}
+
+/// Serves an rmcp server on a fresh loopback port; `json` prefers JSON answers over SSE.
+pub(crate) async fn serve(name: &'static str, json: bool) -> SocketAddr {
+    let service: StreamableHttpService<Tools, LocalSessionManager> = StreamableHttpService::new(
+        move || {
+            Ok(Tools {
+                name,
+                tool_router: Tools::tool_router(),
+            })
+        },
+        Default::default(),
+        StreamableHttpServerConfig::default()
+            .with_sse_keep_alive(None)
+            .with_json_response(json),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                continue;
+            };
+            let service = hyper_util::service::TowerToHyperService::new(service.clone());
+            tokio::spawn(async move {
+                let io = hyper_util::rt::TokioIo::new(stream);
+                let _ = hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new())
+                    .serve_connection(io, service)
+                    .await;
+            });
+        }
+    });
+    address
+}
+
+/// A runtime for the MCP servers and clients; the gateway helpers block, so they run on
+/// the test's own thread while the servers keep serving on the runtime's workers.
+pub(crate) fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+pub(crate) async fn rmcp_client(port: u16) -> rmcp::service::RunningService<RoleClient, Sampler> {
+    let transport = StreamableHttpClientTransport::from_uri(format!("http://127.0.0.1:{port}/mcp"));
+    Sampler
+        .serve_with_lifecycle(transport, ClientLifecycleMode::Initialize)
+        .await
+        .expect("the client initializes through the gateway")
+}
+
+/// Every tool the client can list, sorted.
+pub(crate) async fn tool_names(client: &rmcp::service::RunningService<RoleClient, Sampler>) -> Vec<String> {
+    let mut names: Vec<String> = client
+        .list_all_tools()
+        .await
+        .expect("tools/list through the gateway")
+        .into_iter()
+        .map(|tool| tool.name.to_string())
+        .collect();
+    names.sort();
+    names
+}
+
+pub(crate) fn arguments(value: Value) -> serde_json::Map<String, Value> {
+    value.as_object().cloned().unwrap_or_default()
+}
+
+pub(crate) fn text_of(result: &CallToolResult) -> String {
+    result
+        .content
+        .iter()
+        .filter_map(|content| content.as_text().map(|text| text.text.clone()))
+        .collect()
+}
+
+/// Portcullis' MCP test server (`portcullis mcp-server`) serving only `era`: stands for a
+/// server from before 2026-07-28, or one that dropped the handshake. The official SDKs
+/// serve both.
+pub(crate) fn era_server(dir: &std::path::Path, era: &str) -> (Process, SocketAddr) {
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let process = Process::start(
+        &format!("mcp-{era}"),
+        dir,
+        &["mcp-server", "--listen", &listen, "--tools", "0", "--era", era],
+    );
+    wait_for("the MCP test server", TIMEOUT, || {
+        std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+    });
+    (process, listen.parse().unwrap())
+}
+
+/// A server that answers every request, on a kept-alive connection, with a well-framed
+/// body that is not JSON-RPC.
+pub(crate) async fn garbage_server() -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        while let Ok((mut stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                // Each whole request first (answering early races the client's write),
+                // then a well-framed answer that is not JSON-RPC; keep-alive.
+                let mut request = Vec::new();
+                let mut chunk = [0u8; 4096];
+                loop {
+                    while !whole_request(&request) {
+                        match stream.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(read) => request.extend_from_slice(&chunk[..read]),
+                        }
+                    }
+                    request.clear();
+                    let answer = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 5\r\n\r\nhello";
+                    if stream.write_all(answer).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    address
+}
