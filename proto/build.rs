@@ -1,4 +1,4 @@
-//! Compiles `portcullis/v1/*.proto` with protox (pure Rust), so building needs no system `protoc`.
+//! Compiles `portcullis/v1/*.proto` and `portcullis/guardrail/v1/guardrail.proto` with protox (pure Rust), so building needs no system `protoc`.
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let files = [
@@ -7,6 +7,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "portcullis/v1/config_stream.proto",
         "portcullis/v1/raft.proto",
         "portcullis/v1/signals.proto",
+        "portcullis/guardrail/v1/guardrail.proto",
     ];
     for file in files {
         println!("cargo:rerun-if-changed={file}");

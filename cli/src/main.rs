@@ -52,6 +52,8 @@ enum Command {
     Sim(tools::SimCommand),
     /// Run the MCP test server (both protocol eras, N tools, a processing delay).
     McpServer(portcullis_loadtest::mcp::McpServerArgs),
+    /// Run the reference guardrail checker (gRPC; `--behave` for failure tests).
+    GuardrailServer(portcullis_loadtest::guardrail::GuardrailServerArgs),
     /// Run a load scenario (LLM or MCP; inference-perf style) against one or more targets.
     Loadtest(portcullis_loadtest::llm::LoadtestArgs),
 }
@@ -86,6 +88,9 @@ fn main() -> ExitCode {
             Command::Echo(args) => tools::echo(args).await,
             Command::Sim(command) => tools::sim(command).await,
             Command::McpServer(args) => tools::mcp_server(args).await,
+            Command::GuardrailServer(args) => {
+                portcullis_loadtest::guardrail::serve(args, crate::signal::terminated()).await
+            }
             Command::Loadtest(args) => portcullis_loadtest::llm::run(args).await,
         }
     });

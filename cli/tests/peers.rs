@@ -2,12 +2,16 @@
 //! proxy: the official `openai` Python client streaming from the vLLM simulator, the
 //! official `mcp` Python client (both protocol eras) calling the MCP test server,
 //! `inference-perf` against the simulator (its figures checked against the simulator's
-//! counters and against our own load generator), and `portcullis loadtest` comparing the
-//! direct path with the gateway.
+//! counters and against our own load generator), `portcullis loadtest` comparing the
+//! direct path with the gateway, and a guardrail checker written with `grpcio` from the
+//! `.proto` alone.
 //!
 //! The Python peers live in the virtualenv that `./scripts/test` creates (`.venv`, or
 //! `$PORTCULLIS_VENV`).
 
+#[allow(dead_code)] // the MCP tests' wire helpers; the guardrail peer test uses a few
+#[path = "mcp/wire.rs"]
+mod mcp_wire;
 mod support;
 
 use std::path::{Path, PathBuf};
@@ -244,6 +248,90 @@ fn mcp_python_sdk_client_and_server_through_a_multiplexing_mcp_backend() {
         let output = peer("mcp_client.py", &[&url, mode, "12", "test__"]);
         assert!(output.contains("OK"), "{mode}: {output}");
     }
+}
+
+#[test]
+fn a_python_grpcio_guardrail_checker_generated_from_the_contract() {
+    let dir = tempfile::tempdir().unwrap();
+    let (checker, server, port) = (free_port(), free_port(), free_port());
+    let proto = repo_root().join("proto");
+    let _checker = PythonPeer::start(
+        dir.path(),
+        "guardrail_server.py",
+        &[proto.to_str().unwrap(), &checker.to_string()],
+    );
+    let _mcp = Process::start(
+        "mcp",
+        dir.path(),
+        &[
+            "mcp-server",
+            "--listen",
+            &format!("127.0.0.1:{server}"),
+            "--tools",
+            "0",
+        ],
+    );
+    for listening in [checker, server] {
+        wait_for("the checker and the MCP server", TIMEOUT, || {
+            std::net::TcpStream::connect(("127.0.0.1", listening)).is_ok()
+        });
+    }
+    let header = "apiVersion: portcullis.dev/v1alpha1";
+    let config = format!(
+        "{header}\nkind: Listener\nmetadata: {{name: gw}}\nspec: {{address: 127.0.0.1, port: {port}}}\n---\n\
+         {header}\nkind: McpBackend\nmetadata: {{name: tools}}\nspec:\n  servers:\n  - {{name: math, url: 'http://127.0.0.1:{server}/mcp'}}\n---\n\
+         {header}\nkind: Route\nmetadata: {{name: mcp}}\nspec: {{listeners: [gw], backends: [{{kind: McpBackend, name: tools}}]}}\n---\n\
+         {header}\nkind: Guardrail\nmetadata: {{name: py}}\nspec:\n  targetRefs: [{{kind: McpBackend, name: tools}}]\n  phases: [McpRequest]\n  service: {{replicas: ['127.0.0.1:{checker}']}}\n"
+    );
+    let _gateway = start_gateway(dir.path(), &config);
+    let wire = mcp_wire::Wire::initialize(port);
+    let (_, passed) = wire.call("get-sum", serde_json::json!({"a": 1, "b": 2}));
+    assert_eq!(passed["result"]["content"][0]["text"], "3", "{passed}");
+    let (status, denied) = wire.call("get-sum", serde_json::json!({"a": 2, "b": 2}));
+    assert_eq!(status, 200);
+    assert_eq!(denied["error"]["code"], -32012, "{denied}");
+    assert_eq!(
+        denied["error"]["data"]["reason"],
+        "python checker: get-sum needs a == 1, not 2"
+    );
+    let (_, echoed) = wire.call("echo", serde_json::json!({"message": "untouched"}));
+    assert_eq!(echoed["result"]["content"][0]["text"], "untouched");
+}
+
+#[test]
+fn guardrails_check_sse_answers_of_the_python_mcp_sdk() {
+    let dir = tempfile::tempdir().unwrap();
+    let (server, checker, port) = (free_port(), free_port(), free_port());
+    // The SDK answers calls on an event stream: the result is checked event by event.
+    let _python_server = PythonPeer::start(dir.path(), "mcp_server.py", &[&server.to_string()]);
+    let _checker = Process::start(
+        "checker",
+        dir.path(),
+        &["guardrail-server", "--listen", &format!("127.0.0.1:{checker}")],
+    );
+    for listening in [server, checker] {
+        wait_for("the MCP server and the checker", TIMEOUT, || {
+            std::net::TcpStream::connect(("127.0.0.1", listening)).is_ok()
+        });
+    }
+    let header = "apiVersion: portcullis.dev/v1alpha1";
+    let config = format!(
+        "{header}\nkind: Listener\nmetadata: {{name: gw}}\nspec: {{address: 127.0.0.1, port: {port}}}\n---\n\
+         {header}\nkind: McpBackend\nmetadata: {{name: tools}}\nspec:\n  servers:\n  - {{name: py, url: 'http://127.0.0.1:{server}/mcp'}}\n---\n\
+         {header}\nkind: Route\nmetadata: {{name: mcp}}\nspec: {{listeners: [gw], backends: [{{kind: McpBackend, name: tools}}]}}\n---\n\
+         {header}\nkind: Guardrail\nmetadata: {{name: rust}}\nspec:\n  targetRefs: [{{kind: McpBackend, name: tools}}]\n  phases: [McpRequest, McpResponse]\n  service: {{replicas: ['127.0.0.1:{checker}']}}\n"
+    );
+    let _gateway = start_gateway(dir.path(), &config);
+    let wire = mcp_wire::Wire::initialize(port);
+    let (_, redacted) = wire.call("echo", serde_json::json!({"message": "my secret plan"}));
+    assert_eq!(
+        redacted["result"]["content"][0]["text"], "my [redacted] plan",
+        "{redacted}"
+    );
+    let (_, passed) = wire.call("get-sum", serde_json::json!({"a": 1, "b": 2}));
+    assert_eq!(passed["result"]["content"][0]["text"], "3", "{passed}");
+    let (_, denied) = wire.call("get-sum", serde_json::json!({"a": 2, "b": 2}));
+    assert_eq!(denied["error"]["code"], -32012, "{denied}");
 }
 
 /// A Python peer running as a server; killed when dropped.

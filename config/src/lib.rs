@@ -15,6 +15,7 @@
 mod document;
 mod duration;
 mod error;
+pub mod guard_patterns;
 mod kind;
 pub mod kinds;
 pub mod mcp_rules;

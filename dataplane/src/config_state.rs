@@ -9,8 +9,8 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 use http::uri::Authority;
 use portcullis_config::{
-    collect_objects, ConfigError, ConfigSet, InferencePoolSpec, Kind, ListenerSpec, Object, ObjectKey,
-    RouteSpec,
+    collect_objects, ConfigError, ConfigSet, GuardrailPhase, InferencePoolSpec, Kind, ListenerSpec, Object,
+    ObjectKey, RouteSpec,
 };
 use tokio::net::TcpListener;
 use tokio::sync::Mutex;
@@ -21,6 +21,7 @@ use crate::listener::{Limits, RunningListener};
 use crate::llm;
 use crate::normalize::Forwarding;
 use crate::pipeline::Pipeline;
+use crate::policy::guardrail::GuardrailIndex;
 use crate::policy::{Policy, PolicyIndex};
 use crate::route::{Route, RouteTable};
 use crate::target::{self, InferencePoolTarget, Targets, WeightedTargets};
@@ -41,6 +42,8 @@ pub(crate) struct Snapshot {
     policies: PolicyIndex,
     /// Kept to reuse unchanged targets' state (pool pickers) in the next version.
     targets: Targets,
+    /// Kept to reuse unchanged guardrails (replica health, breakers) in the next version.
+    guardrails: GuardrailIndex,
     /// Every upstream address the targets of this version use.
     endpoints: HashSet<Authority>,
 }
@@ -355,7 +358,8 @@ pub(crate) fn compile(
     previous: &Snapshot,
     upstream: &Upstream,
 ) -> Result<Snapshot, String> {
-    let targets = target::compile(&config, upstream, &previous.targets)?;
+    let guardrails = GuardrailIndex::compile(&config, &previous.guardrails)?;
+    let targets = target::compile(&config, upstream, &previous.targets, &guardrails)?;
     let endpoints = targets
         .by_key
         .values()
@@ -373,7 +377,7 @@ pub(crate) fn compile(
             &metadata.name,
             spec,
             weighted,
-            llm_models(spec, &targets),
+            llm_models(spec, &targets, &guardrails),
             policies.chain(&ObjectKey::new(route_kind, metadata.name.as_str())),
             RetryPolicy::compile(spec.retry.as_ref()),
         )
@@ -415,13 +419,14 @@ pub(crate) fn compile(
         tables,
         policies,
         targets,
+        guardrails,
         endpoints,
     })
 }
 
 /// The model table of a route whose backends are InferencePools (validation keeps a route
 /// from mixing them with other kinds), `None` for any other route.
-fn llm_models(spec: &RouteSpec, targets: &Targets) -> Option<llm::Models> {
+fn llm_models(spec: &RouteSpec, targets: &Targets, guardrails: &GuardrailIndex) -> Option<llm::Models> {
     let pool_kind = Kind::of::<InferencePoolSpec>();
     let pools: Vec<llm::RoutePool<'_>> = spec
         .backends
@@ -432,6 +437,8 @@ fn llm_models(spec: &RouteSpec, targets: &Targets) -> Option<llm::Models> {
             Some(llm::RoutePool {
                 spec: pool.spec(),
                 target: pool.clone(),
+                guards: guardrails.pool(GuardrailPhase::LlmRequest, &backend.name),
+                completion_guards: guardrails.pool(GuardrailPhase::LlmResponse, &backend.name),
                 priority_class: backend.priority_class.as_deref().map(Arc::from),
             })
         })

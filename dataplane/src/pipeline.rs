@@ -79,6 +79,7 @@ impl Handler for Pipeline {
             completed: false,
             llm: None,
             mcp: None,
+            guardrails: Default::default(),
         };
         // Written even if the client leaves before the response starts (this future is
         // then dropped): every request ends in exactly one record.
@@ -195,6 +196,7 @@ impl Pipeline {
             upstream_headers: None,
             llm: None,
             mcp: None,
+            guardrails: Default::default(),
         };
         // A policy attached to both the listener and the route runs once, as the
         // listener's.
@@ -236,7 +238,11 @@ impl Pipeline {
                     // (499) still says where the request was going.
                     record.target = ctx.target.clone();
                     record.llm = ctx.llm.as_ref().map(|llm| llm.record.clone());
-                    target.forward(&mut ctx, &route, &self.upstream, request).await
+                    let response = target.forward(&mut ctx, &route, &self.upstream, request).await;
+                    match ctx.llm.as_mut().and_then(|llm| llm.completion.take()) {
+                        Some(check) => crate::llm::check_completion(response, check).await,
+                        None => response,
+                    }
                 }
             },
         };
@@ -253,6 +259,7 @@ impl Pipeline {
         record.upstream_headers = ctx.upstream_headers;
         record.llm = ctx.llm.as_ref().map(|llm| llm.record.clone());
         record.mcp = ctx.mcp;
+        record.guardrails = ctx.guardrails;
         response
     }
 

@@ -1,6 +1,7 @@
 //! Test servers, load generators and benchmarks for Portcullis.
 //!
-//! `echo` and `http` run against real sockets on loopback; `sim` simulates a vLLM fleet
+//! `echo` and `http` run against real sockets on loopback; `guardrail` is the reference
+//! guardrail checker (gRPC); `sim` simulates a vLLM fleet
 //! in virtual time, `vllm` serves it over HTTP; `llm` is the load generator, which also drives
 //! the `mcp` test server. Shared by several of them: `baseline` (ratios against the first
 //! target, for `http` and `llm` reports) and `sse` (SSE framing, for the LLM and MCP clients
@@ -9,6 +10,7 @@
 
 pub mod baseline;
 pub mod echo;
+pub mod guardrail;
 pub mod llm;
 pub mod mcp;
 pub mod plot;

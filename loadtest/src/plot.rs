@@ -1,15 +1,18 @@
-//! Line charts against the offered rate, one line per target or router: the charts
-//! gateways are compared with. SVG only, so no system fonts are needed (text is left to the
-//! viewer; plotters' built-in size estimate lays it out).
+//! Line charts, one line per target or router: against the offered rate (the charts
+//! gateways are compared with) or against time. SVG only, so no system fonts are needed
+//! (text is left to the viewer; plotters' built-in size estimate lays it out).
 
 use plotters::prelude::*;
 
-/// One named line of `(offered rate, value)` points.
-pub type Line<'a> = (&'a str, Vec<(f64, f64)>);
+/// One named line of `(x, value)` points.
+pub type Line = (String, Vec<(f64, f64)>);
 
-/// An SVG document: `lines` against the offered rate. Points are sorted by rate, since
-/// stages need not ramp monotonically (the published llm-d run starts at 15).
-pub fn rate_chart(title: &str, y_label: &str, mut lines: Vec<Line<'_>>) -> anyhow::Result<String> {
+/// The x axis of the charts against the offered rate.
+pub const OFFERED_RATE: &str = "offered rate (requests/s)";
+
+/// An SVG document: `lines` against `x_label`. Points are sorted by x, since stages need
+/// not ramp monotonically (the published llm-d run starts at 15).
+pub fn line_chart(title: &str, x_label: &str, y_label: &str, mut lines: Vec<Line>) -> anyhow::Result<String> {
     for (_, points) in &mut lines {
         points.sort_by(|a, b| a.0.total_cmp(&b.0));
     }
@@ -32,16 +35,12 @@ pub fn rate_chart(title: &str, y_label: &str, mut lines: Vec<Line<'_>>) -> anyho
             .x_label_area_size(44)
             .y_label_area_size(70)
             .build_cartesian_2d(0.0..x_max, 0.0..y_max)?;
-        chart
-            .configure_mesh()
-            .x_desc("offered rate (requests/s)")
-            .y_desc(y_label)
-            .draw()?;
+        chart.configure_mesh().x_desc(x_label).y_desc(y_label).draw()?;
         for (i, (name, points)) in lines.iter().enumerate() {
             let color = Palette99::pick(i).to_rgba();
             chart
                 .draw_series(LineSeries::new(points.iter().copied(), color.stroke_width(2)))?
-                .label(*name)
+                .label(name.as_str())
                 .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2)));
             chart.draw_series(points.iter().map(|&p| Circle::new(p, 3, color.filled())))?;
         }

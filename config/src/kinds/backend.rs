@@ -86,7 +86,7 @@ pub(super) fn check_endpoints(endpoints: &[String], checker: &mut Checker<'_>) {
     }
 }
 
-fn check_endpoint(endpoint: &str) -> Result<(), &'static str> {
+pub(super) fn check_endpoint(endpoint: &str) -> Result<(), &'static str> {
     let (host, port) = endpoint.rsplit_once(':').ok_or("expected host:port")?;
     match host.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
         // Colons belong only to bracketed IPv6 literals.

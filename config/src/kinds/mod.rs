@@ -21,4 +21,5 @@ kinds! {
     rate_limit_policy::RateLimitPolicySpec,
     mcp_backend::McpBackendSpec,
     mcp_authorization::McpAuthorizationSpec,
+    guardrail::GuardrailSpec,
 }

@@ -5,6 +5,7 @@
 //! know and to the pool that serves it, and leaves the parsed request in the context for the
 //! pool's picker and the telemetry. `GET /v1/models` is answered here, from the pools' models.
 
+mod completion;
 mod error;
 mod request;
 mod tap;
@@ -13,20 +14,26 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use http::{Method, Request, Response, StatusCode};
-use portcullis_config::{InferencePoolSpec, ModelName};
+use portcullis_config::{GuardrailPhase, InferencePoolSpec, ModelName};
 use rand::Rng;
 
+pub(crate) use completion::check as check_completion;
 pub(crate) use error::error;
 pub(crate) use request::LlmRequest;
 pub(crate) use tap::Tap;
 
 use crate::body::Body;
+use crate::policy::guardrail::{Asker, Guards, Subject};
 use crate::policy::{self, RequestContext};
 use crate::target::Target;
 
 /// What a client's model name stands for.
 struct Entry {
     target: Arc<dyn Target>,
+    /// The pool's prompt guards.
+    guards: Guards,
+    /// The pool's completion guards.
+    completion_guards: Guards,
     /// The priority class the route fixes for this pool.
     priority_class: Option<Arc<str>>,
     /// (served model, is a LoRA adapter, weight); one entry unless the name is a rewrite.
@@ -44,6 +51,10 @@ pub(crate) struct Models {
 pub(crate) struct RoutePool<'a> {
     pub(crate) spec: &'a InferencePoolSpec,
     pub(crate) target: Arc<dyn Target>,
+    /// The pool's LlmRequest guards.
+    pub(crate) guards: Guards,
+    /// The pool's LlmResponse guards.
+    pub(crate) completion_guards: Guards,
     /// The priority class the route fixes for the pool's requests.
     pub(crate) priority_class: Option<Arc<str>>,
 }
@@ -63,6 +74,8 @@ impl Models {
         for RoutePool {
             spec,
             target,
+            guards,
+            completion_guards,
             priority_class,
         } in pools
         {
@@ -90,6 +103,8 @@ impl Models {
                     name.to_string(),
                     Entry {
                         target: target.clone(),
+                        guards: guards.clone(),
+                        completion_guards: completion_guards.clone(),
                         priority_class: priority_class.clone(),
                         choices,
                     },
@@ -171,8 +186,12 @@ impl Models {
                 ),
             ));
         };
-        if served.as_ref() != parsed.requested_model {
-            match parsed.rewrite_model(&body, &served) {
+        let prompt = match check_prompt(ctx, request.headers(), entry, &parsed).await {
+            Ok(prompt) => prompt,
+            Err(answer) => return Prepared::Answer(answer),
+        };
+        if served.as_ref() != parsed.requested_model || prompt.is_some() {
+            match parsed.rewrite(&body, &served, prompt.as_ref()) {
                 Ok(rewritten) => policy::replace_body(request, rewritten),
                 Err(problem) => {
                     return Prepared::Answer(error(
@@ -181,6 +200,9 @@ impl Models {
                         problem,
                     ));
                 }
+            }
+            if let Some(prompt) = &prompt {
+                parsed.prompt = bytes::Bytes::from(prompt.to_string());
             }
         } else {
             policy::replace_body(request, body);
@@ -193,8 +215,66 @@ impl Models {
         parsed.model = served;
         parsed.lora = lora;
         parsed.priority_class = entry.priority_class.clone();
+        if !entry.completion_guards.is_empty() {
+            parsed.completion = Some(completion::CompletionCheck {
+                guards: entry.completion_guards.clone(),
+                asker: Asker::new(ctx, entry.target.name(), request.headers()),
+                model: parsed.requested_model.clone(),
+            });
+        }
         ctx.llm = Some(parsed);
         Prepared::Forward(entry.target.clone())
+    }
+}
+
+/// Runs the pool's prompt guards: `Ok(Some(prompt))` when one replaced the prompt.
+async fn check_prompt(
+    ctx: &RequestContext,
+    headers: &http::HeaderMap,
+    entry: &Entry,
+    parsed: &LlmRequest,
+) -> Result<Option<serde_json::Value>, Response<Body>> {
+    if entry.guards.is_empty() {
+        return Ok(None);
+    }
+    // What the model will read must be what was checked.
+    if parsed.prompt_member.is_none() {
+        return Err(error(
+            StatusCode::BAD_REQUEST,
+            "invalid_request_error",
+            "this route checks prompts: the request must carry exactly one of \"messages\" or \"prompt\"",
+        ));
+    }
+    let prompt: serde_json::Value = serde_json::from_slice(&parsed.prompt).map_err(|problem| {
+        error(
+            StatusCode::BAD_REQUEST,
+            "invalid_request_error",
+            format!("the prompt is not valid JSON: {problem}"),
+        )
+    })?;
+    if !(prompt.is_array() || prompt.is_string()) {
+        return Err(error(
+            StatusCode::BAD_REQUEST,
+            "invalid_request_error",
+            format!(
+                "\"{}\" must be a string or an array",
+                parsed.prompt_member.unwrap_or("prompt")
+            ),
+        ));
+    }
+    let asker = Asker::new(ctx, entry.target.name(), headers);
+    let subject = Subject {
+        phase: GuardrailPhase::LlmRequest,
+        server: "",
+        method: &parsed.requested_model,
+        name: "",
+    };
+    match entry.guards.check(&asker, &subject, prompt).await {
+        Ok(passed) => Ok(passed.mutated.then_some(passed.payload)),
+        Err(stop) => {
+            let (status, code, message) = error::stopped(stop, "prompt");
+            Err(error(status, code, message))
+        }
     }
 }
 

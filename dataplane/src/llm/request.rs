@@ -24,10 +24,15 @@ pub(crate) struct LlmRequest {
     /// The prompt as sent: the raw JSON of `prompt` (completions) or `messages` (chat), for
     /// prefix affinity. A conversation's next turn repeats it as a prefix.
     pub(crate) prompt: Bytes,
+    /// The member `prompt` came from, `messages` or `prompt`; `None` when the body has
+    /// neither or both (then a prompt guard cannot tell what the model will read).
+    pub(crate) prompt_member: Option<&'static str>,
     /// When the proxy had the whole request; LLM latencies count from here.
     pub(crate) since: Instant,
     /// Filled in as the response passes; the request's telemetry record reads it.
     pub(crate) record: Arc<Mutex<LlmRecord>>,
+    /// The pool's completion guards, taken when the answer comes.
+    pub(crate) completion: Option<super::completion::CompletionCheck>,
 }
 
 #[derive(Deserialize)]
@@ -51,9 +56,11 @@ impl LlmRequest {
         let requested_model = probe
             .model
             .ok_or("the request names no model: \"model\" is required")?;
-        let prompt = match probe.messages.or(probe.prompt) {
-            Some(raw) => slice_of(body, raw.get().as_bytes()),
-            None => Bytes::new(),
+        let (prompt, prompt_member) = match (probe.messages, probe.prompt) {
+            (Some(raw), None) => (slice_of(body, raw.get().as_bytes()), Some("messages")),
+            (None, Some(raw)) => (slice_of(body, raw.get().as_bytes()), Some("prompt")),
+            (Some(raw), Some(_)) => (slice_of(body, raw.get().as_bytes()), None),
+            (None, None) => (Bytes::new(), None),
         };
         Ok(LlmRequest {
             model: Arc::from(requested_model.as_str()),
@@ -61,19 +68,35 @@ impl LlmRequest {
             lora: false,
             priority_class: None,
             prompt,
+            prompt_member,
             since: Instant::now(),
             record: Arc::default(),
+            completion: None,
         })
     }
 
-    /// The body with `model` replaced by `served`; every other member passes through byte
-    /// for byte (members come out sorted by name).
-    pub(crate) fn rewrite_model(&self, body: &[u8], served: &str) -> Result<Bytes, String> {
+    /// The body with `model` replaced by `served` and, when given, the prompt (`messages`
+    /// or `prompt`) by `prompt`; every other member passes through byte for byte (members
+    /// come out sorted by name).
+    pub(crate) fn rewrite(
+        &self,
+        body: &[u8],
+        served: &str,
+        prompt: Option<&serde_json::Value>,
+    ) -> Result<Bytes, String> {
         let mut members: BTreeMap<String, Box<RawValue>> = serde_json::from_slice(body)
             .map_err(|error| format!("the request body is not a JSON object: {error}"))?;
         let model = serde_json::value::to_raw_value(served)
             .map_err(|error| format!("could not encode the model name: {error}"))?;
         members.insert("model".into(), model);
+        if let Some(prompt) = prompt {
+            let member = self
+                .prompt_member
+                .ok_or("the request has no single prompt member to replace")?;
+            let prompt = serde_json::value::to_raw_value(prompt)
+                .map_err(|error| format!("could not encode the prompt: {error}"))?;
+            members.insert(member.into(), prompt);
+        }
         serde_json::to_vec(&members)
             .map(Bytes::from)
             .map_err(|error| format!("could not re-encode the request: {error}"))
@@ -123,11 +146,18 @@ mod tests {
     fn rewriting_keeps_everything_but_the_model() {
         let body = br#"{"model":"alias","prompt":"hi","seed":123456789012345678901234567890,"n":1.50}"#;
         let request = parse(std::str::from_utf8(body).unwrap()).unwrap();
-        let rewritten = request.rewrite_model(body, "served").unwrap();
+        let rewritten = request.rewrite(body, "served", None).unwrap();
         assert_eq!(
             std::str::from_utf8(&rewritten).unwrap(),
             r#"{"model":"served","n":1.50,"prompt":"hi","seed":123456789012345678901234567890}"#,
             "numbers pass through as written"
+        );
+        let rewritten = request
+            .rewrite(body, "alias", Some(&serde_json::json!("bye")))
+            .unwrap();
+        assert_eq!(
+            std::str::from_utf8(&rewritten).unwrap(),
+            r#"{"model":"alias","n":1.50,"prompt":"bye","seed":123456789012345678901234567890}"#,
         );
     }
 }

@@ -6,6 +6,7 @@
 //! run in that order; response hooks in reverse, and only for policies whose request hook
 //! ran (a policy that answered itself sees its own answer).
 
+pub(crate) mod guardrail;
 mod headers;
 mod rate_limit;
 
@@ -77,6 +78,8 @@ pub(crate) struct RequestContext {
     pub(crate) llm: Option<crate::llm::LlmRequest>,
     /// An MCP request, as the McpBackend target understood it.
     pub(crate) mcp: Option<crate::telemetry::McpRecord>,
+    /// Guardrail decisions, also those taken while the response streams.
+    pub(crate) guardrails: guardrail::GuardrailLog,
 }
 
 impl RequestContext {

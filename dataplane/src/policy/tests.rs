@@ -16,6 +16,7 @@ fn context(max_body_bytes: u64) -> RequestContext {
     RequestContext {
         llm: None,
         mcp: None,
+        guardrails: Default::default(),
         route: Arc::from("r"),
         client_ip: peer.ip(),
         trace: RequestTrace::default(),

@@ -23,6 +23,7 @@ use portcullis_config::{
 use rand::Rng;
 
 use crate::body::Body;
+use crate::policy::guardrail::GuardrailIndex;
 use crate::policy::RequestContext;
 use crate::route::Route;
 use crate::upstream::{Endpoint, Upstream};
@@ -61,6 +62,7 @@ pub(crate) fn compile(
     config: &ConfigSet,
     upstream: &Upstream,
     previous: &Targets,
+    guardrails: &GuardrailIndex,
 ) -> Result<Targets, String> {
     let mut targets = Targets::default();
     for (metadata, spec) in config.specs::<BackendSpec>() {
@@ -87,7 +89,7 @@ pub(crate) fn compile(
         targets.pools.insert(metadata.name.clone(), pool);
     }
     for (metadata, spec) in config.specs::<McpBackendSpec>() {
-        let target = mcp::McpTarget::compile(&metadata.name, spec, config)?;
+        let target = mcp::McpTarget::compile(&metadata.name, spec, config, guardrails)?;
         targets.by_key.insert(
             ObjectKey::new(Kind::of::<McpBackendSpec>(), metadata.name.as_str()),
             Arc::new(target),

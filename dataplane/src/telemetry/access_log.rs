@@ -248,8 +248,11 @@ impl Serialize for Line<'_> {
             duration,
         } = self.0;
         let mut trace_id = [0u8; 32];
+        let guardrails = r.guardrails();
         let mut map = serializer.serialize_map(Some(
-            19 + usize::from(r.llm.is_some()) + usize::from(r.mcp.is_some()),
+            19 + usize::from(r.llm.is_some())
+                + usize::from(r.mcp.is_some())
+                + usize::from(!guardrails.is_empty()),
         ))?;
         map.serialize_entry(
             "time",
@@ -283,6 +286,22 @@ impl Serialize for Line<'_> {
                     "error_code": mcp.error_code,
                 }),
             )?;
+        }
+        if !guardrails.is_empty() {
+            let checks: Vec<serde_json::Value> = guardrails
+                .iter()
+                .map(|check| {
+                    serde_json::json!({
+                        "guardrail": &*check.guardrail,
+                        "phase": check.phase,
+                        "decision": check.decision,
+                        "replica": check.replica.as_deref(),
+                        "attempts": check.attempts,
+                        "latency_ms": millis(check.latency),
+                    })
+                })
+                .collect();
+            map.serialize_entry("guardrails", &checks)?;
         }
         if let Some(llm) = &r.llm {
             let llm = llm.lock().unwrap_or_else(std::sync::PoisonError::into_inner);

@@ -18,6 +18,7 @@ use prometheus_client::metrics::{MetricType, TypedMetric};
 use prometheus_client::registry::{Registry, Unit};
 
 use super::{LlmRecord, McpRecord, RequestRecord};
+use crate::policy::guardrail::GuardrailRecord;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RequestLabels {
@@ -43,6 +44,22 @@ struct UpstreamErrorLabels {
     route: Arc<str>,
     target: Arc<str>,
     kind: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct GuardrailLabels {
+    guardrail: Arc<str>,
+    phase: &'static str,
+    /// `allow`, `deny`, `mutate`, `failed_open`, `failed_closed`.
+    decision: &'static str,
+    /// The replica that answered or last failed; `builtin`; empty when none was tried.
+    replica: Arc<str>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct GuardrailPhaseLabels {
+    guardrail: Arc<str>,
+    phase: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -98,6 +115,8 @@ pub(super) struct Metrics {
     policy_decisions: Family<PolicyLabels, Counter>,
     gen_ai_requests: Family<GenAiRequestLabels, Counter>,
     mcp_requests: Family<McpLabels, Counter>,
+    guardrail_checks: Family<GuardrailLabels, Counter>,
+    guardrail_check_duration: Family<GuardrailPhaseLabels, DurationHistogram>,
     gen_ai_tokens: Family<GenAiTokenLabels, Counter>,
     gen_ai_time_to_first_token: Family<GenAiLabels, DurationHistogram>,
     gen_ai_time_per_output_token: Family<GenAiLabels, DurationHistogram>,
@@ -120,6 +139,8 @@ impl Metrics {
             policy_decisions: Family::default(),
             gen_ai_requests: Family::default(),
             mcp_requests: Family::default(),
+            guardrail_checks: Family::default(),
+            guardrail_check_duration: Family::default(),
             gen_ai_tokens: Family::default(),
             gen_ai_time_to_first_token: Family::default(),
             gen_ai_time_per_output_token: Family::default(),
@@ -170,6 +191,18 @@ impl Metrics {
             "MCP requests through McpBackends, by target, JSON-RPC method, server and outcome \
              (ok or the gateway's JSON-RPC error code)",
             metrics.mcp_requests.clone(),
+        );
+        registry.register(
+            "guardrail_checks",
+            "Guardrail decisions, by guardrail, phase, decision (allow, deny, mutate, \
+             failed_open, failed_closed) and the replica that answered or last failed",
+            metrics.guardrail_checks.clone(),
+        );
+        registry.register_with_unit(
+            "guardrail_check_duration",
+            "Time to a guardrail's decision (retries and hedging included), by guardrail and phase",
+            Unit::Seconds,
+            metrics.guardrail_check_duration.clone(),
         );
         registry.register(
             "gen_ai_requests",
@@ -264,6 +297,26 @@ impl Metrics {
             self.policy_decisions.get_or_create(&labels).inc();
         }
         record
+    }
+
+    /// Counts guardrail decisions and their latency.
+    pub(super) fn guardrails(&self, checks: &[GuardrailRecord]) {
+        for check in checks {
+            self.guardrail_checks
+                .get_or_create(&GuardrailLabels {
+                    guardrail: check.guardrail.clone(),
+                    phase: check.phase,
+                    decision: check.decision,
+                    replica: check.replica.clone().unwrap_or_else(|| Arc::from("")),
+                })
+                .inc();
+            self.guardrail_check_duration
+                .get_or_create(&GuardrailPhaseLabels {
+                    guardrail: check.guardrail.clone(),
+                    phase: check.phase,
+                })
+                .observe(check.latency);
+        }
     }
 
     /// Counts an MCP request (a request whose route sends to an McpBackend).

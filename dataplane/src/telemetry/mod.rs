@@ -102,6 +102,18 @@ pub(crate) struct RequestRecord {
     pub(crate) llm: Option<Arc<std::sync::Mutex<LlmRecord>>>,
     /// An MCP exchange, filled in by the McpBackend target.
     pub(crate) mcp: Option<McpRecord>,
+    /// Guardrail decisions (see `policy/guardrail/`).
+    pub(crate) guardrails: crate::policy::guardrail::GuardrailLog,
+}
+
+impl RequestRecord {
+    /// The guardrail decisions taken so far (a streamed response may still add some).
+    pub(crate) fn guardrails(&self) -> Vec<crate::policy::guardrail::GuardrailRecord> {
+        self.guardrails
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
 }
 
 /// What an MCP request was. Metrics leave out `name`: a client can send any name.
@@ -203,6 +215,7 @@ impl Telemetry {
         if let Some(mcp) = &record.mcp {
             self.metrics.mcp(&record, mcp);
         }
+        self.metrics.guardrails(&record.guardrails());
         if let Some(llm) = &record.llm {
             let llm = llm.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
             self.metrics.llm(&record, &llm);

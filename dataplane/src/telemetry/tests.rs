@@ -49,6 +49,7 @@ fn record(trace: RequestTrace, route: Option<&str>, status: u16) -> RequestRecor
         completed: true,
         llm: None,
         mcp: None,
+        guardrails: Default::default(),
     }
 }
 

@@ -7,6 +7,7 @@
 
 use std::fmt;
 use std::net::SocketAddr;
+use std::sync::Arc;
 
 use http::HeaderValue;
 use opentelemetry::trace::{
@@ -214,6 +215,25 @@ impl RequestTrace {
         let mut hex = [0u8; 32];
         self.write_trace_id(&mut hex)?;
         Some(String::from_utf8_lossy(&hex).into_owned())
+    }
+
+    /// An id for this request in messages to other services (guardrail checks):
+    /// `<trace id>-<span id>` in hex when traced, so it leads to the trace; a random one
+    /// otherwise.
+    pub(crate) fn request_id(&self) -> String {
+        let (trace_id, span_id) = match &self.ids {
+            Some(ids) => (ids.trace_id, ids.span_id),
+            None => (rand::random(), random_span_id()),
+        };
+        let mut trace_hex = [0u8; 32];
+        let mut span_hex = [0u8; 16];
+        encode_hex(&trace_id, &mut trace_hex);
+        encode_hex(&span_id, &mut span_hex);
+        format!(
+            "{}-{}",
+            String::from_utf8_lossy(&trace_hex),
+            String::from_utf8_lossy(&span_hex)
+        )
     }
 
     /// Writes the trace id as hex into `out` and returns it, without allocating.
@@ -453,6 +473,25 @@ pub(super) fn end_span(mut span: Box<SdkSpan>, record: &RequestRecord) {
         None => {}
     }
     span.set_attributes(attributes);
+    for check in record.guardrails() {
+        span.add_event(
+            "portcullis.guardrail",
+            vec![
+                KeyValue::new("portcullis.guardrail.name", Value::from(check.guardrail)),
+                KeyValue::new("portcullis.guardrail.phase", check.phase),
+                KeyValue::new("portcullis.guardrail.decision", check.decision),
+                KeyValue::new(
+                    "portcullis.guardrail.replica",
+                    Value::from(check.replica.unwrap_or_else(|| Arc::from(""))),
+                ),
+                KeyValue::new("portcullis.guardrail.attempts", i64::from(check.attempts)),
+                KeyValue::new(
+                    "portcullis.guardrail.latency_ms",
+                    check.latency.as_secs_f64() * 1000.0,
+                ),
+            ],
+        );
+    }
     if server_error {
         span.set_status(Status::error(record.error.unwrap_or("")));
     }

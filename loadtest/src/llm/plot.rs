@@ -6,8 +6,8 @@
 //! [`LoadSummary::offered_rate`]: super::report::LoadSummary::offered_rate
 
 use super::config::ApiConfig;
-use super::report::{Report, StageReport};
-use crate::plot::{rate_chart, Line};
+use super::report::{Report, StageReport, TimelinePoint};
+use crate::plot::{line_chart, Line, OFFERED_RATE};
 
 type Metric = fn(&StageReport) -> f64;
 type Spec = (&'static str, &'static str, &'static str, Metric);
@@ -61,13 +61,62 @@ pub fn charts(report: &Report) -> anyhow::Result<Vec<(&'static str, String)>> {
         ApiConfig::Llm(_) => LLM,
         ApiConfig::Mcp(_) => MCP,
     };
-    specs
+    let mut charts = specs
         .into_iter()
-        .map(|(file, title, y_label, metric)| Ok((file, rate_chart(title, y_label, lines(report, metric))?)))
-        .collect()
+        .map(|(file, title, y_label, metric)| {
+            Ok((
+                file,
+                line_chart(title, OFFERED_RATE, y_label, lines(report, metric))?,
+            ))
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    charts.push((
+        "latency_over_time.svg",
+        line_chart(
+            "End-to-end latency over time (p50, p99 of the requests sent in each slice)",
+            "time since the first stage began (s)",
+            "latency (s)",
+            timeline(report, &[("p50", |p| p.p50), ("p99", |p| p.p99)]),
+        )?,
+    ));
+    charts.push((
+        "failures_over_time.svg",
+        line_chart(
+            "Failed requests over time (by the slice they were sent in)",
+            "time since the first stage began (s)",
+            "failed requests",
+            timeline(report, &[("failures", |p| p.failures as f64)]),
+        )?,
+    ));
+    Ok(charts)
 }
 
-fn lines(report: &Report, metric: Metric) -> Vec<Line<'_>> {
+/// A measure of a timeline slice, by name.
+type Measure = (&'static str, fn(&TimelinePoint) -> f64);
+
+/// One line per target and measure, stages laid end to end.
+fn timeline(report: &Report, measures: &[Measure]) -> Vec<Line> {
+    let mut lines = Vec::new();
+    for target in &report.targets {
+        for (measure, value) in measures {
+            let mut offset = 0.0;
+            let mut points = Vec::new();
+            for stage in &target.stages {
+                points.extend(
+                    stage
+                        .timeline
+                        .iter()
+                        .map(|point| (offset + point.at, value(point))),
+                );
+                offset += stage.duration;
+            }
+            lines.push((format!("{} {measure}", target.name), points));
+        }
+    }
+    lines
+}
+
+fn lines(report: &Report, metric: Metric) -> Vec<Line> {
     report
         .targets
         .iter()
@@ -77,7 +126,7 @@ fn lines(report: &Report, metric: Metric) -> Vec<Line<'_>> {
                 .iter()
                 .map(|s| (s.load_summary.offered_rate(), metric(s)))
                 .collect();
-            (t.name.as_str(), points)
+            (t.name.clone(), points)
         })
         .collect()
 }

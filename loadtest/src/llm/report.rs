@@ -53,7 +53,24 @@ pub struct StageReport {
     pub failures: Failures,
     /// Filled in once every target has run (see [`super::baseline`]).
     pub vs_baseline: Option<VsBaseline>,
+    /// The stage cut into [`TIMELINE_SLICES`] slices by send time: shows a blip (a replica
+    /// killed mid-run) that the stage's percentiles average away.
+    pub timeline: Vec<TimelinePoint>,
 }
+
+/// One slice of a stage: the requests sent in it and how they went.
+#[derive(Debug, Clone, Serialize)]
+pub struct TimelinePoint {
+    /// Seconds from the stage's start to the slice's start.
+    pub at: f64,
+    pub requests: usize,
+    pub failures: usize,
+    /// End-to-end latency of the slice's successes, seconds (0 without any).
+    pub p50: f64,
+    pub p99: f64,
+}
+
+pub const TIMELINE_SLICES: usize = 50;
 
 #[derive(Debug, Clone, Serialize)]
 pub struct LoadSummary {
@@ -215,7 +232,36 @@ pub fn summarize_stage(
         },
         failures,
         vs_baseline: None,
+        timeline: timeline(planned, start, records),
     }
+}
+
+fn timeline(planned: f64, start: f64, records: &[Record]) -> Vec<TimelinePoint> {
+    let width = (planned / TIMELINE_SLICES as f64).max(1e-3);
+    let mut slices: Vec<(usize, Vec<f64>)> = vec![(0, Vec::new()); TIMELINE_SLICES];
+    for record in records {
+        // Requests sent after the planned end (an open loop catching up) go in the last slice.
+        let index = (((record.trace.sent - start) / width).max(0.0) as usize).min(TIMELINE_SLICES - 1);
+        match &record.trace.failure {
+            Some(_) => slices[index].0 += 1,
+            None => slices[index].1.push(record.trace.finish - record.trace.sent),
+        }
+    }
+    slices
+        .into_iter()
+        .enumerate()
+        .map(|(index, (failures, latencies))| {
+            let requests = failures + latencies.len();
+            let latency = Summary::of(latencies);
+            TimelinePoint {
+                at: index as f64 * width,
+                requests,
+                failures,
+                p50: latency.p50,
+                p99: latency.p99,
+            }
+        })
+        .collect()
 }
 
 fn token_latency(ok: &[&Trace]) -> TokenLatency {

@@ -10,7 +10,7 @@ use anyhow::Context;
 use super::profile::Profile;
 use super::report::{Report, StageReport};
 use super::{run_virtual, VirtualConfig};
-use crate::plot::{rate_chart, Line};
+use crate::plot::{line_chart, Line, OFFERED_RATE};
 
 #[derive(Debug, clap::Args)]
 pub struct VirtualArgs {
@@ -85,7 +85,7 @@ fn write_charts(report: &Report, dir: &Path) -> anyhow::Result<()> {
         ),
     ];
     for (file, title, y_label, metric) in charts {
-        let svg = rate_chart(title, y_label, lines(report, metric))?;
+        let svg = line_chart(title, OFFERED_RATE, y_label, lines(report, metric))?;
         let path = dir.join(file);
         std::fs::write(&path, svg).with_context(|| format!("writing {}", path.display()))?;
     }
@@ -94,7 +94,7 @@ fn write_charts(report: &Report, dir: &Path) -> anyhow::Result<()> {
 
 /// One line per router. A rate offered twice (the published run warms up at 15 before
 /// ramping through 15 again) keeps its later stage, measured on a warm fleet.
-fn lines(report: &Report, metric: Metric) -> Vec<Line<'_>> {
+fn lines(report: &Report, metric: Metric) -> Vec<Line> {
     report
         .routers
         .iter()
@@ -104,7 +104,7 @@ fn lines(report: &Report, metric: Metric) -> Vec<Line<'_>> {
                 .iter()
                 .map(|s| (s.rate.to_bits(), (s.rate, metric(s))))
                 .collect();
-            (router.router.as_str(), by_rate.into_values().collect())
+            (router.router.clone(), by_rate.into_values().collect())
         })
         .collect()
 }

@@ -16,6 +16,11 @@ pub(super) const INVALID_PARAMS: i64 = -32602;
 pub(super) const DENIED: i64 = -32010;
 /// Implementation-defined: an MCP server behind the gateway failed or did not answer in time.
 pub(super) const UPSTREAM_FAILED: i64 = -32011;
+/// Implementation-defined: a Guardrail denied the request or its result.
+pub(super) const GUARDRAIL_DENIED: i64 = -32012;
+/// Implementation-defined: a FailClosed Guardrail could not get a verdict, so the request
+/// (or its result) was not let through. Not a denial: trying again later may succeed.
+pub(super) const GUARDRAIL_UNAVAILABLE: i64 = -32013;
 /// MCP 2026-07-28 `UnsupportedProtocolVersionError`.
 pub(super) const UNSUPPORTED_PROTOCOL_VERSION: i64 = -32022;
 

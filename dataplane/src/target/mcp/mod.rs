@@ -11,6 +11,7 @@
 mod authz;
 mod cache;
 mod downstream;
+mod guarded;
 mod initialize;
 mod jsonrpc;
 mod lists;
@@ -27,17 +28,21 @@ use http::uri::Authority;
 use http::{HeaderValue, Method, Request, Response, StatusCode};
 use http_body_util::BodyExt;
 use portcullis_config::mcp_rules::{Caller, Item, ItemKind};
-use portcullis_config::{ConfigSet, KindSpec, McpBackendSpec, McpFailureMode, MCP_NAME_SEPARATOR};
+use portcullis_config::{
+    ConfigSet, GuardrailPhase, KindSpec, McpBackendSpec, McpFailureMode, MCP_NAME_SEPARATOR,
+};
 use serde_json::{json, Map, Value};
 
 use self::authz::{Judgement, ServerRules};
 use self::downstream::Era;
+use self::guarded::ServerGuards;
 use self::jsonrpc::Message;
 use self::reach::{Downstream, Reach, Sent};
 use self::server::{Server, SESSION_ID};
 use self::session::{Sealer, Session};
 use super::{ResponseFuture, Target};
 use crate::body::{self, Body, BodyStatus};
+use crate::policy::guardrail::{Asker, GuardrailIndex};
 use crate::policy::RequestContext;
 use crate::route::Route;
 use crate::telemetry::McpRecord;
@@ -80,6 +85,8 @@ pub(crate) struct McpTarget {
     servers: Vec<Server>,
     /// Parallel to `servers`.
     rules: Vec<ServerRules>,
+    /// Parallel to `servers`.
+    guards: Vec<ServerGuards>,
     multiplexed: bool,
     sealer: Sealer,
     lists: cache::ListCache,
@@ -98,6 +105,7 @@ impl McpTarget {
         name: &str,
         spec: &McpBackendSpec,
         config: &ConfigSet,
+        guardrails: &GuardrailIndex,
     ) -> Result<McpTarget, String> {
         let target: Arc<str> = Arc::from(format!("{}/{name}", McpBackendSpec::INFO.name));
         let servers = spec
@@ -112,7 +120,16 @@ impl McpTarget {
             .iter()
             .map(|server| ServerRules::compile(config, name, &server.name))
             .collect::<Result<Vec<_>, _>>()?;
+        let guards = spec
+            .servers
+            .iter()
+            .map(|server| ServerGuards {
+                request: guardrails.mcp(GuardrailPhase::McpRequest, name, &server.name),
+                response: guardrails.mcp(GuardrailPhase::McpResponse, name, &server.name),
+            })
+            .collect();
         Ok(McpTarget {
+            guards,
             sealer: Sealer::load(&target, &spec.session_keys)?,
             name: target,
             servers,
@@ -420,6 +437,12 @@ impl McpTarget {
             ItemKind::Resource => &empty,
             _ => params.get("arguments").unwrap_or(&empty),
         };
+        if !arguments.is_object() {
+            return invalid_params(
+                id,
+                format!("Invalid params: {method} takes params.arguments as an object"),
+            );
+        }
         let item = Item {
             kind,
             server: &self.servers[index].name,
@@ -433,11 +456,46 @@ impl McpTarget {
         if let Some(denied) = self.authorize(exchange, id, &public, item) {
             return denied;
         }
+        let guards = &self.guards[index];
+        let checked = guarded::Item {
+            server: self.servers[index].name.to_string(),
+            method: method.to_string(),
+            name: own.to_string(),
+            public: public.clone(),
+        };
+        let asker = (guards.request.select(method, own) || guards.response.select(method, own))
+            .then(|| Asker::new(exchange.ctx, &self.name, &exchange.headers));
+        if let (Some(asker), true) = (&asker, guards.request.select(method, own)) {
+            let arguments = arguments.clone();
+            match guarded::check_request(&guards.request, asker, &checked, id, arguments).await {
+                // A resource read has no arguments to replace (the contract says so).
+                Ok(Some(arguments)) if kind != ItemKind::Resource => {
+                    // What is sent must be what the rules allow: they judged the
+                    // arguments the client sent, so they judge the replacement too.
+                    let item = Item {
+                        arguments: Some(&arguments),
+                        ..item
+                    };
+                    if let Some(denied) = self.authorize(exchange, id, &public, item) {
+                        return denied;
+                    }
+                    params.insert("arguments".into(), arguments);
+                }
+                Ok(_) => {}
+                Err(refused) => return refused,
+            }
+        }
         params.insert(field.into(), Value::from(own));
         let mut params = Value::Object(params);
         inject_trace(&mut params, exchange);
         let message = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
-        self.forward(exchange, downstream, index, message).await
+        let answer = self.forward(exchange, downstream, index, message).await;
+        match asker {
+            Some(asker) if guards.response.select(method, own) => {
+                guarded::check_response(answer, guards.response.clone(), asker, checked, id.clone()).await
+            }
+            _ => answer,
+        }
     }
 
     /// `None` when the item may be used; otherwise the denial, recorded in the context.

@@ -15,7 +15,7 @@ use crate::body::{Body, BoxError};
 use crate::sse;
 
 /// An SSE event left unfinished beyond this is not an MCP message.
-const MAX_PENDING_EVENT_BYTES: usize = 16 * 1024 * 1024;
+pub(super) const MAX_PENDING_EVENT_BYTES: usize = 16 * 1024 * 1024;
 
 pub(super) fn encode_id(server: &str, id: &Value) -> Value {
     Value::String(format!("{server}{MCP_NAME_SEPARATOR}{id}"))

@@ -1,0 +1,144 @@
+//! A checker's verdict, decoded and checked before the proxy acts on it: a verdict without a
+//! decision, a mutation that is not JSON, has another type than the payload it replaces, or
+//! is larger than the route allows is a failed check, never forwarded.
+
+use portcullis_proto::guardrail::v1::verdict::Decision as WireDecision;
+use portcullis_proto::guardrail::v1::Verdict as WireVerdict;
+use serde_json::Value;
+
+/// Longest deny reason passed on to the client (longer ones are cut at a character
+/// boundary): a reason is a message for an agent, not a payload.
+const MAX_REASON_CHARS: usize = 1024;
+
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Decision {
+    Allow,
+    Deny(String),
+    /// The replacement payload.
+    Mutate(Value),
+}
+
+/// What a mutation may replace the payload with.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Expected {
+    pub(crate) kind: JsonKind,
+    pub(crate) max_bytes: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum JsonKind {
+    Object,
+    Array,
+    String,
+}
+
+impl JsonKind {
+    pub(crate) fn of(value: &Value) -> Option<JsonKind> {
+        match value {
+            Value::Object(_) => Some(JsonKind::Object),
+            Value::Array(_) => Some(JsonKind::Array),
+            Value::String(_) => Some(JsonKind::String),
+            _ => None,
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            JsonKind::Object => "an object",
+            JsonKind::Array => "an array",
+            JsonKind::String => "a string",
+        }
+    }
+}
+
+/// Why a verdict was not acted on.
+#[derive(Debug, PartialEq)]
+pub(super) struct BadVerdict {
+    pub(super) message: String,
+    /// The verdict was well formed but does not fit this request (a mutation over the
+    /// route's limit): the replica is not at fault.
+    pub(super) about_payload: bool,
+}
+
+pub(super) fn decode(verdict: WireVerdict, expected: &Expected) -> Result<Decision, BadVerdict> {
+    let bad = |message: String| BadVerdict {
+        message,
+        about_payload: false,
+    };
+    match verdict.decision {
+        None => Err(bad("the verdict has no decision (allow, deny or mutate)".into())),
+        Some(WireDecision::Allow(_)) => Ok(Decision::Allow),
+        Some(WireDecision::Deny(deny)) => Ok(Decision::Deny(match deny.reason.trim() {
+            "" => "denied by the guardrail".to_string(),
+            reason => reason.chars().take(MAX_REASON_CHARS).collect(),
+        })),
+        Some(WireDecision::Mutate(mutate)) => {
+            if mutate.payload_json.len() as u64 > expected.max_bytes {
+                return Err(BadVerdict {
+                    message: format!(
+                        "the mutation is {} bytes, over the limit of {}",
+                        mutate.payload_json.len(),
+                        expected.max_bytes
+                    ),
+                    about_payload: true,
+                });
+            }
+            let payload: Value = serde_json::from_str(&mutate.payload_json)
+                .map_err(|error| bad(format!("the mutation is not valid JSON: {error}")))?;
+            if JsonKind::of(&payload) != Some(expected.kind) {
+                return Err(bad(format!(
+                    "the mutation must be {}, like the payload it replaces",
+                    expected.kind.name()
+                )));
+            }
+            Ok(Decision::Mutate(payload))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use portcullis_proto::guardrail::v1::{Allow, Deny, Mutate};
+
+    use super::*;
+
+    const OBJECT: Expected = Expected {
+        kind: JsonKind::Object,
+        max_bytes: 64,
+    };
+
+    fn mutate(payload: &str) -> WireVerdict {
+        WireVerdict {
+            decision: Some(WireDecision::Mutate(Mutate {
+                payload_json: payload.into(),
+                reason: String::new(),
+            })),
+        }
+    }
+
+    #[test]
+    fn decisions_decode_and_bad_ones_fail() {
+        let allow = WireVerdict {
+            decision: Some(WireDecision::Allow(Allow {})),
+        };
+        assert_eq!(decode(allow, &OBJECT), Ok(Decision::Allow));
+        let deny = WireVerdict {
+            decision: Some(WireDecision::Deny(Deny {
+                reason: " a must be 1 ".into(),
+            })),
+        };
+        assert_eq!(decode(deny, &OBJECT), Ok(Decision::Deny("a must be 1".into())));
+        assert!(decode(WireVerdict { decision: None }, &OBJECT).is_err());
+        assert_eq!(
+            decode(mutate(r#"{"a": 1}"#), &OBJECT),
+            Ok(Decision::Mutate(serde_json::json!({"a": 1})))
+        );
+        let not_json = decode(mutate("{not json"), &OBJECT).unwrap_err();
+        assert!(not_json.message.contains("not valid JSON") && !not_json.about_payload);
+        let array = decode(mutate("[1]"), &OBJECT).unwrap_err();
+        assert!(array.message.contains("must be an object") && !array.about_payload);
+        let oversized = format!(r#"{{"a": "{}"}}"#, "x".repeat(100));
+        let oversized = decode(mutate(&oversized), &OBJECT).unwrap_err();
+        assert!(oversized.message.contains("over the limit") && oversized.about_payload);
+    }
+}
