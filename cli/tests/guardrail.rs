@@ -274,6 +274,10 @@ fn an_llm_prompt_is_denied_by_the_checker() {
     let refused = http_request(port, "POST", "/v1/completions", Some(&both.to_string())).unwrap();
     assert_eq!(refused.status, 400, "{}", refused.body);
     assert!(refused.body.contains("exactly one of"), "{}", refused.body);
+    // Token ids would pass every text check unread.
+    let tokens = json!({"model": "Qwen/Qwen3-32B", "max_tokens": 4, "prompt": [1, 2, 3]});
+    let refused = http_request(port, "POST", "/v1/completions", Some(&tokens.to_string())).unwrap();
+    assert_eq!(refused.status, 400, "{}", refused.body);
 }
 
 /// A pool behind one route, its completions checked by the Guardrail `guardrail` (YAML of

@@ -196,7 +196,9 @@ impl Pipeline {
             upstream_headers: None,
             llm: None,
             mcp: None,
-            guardrails: Default::default(),
+            // Shared with the record from the start: a client that leaves during a check
+            // still gets the decisions taken so far in its record.
+            guardrails: record.guardrails.clone(),
         };
         // A policy attached to both the listener and the route runs once, as the
         // listener's.
@@ -259,7 +261,6 @@ impl Pipeline {
         record.upstream_headers = ctx.upstream_headers;
         record.llm = ctx.llm.as_ref().map(|llm| llm.record.clone());
         record.mcp = ctx.mcp;
-        record.guardrails = ctx.guardrails;
         response
     }
 

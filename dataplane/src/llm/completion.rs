@@ -1,16 +1,19 @@
 //! Guardrails on completions (the `LlmResponse` phase). Each choice's text is checked on its
 //! own. A JSON answer is held until its checks are done: a denial replaces it with an error,
-//! a mutation replaces the choice's text. A streamed answer passes event by event and is
-//! checked at its end, before `[DONE]`: a denial ends the stream with an error event instead
-//! (the text already sent stays with the client), and a mutation, which can no longer be
-//! applied, counts as a check that could not be made (the failure mode decides).
+//! a mutation replaces the choice's text (and drops its `logprobs`, which would repeat the
+//! original). A streamed answer passes event by event and is checked at its end, before
+//! `[DONE]`: a denial ends the stream with an error event instead (the text already sent
+//! stays with the client), and a mutation, which can no longer be applied, counts as a check
+//! without a verdict (that guard's failure mode decides). Text only: tool-call arguments are
+//! not checked.
 
 use std::collections::{BTreeMap, VecDeque};
 
 use bytes::Bytes;
+use futures::StreamExt;
 use http::{Response, StatusCode};
 use http_body::Frame;
-use http_body_util::{BodyExt, StreamBody};
+use http_body_util::{BodyExt, BodyStream, StreamBody};
 use portcullis_config::GuardrailPhase;
 use serde_json::Value;
 
@@ -19,7 +22,8 @@ use crate::body::{self, Body, BoxError};
 use crate::policy::guardrail::{Asker, Guards, Stop, Subject};
 use crate::sse;
 
-/// Largest JSON answer held for checking, and largest streamed text kept per choice.
+/// Largest JSON answer held for checking, largest stream event, and largest streamed text
+/// kept per choice.
 const MAX_CHECKED_BYTES: usize = 16 << 20;
 
 /// The completion guards of one request, and who asks.
@@ -39,20 +43,22 @@ impl std::fmt::Debug for CompletionCheck {
 }
 
 impl CompletionCheck {
-    fn subject(&self) -> Subject<'_> {
+    /// `streamed`: the text already went out, so it can no longer be replaced.
+    fn subject(&self, streamed: bool) -> Subject<'_> {
         Subject {
             phase: GuardrailPhase::LlmResponse,
             server: "",
             method: &self.model,
             name: "",
+            mutable: !streamed,
         }
     }
 
     /// Checks one choice's text: the replacement when a guard mutated it.
-    async fn text(&self, text: String) -> Result<Option<String>, Stop> {
+    async fn text(&self, text: String, streamed: bool) -> Result<Option<String>, Stop> {
         let passed = self
             .guards
-            .check(&self.asker, &self.subject(), Value::String(text))
+            .check(&self.asker, &self.subject(streamed), Value::String(text))
             .await?;
         Ok(match passed.payload {
             Value::String(text) if passed.mutated => Some(text),
@@ -60,8 +66,9 @@ impl CompletionCheck {
         })
     }
 
-    fn unreadable(&self, problem: &str) -> Result<(), Stop> {
-        self.guards.unreadable(&self.asker, &self.subject(), problem)
+    fn unreadable(&self, problem: &str, streamed: bool) -> Result<(), Stop> {
+        self.guards
+            .unreadable(&self.asker, &self.subject(streamed), problem)
     }
 }
 
@@ -76,49 +83,82 @@ pub(crate) async fn check(response: Response<Body>, check: CompletionCheck) -> R
         .get(http::header::CONTENT_TYPE)
         .and_then(|value| value.to_str().ok())
         .is_some_and(|value| value.to_ascii_lowercase().starts_with("text/event-stream"));
+    // The proxy asks for an identity encoding when completions are checked; a server that
+    // compresses anyway cannot be read.
+    let encoded = parts
+        .headers
+        .get(http::header::CONTENT_ENCODING)
+        .is_some_and(|encoding| !encoding.as_bytes().eq_ignore_ascii_case(b"identity"));
+    if encoded {
+        return match check.unreadable("the model server's answer is compressed", streamed) {
+            Ok(()) => Response::from_parts(parts, inner),
+            Err(stop) => refusal(stop),
+        };
+    }
     parts.headers.remove(http::header::CONTENT_LENGTH);
     if streamed {
         let state = Stream {
-            inner,
+            inner: Some(inner),
             parser: sse::Parser::default(),
             texts: BTreeMap::new(),
+            unreadable: None,
+            broken: false,
             ready: VecDeque::new(),
-            ended: false,
             check,
         };
         let frames = futures::stream::unfold(state, Stream::next);
         return Response::from_parts(parts, body::boxed(StreamBody::new(frames)));
     }
-    let bytes = match read(inner).await {
-        Ok(bytes) => bytes,
-        Err(problem) => {
-            return match check.unreadable(&problem) {
-                Ok(()) => error(StatusCode::BAD_GATEWAY, "upstream_error", problem),
+    match read(inner).await {
+        Answer::Whole(bytes) => match checked_answer(&bytes, &check).await {
+            Ok(None) => Response::from_parts(parts, body::full(bytes)),
+            Ok(Some(answer)) => Response::from_parts(parts, body::full(answer.to_string())),
+            Err(stop) => refusal(stop),
+        },
+        // Not the guards' doing: the client sees a failed upstream, and no decision is made.
+        Answer::Broken(problem) => error(StatusCode::BAD_GATEWAY, "upstream_error", problem),
+        Answer::TooLarge { start, rest } => {
+            let problem = format!("the model server's answer is larger than {MAX_CHECKED_BYTES} bytes");
+            match check.unreadable(&problem, false) {
+                Ok(()) => {
+                    let start = futures::stream::once(async move { Ok(Frame::data(start)) });
+                    let whole = start.chain(BodyStream::new(rest));
+                    Response::from_parts(parts, body::boxed(StreamBody::new(whole)))
+                }
                 Err(stop) => refusal(stop),
-            };
+            }
         }
-    };
-    match checked_answer(&bytes, &check).await {
-        Ok(None) => Response::from_parts(parts, body::full(bytes)),
-        Ok(Some(answer)) => Response::from_parts(parts, body::full(answer.to_string())),
-        Err(stop) => refusal(stop),
     }
 }
 
-async fn read(mut body: Body) -> Result<Bytes, String> {
+enum Answer {
+    Whole(Bytes),
+    Broken(String),
+    /// What was read, and the rest of the body, unread.
+    TooLarge {
+        start: Bytes,
+        rest: Body,
+    },
+}
+
+async fn read(mut body: Body) -> Answer {
     let mut buffer = bytes::BytesMut::new();
     while let Some(frame) = body.frame().await {
-        let frame = frame.map_err(|error| format!("the model server's answer broke off: {error}"))?;
+        let frame = match frame {
+            Ok(frame) => frame,
+            Err(error) => return Answer::Broken(format!("the model server's answer broke off: {error}")),
+        };
         if let Ok(data) = frame.into_data() {
-            if buffer.len() + data.len() > MAX_CHECKED_BYTES {
-                return Err(format!(
-                    "the model server's answer is larger than {MAX_CHECKED_BYTES} bytes"
-                ));
-            }
             buffer.extend_from_slice(&data);
+            if buffer.len() > MAX_CHECKED_BYTES {
+                return Answer::TooLarge {
+                    start: buffer.freeze(),
+                    rest: body,
+                };
+            }
         }
     }
-    Ok(buffer.freeze())
+    Answer::Whole(buffer.freeze())
 }
 
 /// The text of a choice: chat `message.content`, completions `text`.
@@ -134,11 +174,11 @@ fn choice_text(choice: &mut Value) -> Option<&mut Value> {
 /// `Ok(Some(answer))` when a guard replaced a text.
 async fn checked_answer(bytes: &[u8], check: &CompletionCheck) -> Result<Option<Value>, Stop> {
     let Ok(mut answer) = serde_json::from_slice::<Value>(bytes) else {
-        check.unreadable("the model server's answer is not JSON")?;
+        check.unreadable("the model server's answer is not JSON", false)?;
         return Ok(None);
     };
     let Some(choices) = answer.get_mut("choices").and_then(Value::as_array_mut) else {
-        check.unreadable("the model server's answer has no choices")?;
+        check.unreadable("the model server's answer has no choices", false)?;
         return Ok(None);
     };
     let mut changed = false;
@@ -146,8 +186,11 @@ async fn checked_answer(bytes: &[u8], check: &CompletionCheck) -> Result<Option<
         // A choice without text (a tool call) has nothing to check.
         let Some(text) = choice_text(choice) else { continue };
         let original = text.as_str().unwrap_or_default().to_string();
-        if let Some(replacement) = check.text(original).await? {
+        if let Some(replacement) = check.text(original, false).await? {
             *text = Value::String(replacement);
+            if let Some(choice) = choice.as_object_mut() {
+                choice.remove("logprobs");
+            }
             changed = true;
         }
     }
@@ -155,12 +198,17 @@ async fn checked_answer(bytes: &[u8], check: &CompletionCheck) -> Result<Option<
 }
 
 struct Stream {
-    inner: Body,
+    /// `None` once the server's stream is over: let go before the checks run, so the pod's
+    /// slot and the telemetry do not wait for them.
+    inner: Option<Body>,
     parser: sse::Parser,
     /// Each choice's text so far, by index.
     texts: BTreeMap<u64, String>,
+    /// Why the stream cannot be checked, if it cannot.
+    unreadable: Option<&'static str>,
+    /// The stream already ended in an error event: there is nothing left to stop.
+    broken: bool,
     ready: VecDeque<Bytes>,
-    ended: bool,
     check: CompletionCheck,
 }
 
@@ -170,28 +218,33 @@ impl Stream {
             if let Some(bytes) = self.ready.pop_front() {
                 return Some((Ok(Frame::data(bytes)), self));
             }
-            if self.ended {
-                return None;
-            }
-            match self.inner.frame().await {
+            let inner = self.inner.as_mut()?;
+            match inner.frame().await {
                 // A stream that ends without `[DONE]` is checked at its end all the same.
                 None => {
-                    self.ended = true;
+                    self.inner = None;
                     if let Err(stop) = self.verdict().await {
                         self.ready.push_back(error_event(stop));
                     }
                 }
                 Some(Err(error)) => {
-                    self.ended = true;
+                    self.inner = None;
                     return Some((Err(error), self));
                 }
                 Some(Ok(frame)) => {
                     let Ok(data) = frame.into_data() else { continue };
                     let mut events = Vec::new();
                     self.parser.feed(&data, &mut events);
+                    if self.parser.pending() > MAX_CHECKED_BYTES {
+                        self.inner = None;
+                        let error = format!(
+                            "an event of the model server's stream exceeds {MAX_CHECKED_BYTES} bytes"
+                        );
+                        return Some((Err(error.into()), self));
+                    }
                     for event in events {
                         if event.data.trim() == "[DONE]" {
-                            self.ended = true;
+                            self.finish_upstream().await;
                             match self.verdict().await {
                                 Ok(()) => self.ready.push_back(event.encode()),
                                 Err(stop) => self.ready.push_back(error_event(stop)),
@@ -206,17 +259,40 @@ impl Stream {
         }
     }
 
+    /// Reads what the server still sends after `[DONE]` (normally nothing) and lets go of it.
+    async fn finish_upstream(&mut self) {
+        if let Some(mut inner) = self.inner.take() {
+            while let Some(Ok(_)) = inner.frame().await {}
+        }
+    }
+
     /// Adds a chunk's text (chat `delta.content`, completions `text`) to its choice.
     fn collect(&mut self, data: &str) {
+        if data.trim().is_empty() {
+            return;
+        }
         let Ok(chunk) = serde_json::from_str::<Value>(data) else {
+            self.unreadable
+                .get_or_insert("an event of the stream is not JSON");
             return;
         };
+        if chunk.get("error").is_some() {
+            self.broken = true;
+            return;
+        }
         for choice in chunk["choices"].as_array().into_iter().flatten() {
+            let Some(index) = choice["index"].as_u64() else {
+                self.unreadable
+                    .get_or_insert("a choice of the stream has no index");
+                continue;
+            };
             let text = choice["delta"]["content"].as_str().or(choice["text"].as_str());
-            if let (Some(index), Some(text)) = (choice["index"].as_u64(), text) {
+            if let Some(text) = text {
                 let so_far = self.texts.entry(index).or_default();
                 if so_far.len() + text.len() <= MAX_CHECKED_BYTES {
                     so_far.push_str(text);
+                } else {
+                    self.unreadable.get_or_insert("a choice's text exceeds 16 MiB");
                 }
             }
         }
@@ -224,12 +300,14 @@ impl Stream {
 
     /// The checks at the end of the stream.
     async fn verdict(&mut self) -> Result<(), Stop> {
+        if self.broken {
+            return Ok(());
+        }
+        if let Some(problem) = self.unreadable {
+            return self.check.unreadable(problem, true);
+        }
         for text in std::mem::take(&mut self.texts).into_values() {
-            if self.check.text(text).await?.is_some() {
-                self.check.unreadable(
-                    "the completion was already sent: a mutation cannot be applied to a stream",
-                )?;
-            }
+            self.check.text(text, true).await?;
         }
         Ok(())
     }

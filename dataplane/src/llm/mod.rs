@@ -216,6 +216,8 @@ impl Models {
         parsed.lora = lora;
         parsed.priority_class = entry.priority_class.clone();
         if !entry.completion_guards.is_empty() {
+            // The answer must be readable to be checked.
+            request.headers_mut().remove(http::header::ACCEPT_ENCODING);
             parsed.completion = Some(completion::CompletionCheck {
                 guards: entry.completion_guards.clone(),
                 asker: Asker::new(ctx, entry.target.name(), request.headers()),
@@ -252,14 +254,20 @@ async fn check_prompt(
             format!("the prompt is not valid JSON: {problem}"),
         )
     })?;
-    if !(prompt.is_array() || prompt.is_string()) {
+    // Text the guards can read: token ids would pass every text check unread.
+    let text = match &prompt {
+        serde_json::Value::String(_) => true,
+        serde_json::Value::Array(items) if parsed.prompt_member == Some("prompt") => {
+            items.iter().all(serde_json::Value::is_string)
+        }
+        serde_json::Value::Array(_) => true,
+        _ => false,
+    };
+    if !text {
         return Err(error(
             StatusCode::BAD_REQUEST,
             "invalid_request_error",
-            format!(
-                "\"{}\" must be a string or an array",
-                parsed.prompt_member.unwrap_or("prompt")
-            ),
+            "this route checks prompts: \"messages\" must be an array, \"prompt\" a string or an array of strings",
         ));
     }
     let asker = Asker::new(ctx, entry.target.name(), headers);
@@ -268,6 +276,7 @@ async fn check_prompt(
         server: "",
         method: &parsed.requested_model,
         name: "",
+        mutable: true,
     };
     match entry.guards.check(&asker, &subject, prompt).await {
         Ok(passed) => Ok(passed.mutated.then_some(passed.payload)),

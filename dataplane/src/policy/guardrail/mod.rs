@@ -181,6 +181,10 @@ pub(crate) struct Subject<'a> {
     pub(crate) method: &'a str,
     /// MCP: the item's own name; empty for LLM traffic.
     pub(crate) name: &'a str,
+    /// Whether a replacement can still be applied. When not (a streamed completion already
+    /// sent, a resource read without arguments), a mutation counts as a check of that guard
+    /// without a verdict, and its failure mode decides.
+    pub(crate) mutable: bool,
 }
 
 /// One check request, per phase.
@@ -251,6 +255,10 @@ impl Guards {
             let (outcome, replica, attempts) = guard.ask(asker, subject, &payload).await;
             let decision = match outcome {
                 Ok(Decision::Allow) => "allow",
+                Ok(Decision::Mutate(_)) if !subject.mutable => {
+                    let problem = "returned a mutation, which cannot be applied here";
+                    guard.failed(asker, subject, problem, replica.clone(), started, attempts)?
+                }
                 Ok(Decision::Mutate(replacement)) => {
                     payload = replacement;
                     mutated = true;
@@ -410,6 +418,7 @@ impl Guard {
                 context,
                 model: subject.method.to_string(),
                 completion: payload.as_str().unwrap_or_default().to_string(),
+                streamed: !subject.mutable,
             }),
             GuardrailPhase::A2aMessage => return None,
         })

@@ -83,6 +83,7 @@ const SUM: Subject<'static> = Subject {
     server: "math",
     method: "tools/call",
     name: "get-sum",
+    mutable: true,
 };
 
 async fn sum(guard: &Guard, a: i64) -> (Result<Decision, String>, Option<Arc<str>>, u32) {

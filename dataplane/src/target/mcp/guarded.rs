@@ -44,6 +44,8 @@ impl Item {
             server: &self.server,
             method: &self.method,
             name: &self.name,
+            // A resource read has no arguments a mutation could replace.
+            mutable: !(phase == GuardrailPhase::McpRequest && self.method == "resources/read"),
         }
     }
 }

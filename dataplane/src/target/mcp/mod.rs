@@ -468,8 +468,7 @@ impl McpTarget {
         if let (Some(asker), true) = (&asker, guards.request.select(method, own)) {
             let arguments = arguments.clone();
             match guarded::check_request(&guards.request, asker, &checked, id, arguments).await {
-                // A resource read has no arguments to replace (the contract says so).
-                Ok(Some(arguments)) if kind != ItemKind::Resource => {
+                Ok(Some(arguments)) => {
                     // What is sent must be what the rules allow: they judged the
                     // arguments the client sent, so they judge the replacement too.
                     let item = Item {
