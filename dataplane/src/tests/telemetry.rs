@@ -92,3 +92,94 @@ async fn a_request_is_traced_measured_and_logged() {
     assert_eq!(line["path"], "/traced");
     assert!(!log.contains("secret"), "the query string is never logged: {log}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_guardrail_decision_is_a_span_event_a_log_entry_and_a_metric() {
+    let mut collector = fake_opentelemetry_collector::FakeCollectorServer::start()
+        .await
+        .unwrap();
+    let log_dir = tempfile::tempdir().unwrap();
+    let log_path = log_dir.path().join("access.log");
+    let telemetry = TelemetryConfig {
+        access_log: AccessLogConfig {
+            destination: AccessLogDestination::File(log_path.clone()),
+            sample: 1.0,
+        },
+        otlp_endpoint: Some(collector.endpoint()),
+        service_name: "portcullis-proxy".into(),
+        proxy_id: "test-proxy".into(),
+    };
+    let port = free_port();
+    // The prompt is denied before any pod is asked: the pool's endpoint needs no server.
+    let config = format!(
+        "{}---
+apiVersion: portcullis.dev/v1alpha1
+kind: InferencePool
+metadata: {{name: qwen}}
+spec: {{endpoints: ['127.0.0.1:9'], models: [{{name: m}}]}}
+---
+apiVersion: portcullis.dev/v1alpha1
+kind: Route
+metadata: {{name: llm}}
+spec: {{listeners: [web], backends: [{{kind: InferencePool, name: qwen}}]}}
+---
+apiVersion: portcullis.dev/v1alpha1
+kind: Guardrail
+metadata: {{name: no-secrets}}
+spec:
+  targetRefs: [{{kind: InferencePool, name: qwen}}]
+  phases: [LlmRequest]
+  builtin: {{deny: [{{pattern: 'password', reason: no passwords}}]}}
+",
+        listener("web", port)
+    );
+    let proxy = start_proxy_with(None, Duration::from_secs(1), telemetry).await;
+    proxy.state.apply(1, objects(&config)).await.unwrap();
+
+    let body = r#"{"model": "m", "messages": [{"role": "user", "content": "my password is hunter2"}]}"#;
+    let request = Request::post(format!("http://127.0.0.1:{port}/v1/chat/completions"))
+        .header("traceparent", format!("00-{TRACE_ID}-{PARENT_ID}-01"))
+        .header("content-type", "application/json")
+        .body(Full::new(bytes::Bytes::from(body)))
+        .unwrap();
+    let response = http1_client().request(request).await.unwrap();
+    assert_eq!(response.status(), 403);
+
+    let (_, metrics) = get(proxy.admin_addr().port(), "/metrics").await;
+    let counted = metrics.lines().any(|line| {
+        line.starts_with("portcullis_proxy_guardrail_checks_total{")
+            && line.contains("guardrail=\"Guardrail/no-secrets\"")
+            && line.contains("phase=\"LlmRequest\"")
+            && line.contains("decision=\"deny\"")
+            && line.contains("replica=\"builtin\"")
+            && line.ends_with(" 1")
+    });
+    assert!(counted, "{metrics}");
+
+    proxy.shutdown().await.unwrap();
+    let spans = collector.exported_spans(1, Duration::from_secs(10)).await;
+    let span = spans
+        .iter()
+        .find(|span| span.trace_id == TRACE_ID)
+        .unwrap_or_else(|| panic!("no span of trace {TRACE_ID} in {spans:?}"));
+    let event = span
+        .events
+        .iter()
+        .find(|event| event.name == "portcullis.guardrail")
+        .unwrap_or_else(|| panic!("no guardrail event in {span:?}"));
+    let attribute = |name: &str| event.attributes.get(name).cloned().unwrap_or_default();
+    assert!(
+        attribute("portcullis.guardrail.name").contains("Guardrail/no-secrets"),
+        "{event:?}"
+    );
+    assert!(
+        attribute("portcullis.guardrail.decision").contains("deny"),
+        "{event:?}"
+    );
+
+    let log = std::fs::read_to_string(&log_path).unwrap();
+    let line: serde_json::Value = serde_json::from_str(log.lines().next().unwrap()).unwrap();
+    assert_eq!(line["guardrails"][0]["guardrail"], "Guardrail/no-secrets");
+    assert_eq!(line["guardrails"][0]["decision"], "deny");
+    assert!(!log.contains("hunter2"), "payloads are never logged: {log}");
+}
