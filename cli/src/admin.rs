@@ -1,9 +1,9 @@
-//! The admin commands: apply, validate, get, delete, status.
+//! The admin commands: apply, validate, get, delete, status, cluster.
 
 use std::path::PathBuf;
 
 use anyhow::Context;
-use clap::{Args, ValueEnum};
+use clap::{Args, Subcommand, ValueEnum};
 use portcullis_config::{Kind, Object};
 use portcullis_proto::v1;
 
@@ -64,6 +64,80 @@ pub struct DeleteArgs {
     pub expected_version: Option<u64>,
     #[command(flatten)]
     pub connection: Connection,
+}
+
+/// Changing the control plane's membership; every change goes through the leader.
+#[derive(Subcommand)]
+pub enum ClusterCommand {
+    /// Show the members, their roles and the leader.
+    Status {
+        #[arg(short = 'o', long, value_enum)]
+        output: Option<Format>,
+        #[command(flatten)]
+        connection: Connection,
+    },
+    /// Add a node started with `--join`: it joins as a learner, catches up, then votes.
+    Add {
+        /// The new node's `--node-id`.
+        #[arg(long)]
+        node_id: u64,
+        /// Where the other nodes reach it (its `--advertise`, or `--listen`).
+        #[arg(long)]
+        address: String,
+        #[command(flatten)]
+        connection: Connection,
+    },
+    /// Remove a node (voter or learner). Adding it again under the same id also takes a new
+    /// address.
+    Remove {
+        /// The node's `--node-id`.
+        #[arg(long)]
+        node_id: u64,
+        #[command(flatten)]
+        connection: Connection,
+    },
+}
+
+pub async fn cluster(command: ClusterCommand) -> anyhow::Result<()> {
+    let (response, output) = match command {
+        ClusterCommand::Status { output, connection } => {
+            let response = Admin::new(&connection.controlplane)
+                .call(|mut client| async move { client.status(v1::StatusRequest {}).await })
+                .await?;
+            (response, output)
+        }
+        ClusterCommand::Add {
+            node_id,
+            address,
+            connection,
+        } => {
+            let response = Admin::new(&connection.controlplane)
+                .call(|mut client| {
+                    let request = v1::AddNodeRequest {
+                        node_id,
+                        address: address.clone(),
+                    };
+                    async move { client.add_node(request).await }
+                })
+                .await?;
+            (response, None)
+        }
+        ClusterCommand::Remove { node_id, connection } => {
+            let response = Admin::new(&connection.controlplane)
+                .call(|mut client| async move { client.remove_node(v1::RemoveNodeRequest { node_id }).await })
+                .await?;
+            (response, None)
+        }
+    };
+    match output {
+        Some(Format::Json) => println!(
+            "{}",
+            serde_json::to_string_pretty(&status_json(&response)["cluster"])?
+        ),
+        Some(Format::Yaml) => print!("{}", serde_saphyr::to_string(&status_json(&response)["cluster"])?),
+        None => print!("{}", cluster_table(&response)),
+    }
+    Ok(())
 }
 
 #[derive(Args)]
@@ -251,18 +325,7 @@ fn status_table(status: &v1::StatusResponse) -> String {
     use std::fmt::Write as _;
     let mut out = String::new();
     let _ = writeln!(out, "config version {}", status.version);
-    if let Some(cluster) = &status.cluster {
-        let leader = cluster.leader_id.map_or("none".to_string(), |id| id.to_string());
-        let _ = writeln!(
-            out,
-            "control plane: node {} (leader {leader}, term {})",
-            cluster.node_id, cluster.term
-        );
-        for member in &cluster.members {
-            let role = if member.voter { "voter" } else { "learner" };
-            let _ = writeln!(out, "  node {} {} {role}", member.node_id, member.address);
-        }
-    }
+    out.push_str(&cluster_table(status));
     let _ = writeln!(
         out,
         "{:<24} {:<16} {:>8} {:>6} {:<12} LAST ERROR",
@@ -284,6 +347,25 @@ fn status_table(status: &v1::StatusResponse) -> String {
             state,
             proxy.last_error
         );
+    }
+    out
+}
+
+/// The members as `node ID ADDRESS ROLE`, after a line naming the node asked and the leader.
+fn cluster_table(status: &v1::StatusResponse) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    if let Some(cluster) = &status.cluster {
+        let leader = cluster.leader_id.map_or("none".to_string(), |id| id.to_string());
+        let _ = writeln!(
+            out,
+            "control plane: node {} (leader {leader}, term {})",
+            cluster.node_id, cluster.term
+        );
+        for member in &cluster.members {
+            let role = if member.voter { "voter" } else { "learner" };
+            let _ = writeln!(out, "  node {} {} {role}", member.node_id, member.address);
+        }
     }
     out
 }

@@ -12,8 +12,10 @@ use tonic::transport::Channel;
 /// can bounce a call once or twice).
 const MAX_REDIRECTS: usize = 3;
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
-/// Above the control plane's own write deadline, so its clearer error arrives first.
-const CALL_TIMEOUT: Duration = Duration::from_secs(30);
+/// Above the control plane's own deadlines, so its clearer error arrives first: the longest
+/// call, adding a node, waits up to 10 s for it to catch up between two membership changes
+/// that each have a commit deadline.
+const CALL_TIMEOUT: Duration = Duration::from_secs(60);
 
 pub struct Admin {
     endpoint: String,

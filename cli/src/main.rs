@@ -43,6 +43,9 @@ enum Command {
     Get(admin::GetArgs),
     /// Delete an object.
     Delete(admin::DeleteArgs),
+    /// Control-plane membership: status, add a node, remove a node.
+    #[command(subcommand)]
+    Cluster(admin::ClusterCommand),
     /// Show the config version, the cluster and what each proxy has applied.
     Status(admin::StatusArgs),
     /// Run the built-in upstream test server (echo, SSE, delays).
@@ -85,6 +88,7 @@ fn main() -> ExitCode {
             Command::Get(args) => admin::get(args).await,
             Command::Delete(args) => admin::delete(args).await,
             Command::Status(args) => admin::status(args).await,
+            Command::Cluster(command) => admin::cluster(command).await,
             Command::Echo(args) => tools::echo(args).await,
             Command::Sim(command) => tools::sim(command).await,
             Command::McpServer(args) => tools::mcp_server(args).await,

@@ -95,9 +95,15 @@ pub struct ControlPlaneArgs {
 
 #[derive(Args)]
 pub struct ProxyArgs {
-    /// Admin address of any control-plane node.
-    #[arg(long, env = "PORTCULLIS_CONTROLPLANE", default_value = "127.0.0.1:7070")]
-    pub controlplane: String,
+    /// Control-plane nodes, comma-separated (any node serves the config; when the one in use
+    /// fails, the proxy moves to the next without restarting).
+    #[arg(
+        long,
+        env = "PORTCULLIS_CONTROLPLANE",
+        default_value = "127.0.0.1:7070",
+        value_delimiter = ','
+    )]
+    pub controlplane: Vec<String>,
     /// Name shown in `portcullis status` (e.g. the pod name); defaults to proxy-<pid>.
     #[arg(long, env = "PORTCULLIS_PROXY_ID")]
     pub id: Option<String>,
@@ -156,7 +162,7 @@ pub async fn up(args: UpArgs) -> anyhow::Result<()> {
     let proxy_id = "embedded";
     let proxy = Proxy::start(ProxyConfig {
         proxy_id: proxy_id.to_string(),
-        controlplane: endpoint,
+        controlplanes: vec![endpoint],
         shard: BTreeMap::new(),
         admin_listen: args.proxy_admin_listen,
         cache_dir: Some(args.data_dir.join("proxy")),
@@ -202,12 +208,16 @@ pub async fn controlplane(args: ControlPlaneArgs) -> anyhow::Result<()> {
 }
 
 pub async fn proxy(args: ProxyArgs) -> anyhow::Result<()> {
-    let controlplane = crate::admin_client::with_scheme(&args.controlplane);
+    let controlplanes = args
+        .controlplane
+        .iter()
+        .map(|address| crate::admin_client::with_scheme(address.trim()))
+        .collect();
     let proxy_id = args.id.unwrap_or_else(|| format!("proxy-{}", std::process::id()));
     let proxy = Proxy::start(ProxyConfig {
         telemetry: args.telemetry.config(&proxy_id)?,
         proxy_id,
-        controlplane,
+        controlplanes,
         shard: args.shard.into_iter().collect(),
         admin_listen: args.admin_listen,
         cache_dir: args.cache_dir,

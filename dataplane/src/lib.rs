@@ -41,7 +41,7 @@ use crate::cache::ConfigCache;
 use crate::config_state::ConfigState;
 use crate::listener::{Limits, RunningListener};
 use crate::signals::SignalSubscriber;
-use crate::subscription::{run_forever, Subscriber};
+use crate::subscription::{run_forever, ControlPlanes, Subscriber};
 use crate::telemetry::Telemetry;
 pub use crate::telemetry::{AccessLogConfig, AccessLogDestination, TelemetryConfig};
 
@@ -52,8 +52,9 @@ const ADMIN_DRAIN_GRACE: Duration = Duration::from_secs(1);
 pub struct ProxyConfig {
     /// Stable identity shown by the control plane.
     pub proxy_id: String,
-    /// Control-plane address, e.g. `http://127.0.0.1:7070`.
-    pub controlplane: String,
+    /// Control-plane node addresses, e.g. `http://127.0.0.1:7070`: any node serves the
+    /// config; when the one in use fails, the proxy moves to the next.
+    pub controlplanes: Vec<String>,
     /// Listener label selector; empty serves the whole config.
     pub shard: BTreeMap<String, String>,
     /// Address of `/livez`, `/readyz` and `/status`; port 0 picks a free port.
@@ -77,8 +78,7 @@ impl Proxy {
     /// Returns once the admin server is bound and any cached config is serving; the
     /// control-plane config arrives asynchronously.
     pub async fn start(config: ProxyConfig) -> anyhow::Result<Proxy> {
-        let controlplane = tonic::transport::Endpoint::from_shared(config.controlplane.clone())
-            .with_context(|| format!("invalid control-plane address {:?}", config.controlplane))?;
+        let controlplanes = Arc::new(ControlPlanes::new(&config.controlplanes)?);
         let telemetry = Arc::new(Telemetry::new(config.telemetry)?);
         let state = Arc::new(ConfigState::new(
             config.cache_dir.map(ConfigCache::new),
@@ -97,13 +97,13 @@ impl Proxy {
         state.restore_from_cache().await;
         let signals = tokio::spawn(run_forever(SignalSubscriber {
             state: state.clone(),
-            controlplane: controlplane.clone(),
+            controlplanes: controlplanes.clone(),
             proxy_id: config.proxy_id.clone(),
             shard: config.shard.clone(),
         }));
         let subscription = tokio::spawn(run_forever(Subscriber {
             state: state.clone(),
-            controlplane,
+            controlplanes,
             proxy_id: config.proxy_id,
             shard: config.shard,
         }));

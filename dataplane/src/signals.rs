@@ -10,11 +10,11 @@ use portcullis_proto::v1::SignalSubscription;
 use tonic::transport::Endpoint;
 
 use crate::config_state::ConfigState;
-use crate::subscription::{connect, Stream};
+use crate::subscription::{connect, ControlPlanes, Stream};
 
 pub(crate) struct SignalSubscriber {
     pub(crate) state: Arc<ConfigState>,
-    pub(crate) controlplane: Endpoint,
+    pub(crate) controlplanes: Arc<ControlPlanes>,
     pub(crate) proxy_id: String,
     pub(crate) shard: BTreeMap<String, String>,
 }
@@ -22,12 +22,12 @@ pub(crate) struct SignalSubscriber {
 impl Stream for SignalSubscriber {
     const NAME: &'static str = "signal";
 
-    fn controlplane(&self) -> &Endpoint {
-        &self.controlplane
+    fn controlplanes(&self) -> &ControlPlanes {
+        &self.controlplanes
     }
 
-    async fn session(&self, received: &mut usize) -> anyhow::Result<()> {
-        let channel = connect(&self.controlplane).await?;
+    async fn session(&self, controlplane: &Endpoint, received: &mut usize) -> anyhow::Result<()> {
+        let channel = connect(controlplane).await?;
         let mut batches = SignalStreamClient::new(channel)
             .subscribe(SignalSubscription {
                 proxy_id: self.proxy_id.clone(),

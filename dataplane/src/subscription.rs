@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -25,9 +26,50 @@ const MAX_RETRY: Duration = Duration::from_secs(5);
 
 pub(crate) struct Subscriber {
     pub(crate) state: Arc<ConfigState>,
-    pub(crate) controlplane: Endpoint,
+    pub(crate) controlplanes: Arc<ControlPlanes>,
     pub(crate) proxy_id: String,
     pub(crate) shard: BTreeMap<String, String>,
+}
+
+/// The control-plane nodes a proxy may stream from (any node serves both streams), and the
+/// one in use: when a stream fails on it, both streams move on to the next.
+pub(crate) struct ControlPlanes {
+    endpoints: Vec<Endpoint>,
+    current: AtomicUsize,
+}
+
+impl ControlPlanes {
+    pub(crate) fn new(addresses: &[String]) -> anyhow::Result<ControlPlanes> {
+        if addresses.is_empty() {
+            anyhow::bail!("no control-plane address");
+        }
+        let endpoints = addresses
+            .iter()
+            .map(|address| {
+                Endpoint::from_shared(address.clone())
+                    .map_err(|error| anyhow::anyhow!("invalid control-plane address {address:?}: {error}"))
+            })
+            .collect::<anyhow::Result<_>>()?;
+        Ok(ControlPlanes {
+            endpoints,
+            // Proxies spread over the nodes rather than all starting on the first.
+            current: AtomicUsize::new(rand::rng().random_range(0..addresses.len())),
+        })
+    }
+
+    fn current(&self) -> (usize, &Endpoint) {
+        let index = self.current.load(Ordering::Relaxed) % self.endpoints.len();
+        (index, &self.endpoints[index])
+    }
+
+    /// The stream on node `index` failed: the next node, unless the other stream already
+    /// moved on.
+    fn failed(&self, index: usize) {
+        let next = (index + 1) % self.endpoints.len();
+        let _ = self
+            .current
+            .compare_exchange(index, next, Ordering::Relaxed, Ordering::Relaxed);
+    }
 }
 
 /// A stream from the control plane, reopened for as long as the proxy runs.
@@ -35,29 +77,46 @@ pub(crate) trait Stream {
     /// What the stream carries, for logs.
     const NAME: &'static str;
 
-    fn controlplane(&self) -> &Endpoint;
+    fn controlplanes(&self) -> &ControlPlanes;
 
-    /// One stream, counting the messages it delivered.
-    fn session(&self, received: &mut usize) -> impl Future<Output = anyhow::Result<()>> + Send;
+    /// One stream from `controlplane`, counting the messages it delivered.
+    fn session(
+        &self,
+        controlplane: &Endpoint,
+        received: &mut usize,
+    ) -> impl Future<Output = anyhow::Result<()>> + Send;
 }
 
 /// Never returns: losing the control plane only means serving the last good config (and the
-/// picker's own counts) until it is back.
+/// picker's own counts) until it is back. A failed stream moves to the next node after a
+/// short pause; a round of failures over every node backs off exponentially.
 pub(crate) async fn run_forever<S: Stream>(stream: S) {
+    let controlplanes = stream.controlplanes();
     let mut backoff = FIRST_RETRY;
+    let mut failed_in_a_row = 0;
     loop {
         let mut received = 0;
-        let controlplane = stream.controlplane().uri().clone();
-        match stream.session(&mut received).await {
+        let (index, endpoint) = controlplanes.current();
+        let controlplane = endpoint.uri().clone();
+        match stream.session(endpoint, &mut received).await {
             Ok(()) => tracing::warn!(%controlplane, "{} stream closed by the control plane", S::NAME),
             Err(error) => tracing::warn!(%controlplane, %error, "{} stream failed", S::NAME),
         }
+        controlplanes.failed(index);
         if received > 0 {
             backoff = FIRST_RETRY;
+            failed_in_a_row = 0;
         }
-        // Jitter keeps a fleet of proxies from reconnecting in lockstep.
-        let delay = backoff.mul_f64(rand::rng().random_range(0.5..=1.0));
-        tokio::time::sleep(delay).await;
+        failed_in_a_row += 1;
+        // Jitter keeps a fleet of proxies from reconnecting in lockstep; even the move to
+        // the next node waits a little, so nodes that close streams at once are not spun on.
+        let jitter = rand::rng().random_range(0.5..=1.0);
+        if failed_in_a_row < controlplanes.endpoints.len() {
+            tokio::time::sleep(FIRST_RETRY.mul_f64(jitter)).await;
+            continue;
+        }
+        failed_in_a_row = 0;
+        tokio::time::sleep(backoff.mul_f64(jitter)).await;
         backoff = (backoff * 2).min(MAX_RETRY);
     }
 }
@@ -78,12 +137,12 @@ pub(crate) async fn connect(controlplane: &Endpoint) -> Result<Channel, tonic::t
 impl Stream for Subscriber {
     const NAME: &'static str = "config";
 
-    fn controlplane(&self) -> &Endpoint {
-        &self.controlplane
+    fn controlplanes(&self) -> &ControlPlanes {
+        &self.controlplanes
     }
 
-    async fn session(&self, received: &mut usize) -> anyhow::Result<()> {
-        let channel = connect(&self.controlplane).await?;
+    async fn session(&self, controlplane: &Endpoint, received: &mut usize) -> anyhow::Result<()> {
+        let channel = connect(controlplane).await?;
         let mut client = ConfigStreamClient::new(channel).max_decoding_message_size(MAX_SNAPSHOT_BYTES);
         let (outbound, outbound_stream) = mpsc::channel(8);
         let hello = Hello {

@@ -10,7 +10,7 @@ use openraft::{BasicNode, ChangeMembers};
 use portcullis_proto::v1::admin_server::Admin;
 use portcullis_proto::v1::{
     AddNodeRequest, ApplyRequest, ApplyResponse, ClusterMember, ClusterStatus, DeleteRequest, GetRequest,
-    GetResponse, ListRequest, ListResponse, StatusRequest, StatusResponse,
+    GetResponse, ListRequest, ListResponse, RemoveNodeRequest, StatusRequest, StatusResponse,
 };
 use tokio::sync::watch;
 use tonic::{Request, Response, Status};
@@ -191,9 +191,61 @@ impl Admin for AdminService {
         let result = self.add_and_promote(request.into_inner()).await;
         self.metrics.admin_write("AddNode", result)
     }
+
+    async fn remove_node(
+        &self,
+        request: Request<RemoveNodeRequest>,
+    ) -> Result<Response<StatusResponse>, Status> {
+        let result = self.remove(request.into_inner().node_id).await;
+        self.metrics.admin_write("RemoveNode", result)
+    }
 }
 
 impl AdminService {
+    /// Removes a voter or learner; the last voter cannot be removed.
+    async fn remove(&self, node_id: NodeId) -> Result<Response<StatusResponse>, Status> {
+        // Decided on the leader's membership: a lagging follower's could be out of date.
+        let (me, leader) = {
+            let metrics = self.raft.metrics();
+            let metrics = metrics.borrow();
+            (metrics.id, metrics.current_leader)
+        };
+        if leader != Some(me) {
+            return Err(wire::forward_to_leader(
+                leader.and_then(|leader| self.leader_address(leader)),
+            ));
+        }
+        let membership = self
+            .raft
+            .metrics()
+            .borrow()
+            .membership_config
+            .membership()
+            .clone();
+        if !membership.nodes().any(|(id, _)| *id == node_id) {
+            return Err(Status::not_found(format!(
+                "node {node_id} is not a member of the cluster"
+            )));
+        }
+        let voters: BTreeSet<NodeId> = membership.voter_ids().collect();
+        if voters.len() == 1 && voters.contains(&node_id) {
+            return Err(Status::failed_precondition(format!(
+                "node {node_id} is the last voter: a cluster cannot remove its last voter"
+            )));
+        }
+        let leader_address = |leader| self.leader_address(leader);
+        let change = if voters.contains(&node_id) {
+            // A removed voter leaves as a voter and as a node at once (`retain: false`).
+            ChangeMembers::RemoveVoters(BTreeSet::from([node_id]))
+        } else {
+            ChangeMembers::RemoveNodes(BTreeSet::from([node_id]))
+        };
+        with_commit_deadline(self.raft.change_membership(change, false))
+            .await?
+            .map_err(|error| wire::write_error(error, leader_address))?;
+        Ok(Response::new(self.status()))
+    }
+
     /// Adds the node as a learner and makes it a voter once it has caught up.
     async fn add_and_promote(&self, request: AddNodeRequest) -> Result<Response<StatusResponse>, Status> {
         let AddNodeRequest { node_id, address } = request;

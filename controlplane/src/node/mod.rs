@@ -143,6 +143,7 @@ impl ControlPlane {
             .add_service(
                 ConfigStreamServer::new(ConfigStreamService::new(
                     view.clone(),
+                    raft.metrics(),
                     registry.clone(),
                     shutdown_rx.clone(),
                     metrics.clone(),

@@ -14,14 +14,21 @@ use tonic::{Request, Response, Status, Streaming};
 use crate::admin::wire::to_wire;
 use crate::metrics::Metrics;
 use crate::registry::ProxyRegistry;
+use crate::types::RaftMetrics;
 use crate::view::ConfigView;
 
 /// How long a new stream may take to send its Hello; a client that never does would
 /// otherwise hold a task and a connection forever.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a proxy holding a newer version than this node waits for it to catch up.
+const CATCH_UP_GRACE: Duration = Duration::from_secs(10);
+/// How long a node may know no leader before its proxies are sent to other nodes.
+const LEADERLESS_GRACE: Duration = Duration::from_secs(5);
 
 pub struct ConfigStreamService {
     view: watch::Receiver<ConfigView>,
+    /// This node's Raft metrics: whether it is still a member of the cluster.
+    cluster: watch::Receiver<RaftMetrics>,
     registry: ProxyRegistry,
     /// Flips to `true` on shutdown, ending every stream so the server can stop gracefully.
     shutdown: watch::Receiver<bool>,
@@ -31,12 +38,14 @@ pub struct ConfigStreamService {
 impl ConfigStreamService {
     pub fn new(
         view: watch::Receiver<ConfigView>,
+        cluster: watch::Receiver<RaftMetrics>,
         registry: ProxyRegistry,
         shutdown: watch::Receiver<bool>,
         metrics: Metrics,
     ) -> Self {
         Self {
             view,
+            cluster,
             registry,
             shutdown,
             metrics,
@@ -66,6 +75,7 @@ impl ConfigStream for ConfigStreamService {
             inbound: request.into_inner(),
             outbound: tx,
             view: self.view.clone(),
+            cluster: self.cluster.clone(),
             registry: self.registry.clone(),
             shutdown: self.shutdown.clone(),
             metrics: self.metrics.clone(),
@@ -79,12 +89,37 @@ struct Session {
     inbound: Streaming<ProxyMessage>,
     outbound: mpsc::Sender<Result<ConfigSnapshot, Status>>,
     view: watch::Receiver<ConfigView>,
+    cluster: watch::Receiver<RaftMetrics>,
     registry: ProxyRegistry,
     shutdown: watch::Receiver<bool>,
     metrics: Metrics,
 }
 
+/// What a node knows of its place in the cluster.
+struct Place {
+    member: bool,
+    voters: usize,
+    leader_known: bool,
+}
+
 impl Session {
+    fn place(&self) -> Place {
+        let metrics = self.cluster.borrow();
+        let membership = metrics.membership_config.membership();
+        Place {
+            member: membership.get_node(&metrics.id).is_some(),
+            voters: membership.voter_ids().count(),
+            leader_known: metrics.current_leader.is_some(),
+        }
+    }
+
+    /// A node outside the cluster (started with `--join` and not added yet) or cut off from
+    /// it (no leader for a while: partitioned, or removed — a removed node need not learn
+    /// that it was) gets no new versions: its proxies go elsewhere.
+    fn left_cluster(&self) -> Status {
+        Status::unavailable("this control-plane node is not in touch with the cluster; use another node")
+    }
+
     /// Ends the stream with `status`. `try_send`, because the proxy may have stopped
     /// reading and a full channel must not keep this task alive; if the status cannot be
     /// queued, dropping the sender still ends the stream.
@@ -123,19 +158,57 @@ impl Session {
             last_version,
         } = hello;
         let shard: ShardSelector = shard.into_iter().collect();
+        if !self.place().member {
+            return self.fail(self.left_cluster());
+        }
         let session = self.registry.connect(&proxy_id, &shard, last_version);
         tracing::info!(%proxy_id, ?shard, last_version, "proxy subscribed");
-        self.serve(&proxy_id, &shard, session).await;
+        self.serve(&proxy_id, &shard, session, last_version).await;
         self.registry.disconnect(&proxy_id, session);
         tracing::info!(%proxy_id, "proxy stream ended");
     }
 
-    async fn serve(&mut self, proxy_id: &str, shard: &ShardSelector, session: u64) {
+    async fn serve(&mut self, proxy_id: &str, shard: &ShardSelector, session: u64, held: u64) {
         // The current version is always sent first, even if the proxy says it has it.
         self.view.mark_changed();
         let mut pending = false;
+        // A proxy that moved here from another node may hold a version this node has not
+        // applied yet: it waits for this node to catch up rather than go back. If this node
+        // does not, the proxy is sent to another one; only a lone node (a control plane
+        // rebuilt from empty storage, counting versions from 1 again) sends what it has.
+        let mut catching_up = (held > 0).then(|| tokio::time::Instant::now() + CATCH_UP_GRACE);
+        let mut leaderless_until =
+            (!self.place().leader_known).then(|| tokio::time::Instant::now() + LEADERLESS_GRACE);
         loop {
             tokio::select! {
+                () = tokio::time::sleep_until(leaderless_until.unwrap_or_else(tokio::time::Instant::now)), if leaderless_until.is_some() => {
+                    return self.fail(self.left_cluster());
+                }
+                () = tokio::time::sleep_until(catching_up.unwrap_or_else(tokio::time::Instant::now)), if catching_up.is_some() => {
+                    if self.view.borrow().version < held && self.place().voters > 1 {
+                        return self.fail(Status::unavailable(format!(
+                            "this control-plane node is behind version {held}; use another node"
+                        )));
+                    }
+                    catching_up = None;
+                    pending = true;
+                }
+                changed = self.cluster.changed() => {
+                    if changed.is_err() {
+                        return;
+                    }
+                    let place = self.place();
+                    if !place.member {
+                        return self.fail(self.left_cluster());
+                    }
+                    // An election takes a second or two; only a longer silence sends the
+                    // proxy away.
+                    leaderless_until = match (place.leader_known, leaderless_until) {
+                        (true, _) => None,
+                        (false, None) => Some(tokio::time::Instant::now() + LEADERLESS_GRACE),
+                        (false, waiting) => waiting,
+                    };
+                }
                 changed = self.view.changed() => {
                     if changed.is_err() {
                         return;
@@ -148,6 +221,10 @@ impl Session {
                     let Ok(permit) = permit else { return };
                     pending = false;
                     let view = self.view.borrow_and_update().clone();
+                    if catching_up.is_some() && view.version < held {
+                        continue;
+                    }
+                    catching_up = None;
                     // Version 0 means nothing was ever applied; there is nothing to serve yet.
                     if view.version >= 1 {
                         self.metrics.config_sent();

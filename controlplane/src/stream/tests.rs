@@ -139,3 +139,35 @@ async fn nothing_is_sent_before_the_first_version() {
     // Held until here so that the proxy side never hangs up first.
     drop(tx);
 }
+
+#[tokio::test]
+async fn a_proxy_holding_a_newer_version_waits_for_this_node_to_catch_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = start(dir.path(), 1, false).await;
+    let mut admin = admin(node.local_addr()).await;
+    wait_for_leader(&mut admin).await;
+    admin
+        .apply(apply_request(vec![backend("api", "127.0.0.1:9000")], None))
+        .await
+        .unwrap();
+    // The proxy comes from a node that had already applied version 2.
+    let (tx, mut stream) = subscribe(node.local_addr()).await;
+    let hello = Hello {
+        proxy_id: "edge-1".into(),
+        last_version: 2,
+        ..Hello::default()
+    };
+    tx.send(proxy_message(Message::Hello(hello))).await.unwrap();
+    let early = tokio::time::timeout(Duration::from_millis(500), stream.message()).await;
+    assert!(
+        early.is_err(),
+        "sent an older version than the proxy holds: {early:?}"
+    );
+    admin
+        .apply(apply_request(vec![backend("api", "127.0.0.1:9001")], None))
+        .await
+        .unwrap();
+    assert_eq!(next(&mut stream).await.version, 2);
+    drop(tx);
+    node.shutdown().await.unwrap();
+}

@@ -86,7 +86,7 @@ async fn acks_applied_versions_nacks_bad_ones_and_resubscribes_after_a_disconnec
     );
     let proxy = Proxy::start(ProxyConfig {
         proxy_id: "edge-1".into(),
-        controlplane: format!("http://{grpc_address}"),
+        controlplanes: vec![format!("http://{grpc_address}")],
         shard: [("zone".to_string(), "a".to_string())].into(),
         admin_listen: "127.0.0.1:0".parse().unwrap(),
         cache_dir: None,

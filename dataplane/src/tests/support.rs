@@ -102,7 +102,7 @@ pub async fn start_proxy_with(
     Proxy::start(ProxyConfig {
         proxy_id: "test-proxy".into(),
         // Nothing listens there: these proxies get their config applied directly.
-        controlplane: format!("http://127.0.0.1:{}", free_port()),
+        controlplanes: vec![format!("http://127.0.0.1:{}", free_port())],
         shard: Default::default(),
         admin_listen: "127.0.0.1:0".parse().unwrap(),
         cache_dir,
