@@ -332,11 +332,7 @@ fn status_table(status: &v1::StatusResponse) -> String {
         "PROXY", "SHARD", "APPLIED", "SENT", "STATE"
     );
     for proxy in &status.proxies {
-        let state = match (proxy.connected, proxy.healthy) {
-            (false, _) => "disconnected",
-            (true, true) => "healthy",
-            (true, false) => "rejecting",
-        };
+        let state = proxy_state(proxy);
         let _ = writeln!(
             out,
             "{:<24} {:<16} {:>8} {:>6} {:<12} {}",
@@ -370,6 +366,16 @@ fn cluster_table(status: &v1::StatusResponse) -> String {
     out
 }
 
+/// `pending`: sent a version it has not acknowledged yet.
+fn proxy_state(proxy: &v1::ProxyStatus) -> &'static str {
+    match (proxy.connected, proxy.healthy) {
+        (false, _) => "disconnected",
+        (true, false) => "rejecting",
+        (true, true) if proxy.applied_version < proxy.sent_version => "pending",
+        (true, true) => "healthy",
+    }
+}
+
 fn status_json(status: &v1::StatusResponse) -> serde_json::Value {
     let cluster = status.cluster.as_ref().map(|cluster| {
         serde_json::json!({
@@ -385,6 +391,7 @@ fn status_json(status: &v1::StatusResponse) -> serde_json::Value {
                 "proxyId": proxy.proxy_id, "shard": proxy.shard, "appliedVersion": proxy.applied_version,
                 "sentVersion": proxy.sent_version, "healthy": proxy.healthy, "connected": proxy.connected,
                 "lastError": proxy.last_error, "lastSeenUnixMs": proxy.last_seen_unix_ms,
+                "state": proxy_state(proxy),
             })
         })
         .collect();

@@ -91,6 +91,9 @@ pub struct ControlPlaneArgs {
     /// Serves Prometheus metrics (GET /metrics).
     #[arg(long, default_value = "127.0.0.1:7072")]
     pub metrics_listen: SocketAddr,
+    /// How long a disconnected proxy stays in `portcullis status`.
+    #[arg(long, default_value = "1h", value_parser = humantime::parse_duration)]
+    pub forget_proxies_after: Duration,
 }
 
 #[derive(Args)]
@@ -139,6 +142,7 @@ pub async fn up(args: UpArgs) -> anyhow::Result<()> {
         data_dir: args.data_dir.join("controlplane"),
         join: false,
         metrics_listen: Some(args.metrics_listen),
+        forget_proxies_after: portcullis_controlplane::DEFAULT_FORGET_AFTER,
     })
     .await
     .context("starting the control plane")?;
@@ -192,6 +196,7 @@ pub async fn controlplane(args: ControlPlaneArgs) -> anyhow::Result<()> {
         data_dir: args.data_dir,
         join: args.join,
         metrics_listen: Some(args.metrics_listen),
+        forget_proxies_after: args.forget_proxies_after,
     })
     .await
     .context("starting the control plane")?;

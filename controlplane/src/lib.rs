@@ -14,6 +14,7 @@ mod types;
 mod view;
 
 pub use node::{ControlPlane, ControlPlaneConfig};
+pub use registry::DEFAULT_FORGET_AFTER;
 
 #[cfg(test)]
 mod testutil;

@@ -461,6 +461,7 @@ mod tests {
             data_dir: dir.to_path_buf(),
             join: false,
             metrics_listen: Some(metrics_listen),
+            forget_proxies_after: crate::DEFAULT_FORGET_AFTER,
         })
         .await
         .unwrap()
@@ -612,6 +613,7 @@ mod tests {
             proxy_id: "edge-1".into(),
             shard: Default::default(),
             last_version: 0,
+            instance: "test".into(),
         };
         tx.send(proxy_message(Message::Hello(hello))).await.unwrap();
         let snapshot = stream.message().await.unwrap().expect("a snapshot");

@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use portcullis_config::ShardSelector;
 use portcullis_proto::v1::ProxyStatus;
@@ -16,11 +16,24 @@ struct Entry {
     /// Last version the proxy rejected; only an ACK of it or a later version makes it healthy
     /// again (a proxy may apply a version it first rejected once, e.g., a port is freed).
     nacked_version: u64,
+    /// The proxy process behind the id (`Hello.instance`).
+    instance: String,
 }
 
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct ProxyRegistry {
     inner: Arc<Mutex<Inner>>,
+    /// Disconnected proxies are forgotten this long after they were last seen.
+    forget_after: Duration,
+}
+
+/// How long a departed proxy stays in `portcullis status` unless configured otherwise.
+pub const DEFAULT_FORGET_AFTER: Duration = Duration::from_secs(60 * 60);
+
+impl Default for ProxyRegistry {
+    fn default() -> Self {
+        ProxyRegistry::new(DEFAULT_FORGET_AFTER)
+    }
 }
 
 #[derive(Debug, Default)]
@@ -37,6 +50,13 @@ fn now_unix_ms() -> i64 {
 }
 
 impl ProxyRegistry {
+    pub fn new(forget_after: Duration) -> Self {
+        ProxyRegistry {
+            inner: Arc::default(),
+            forget_after,
+        }
+    }
+
     fn lock(&self) -> MutexGuard<'_, Inner> {
         // The map stays consistent even if a holder panicked: every update is a plain field write.
         self.inner.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
@@ -54,8 +74,22 @@ impl ProxyRegistry {
     /// Records a new stream from `proxy_id` and returns its session. `last_version` is what
     /// the proxy says it serves (from its cache, or 0 after a restart with nothing applied),
     /// so the registry reflects the proxy rather than what an earlier stream acknowledged.
-    pub fn connect(&self, proxy_id: &str, shard: &ShardSelector, last_version: u64) -> u64 {
+    /// Refused while another live proxy process holds the id.
+    pub fn connect(
+        &self,
+        proxy_id: &str,
+        instance: &str,
+        shard: &ShardSelector,
+        last_version: u64,
+    ) -> Result<u64, String> {
         let mut inner = self.lock();
+        if let Some(live) = inner.proxies.get(proxy_id).filter(|entry| entry.status.connected) {
+            if !live.instance.is_empty() && !instance.is_empty() && live.instance != instance {
+                return Err(format!(
+                    "proxy id {proxy_id:?} is in use by another live proxy; give each proxy its own --id"
+                ));
+            }
+        }
         inner.sessions += 1;
         let session = inner.sessions;
         let entry = inner
@@ -69,8 +103,10 @@ impl ProxyRegistry {
                 },
                 session,
                 nacked_version: 0,
+                instance: String::new(),
             });
         entry.session = session;
+        entry.instance = instance.to_string();
         entry.status.shard = shard
             .iter()
             .map(|(k, v)| (k.clone(), v.clone()))
@@ -80,7 +116,7 @@ impl ProxyRegistry {
         entry.status.sent_version = 0;
         entry.status.connected = true;
         entry.status.last_seen_unix_ms = now_unix_ms();
-        session
+        Ok(session)
     }
 
     pub fn sent(&self, proxy_id: &str, session: u64, version: u64) {
@@ -117,13 +153,15 @@ impl ProxyRegistry {
         self.update(proxy_id, session, |entry| entry.status.connected = false);
     }
 
-    /// Every proxy ever seen, ordered by id.
+    /// Every proxy connected, or seen within `forget_after`, ordered by id.
     pub fn statuses(&self) -> Vec<ProxyStatus> {
-        self.lock()
+        let forget_after = i64::try_from(self.forget_after.as_millis()).unwrap_or(i64::MAX);
+        let cutoff = now_unix_ms().saturating_sub(forget_after);
+        let mut inner = self.lock();
+        inner
             .proxies
-            .values()
-            .map(|entry| entry.status.clone())
-            .collect()
+            .retain(|_, entry| entry.status.connected || entry.status.last_seen_unix_ms >= cutoff);
+        inner.proxies.values().map(|entry| entry.status.clone()).collect()
     }
 }
 
@@ -134,7 +172,7 @@ mod tests {
     #[test]
     fn nack_stays_unhealthy_until_that_version_or_a_later_one_is_acked() {
         let registry = ProxyRegistry::default();
-        let session = registry.connect("p1", &ShardSelector::new(), 0);
+        let session = registry.connect("p1", "i", &ShardSelector::new(), 0).unwrap();
         registry.sent("p1", session, 3);
         registry.nack("p1", session, 3, "bad route");
         registry.ack("p1", session, 2);
@@ -152,7 +190,7 @@ mod tests {
     #[test]
     fn connect_reports_the_proxy_version_and_unsent_versions_are_ignored() {
         let registry = ProxyRegistry::default();
-        let session = registry.connect("p1", &ShardSelector::new(), 5);
+        let session = registry.connect("p1", "i", &ShardSelector::new(), 5).unwrap();
         assert_eq!(registry.statuses()[0].applied_version, 5);
         registry.sent("p1", session, 6);
         registry.ack("p1", session, 7);
@@ -161,18 +199,46 @@ mod tests {
         assert_eq!(status.applied_version, 5);
         assert!(status.healthy);
         // A restart with nothing applied shows 0 again.
-        registry.connect("p1", &ShardSelector::new(), 0);
+        registry.connect("p1", "i", &ShardSelector::new(), 0).unwrap();
         assert_eq!(registry.statuses()[0].applied_version, 0);
     }
 
     #[test]
     fn stale_session_does_not_disconnect_a_reconnected_proxy() {
         let registry = ProxyRegistry::default();
-        let old = registry.connect("p1", &ShardSelector::new(), 0);
-        let new = registry.connect("p1", &ShardSelector::new(), 0);
+        let old = registry.connect("p1", "i", &ShardSelector::new(), 0).unwrap();
+        let new = registry.connect("p1", "i", &ShardSelector::new(), 0).unwrap();
         registry.disconnect("p1", old);
         assert!(registry.statuses()[0].connected);
         registry.disconnect("p1", new);
         assert!(!registry.statuses()[0].connected);
+    }
+
+    #[test]
+    fn a_second_live_proxy_with_the_same_id_is_refused_not_merged() {
+        let registry = ProxyRegistry::default();
+        let first = registry.connect("p1", "a", &ShardSelector::new(), 3).unwrap();
+        let refused = registry.connect("p1", "b", &ShardSelector::new(), 0).unwrap_err();
+        assert!(refused.contains("in use by another live proxy"), "{refused}");
+        assert_eq!(registry.statuses()[0].applied_version, 3);
+        // Once the first is gone, the id is free again.
+        registry.disconnect("p1", first);
+        registry.connect("p1", "b", &ShardSelector::new(), 0).unwrap();
+        assert_eq!(registry.statuses()[0].applied_version, 0);
+    }
+
+    #[test]
+    fn departed_proxies_are_forgotten() {
+        let registry = ProxyRegistry::new(Duration::ZERO);
+        let gone = registry.connect("gone", "a", &ShardSelector::new(), 0).unwrap();
+        registry.connect("live", "b", &ShardSelector::new(), 0).unwrap();
+        registry.disconnect("gone", gone);
+        std::thread::sleep(Duration::from_millis(5));
+        let ids: Vec<String> = registry
+            .statuses()
+            .into_iter()
+            .map(|status| status.proxy_id)
+            .collect();
+        assert_eq!(ids, ["live"]);
     }
 }

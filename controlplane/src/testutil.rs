@@ -26,6 +26,7 @@ pub async fn start(data_dir: &Path, node_id: u64, join: bool) -> ControlPlane {
         data_dir: data_dir.to_path_buf(),
         join,
         metrics_listen: None,
+        forget_proxies_after: crate::DEFAULT_FORGET_AFTER,
     })
     .await
     .unwrap()

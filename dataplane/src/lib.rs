@@ -104,6 +104,7 @@ impl Proxy {
         let subscription = tokio::spawn(run_forever(Subscriber {
             state: state.clone(),
             controlplanes,
+            instance: format!("{:016x}", rand::random::<u64>()),
             proxy_id: config.proxy_id,
             shard: config.shard,
         }));

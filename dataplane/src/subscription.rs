@@ -28,6 +28,8 @@ pub(crate) struct Subscriber {
     pub(crate) state: Arc<ConfigState>,
     pub(crate) controlplanes: Arc<ControlPlanes>,
     pub(crate) proxy_id: String,
+    /// Random per process: another live proxy with this id is told apart (see `Hello`).
+    pub(crate) instance: String,
     pub(crate) shard: BTreeMap<String, String>,
 }
 
@@ -149,6 +151,7 @@ impl Stream for Subscriber {
             proxy_id: self.proxy_id.clone(),
             shard: self.shard.clone().into_iter().collect(),
             last_version: self.state.current().version.unwrap_or(0),
+            instance: self.instance.clone(),
         };
         outbound
             .send(ProxyMessage {

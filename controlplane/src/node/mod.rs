@@ -51,6 +51,8 @@ pub struct ControlPlaneConfig {
     pub join: bool,
     /// Serves Prometheus metrics on `GET /metrics`; `None` serves none.
     pub metrics_listen: Option<SocketAddr>,
+    /// How long a disconnected proxy stays in `portcullis status`.
+    pub forget_proxies_after: Duration,
 }
 
 pub struct ControlPlane {
@@ -121,7 +123,7 @@ impl ControlPlane {
         }
 
         let (shutdown, shutdown_rx) = watch::channel(false);
-        let registry = ProxyRegistry::default();
+        let registry = ProxyRegistry::new(config.forget_proxies_after);
         let metrics = Metrics::default();
         let signals = Signals::start(config.node_id, raft.clone(), view.clone(), metrics.clone()).await?;
         let (reporter, health_service) = tonic_health::server::health_reporter();

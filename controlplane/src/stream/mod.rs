@@ -156,12 +156,19 @@ impl Session {
             proxy_id,
             shard,
             last_version,
+            instance,
         } = hello;
         let shard: ShardSelector = shard.into_iter().collect();
         if !self.place().member {
             return self.fail(self.left_cluster());
         }
-        let session = self.registry.connect(&proxy_id, &shard, last_version);
+        let session = match self.registry.connect(&proxy_id, &instance, &shard, last_version) {
+            Ok(session) => session,
+            Err(refused) => {
+                tracing::warn!(%proxy_id, "{refused}");
+                return self.fail(Status::already_exists(refused));
+            }
+        };
         tracing::info!(%proxy_id, ?shard, last_version, "proxy subscribed");
         self.serve(&proxy_id, &shard, session, last_version).await;
         self.registry.disconnect(&proxy_id, session);

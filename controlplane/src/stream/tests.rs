@@ -51,6 +51,7 @@ async fn streams_versions_and_records_acks() {
         proxy_id: "edge-1".into(),
         shard: [("edge".to_string(), "true".to_string())].into(),
         last_version: 1,
+        instance: "one".into(),
     };
     tx.send(proxy_message(Message::Hello(hello))).await.unwrap();
 
@@ -169,5 +170,45 @@ async fn a_proxy_holding_a_newer_version_waits_for_this_node_to_catch_up() {
         .unwrap();
     assert_eq!(next(&mut stream).await.version, 2);
     drop(tx);
+    node.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_second_live_proxy_with_the_same_id_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = start(dir.path(), 1, false).await;
+    let mut admin = admin(node.local_addr()).await;
+    wait_for_leader(&mut admin).await;
+    admin
+        .apply(apply_request(vec![backend("api", "127.0.0.1:9000")], None))
+        .await
+        .unwrap();
+    let hello = |instance: &str| Hello {
+        proxy_id: "edge-1".into(),
+        instance: instance.into(),
+        ..Hello::default()
+    };
+    let (first_tx, mut first) = subscribe(node.local_addr()).await;
+    first_tx
+        .send(proxy_message(Message::Hello(hello("a"))))
+        .await
+        .unwrap();
+    assert_eq!(next(&mut first).await.version, 1);
+    let (second_tx, mut second) = subscribe(node.local_addr()).await;
+    second_tx
+        .send(proxy_message(Message::Hello(hello("b"))))
+        .await
+        .unwrap();
+    let refused = second.message().await.unwrap_err();
+    assert_eq!(refused.code(), Code::AlreadyExists);
+    assert!(refused.message().contains("edge-1"), "{}", refused.message());
+    // The same process reconnecting takes its id back.
+    let (again_tx, mut again) = subscribe(node.local_addr()).await;
+    again_tx
+        .send(proxy_message(Message::Hello(hello("a"))))
+        .await
+        .unwrap();
+    assert_eq!(next(&mut again).await.version, 1);
+    drop((first_tx, second_tx, again_tx));
     node.shutdown().await.unwrap();
 }
