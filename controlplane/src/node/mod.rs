@@ -31,6 +31,9 @@ use crate::types::Raft;
 
 /// How long shutdown waits for in-flight requests before dropping connections.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+/// How often health is re-evaluated, and how long the leader waits for a quorum's answer.
+const HEALTH_INTERVAL: Duration = Duration::from_millis(500);
+const QUORUM_PROBE: Duration = Duration::from_secs(1);
 
 /// Largest gRPC message accepted or sent, well above tonic's 4 MiB default: Raft messages
 /// carry JSON, where a snapshot chunk of [`SNAPSHOT_CHUNK`] bytes (a JSON number array)
@@ -228,16 +231,30 @@ async fn wait_for_shutdown(mut shutdown: watch::Receiver<bool>) {
     let _ = shutdown.wait_for(|stop| *stop).await;
 }
 
-/// Health is SERVING while a leader is known, i.e. while writes can succeed, and follows
-/// leadership as it is lost and regained.
+/// Health is SERVING while writes can succeed: a leader is known and, asked on the leader
+/// itself, a quorum still answers it — a leader cut off from its followers keeps its title
+/// until it hears of a newer term, but can commit nothing. Asked again every interval.
 async fn report_health(raft: Raft, reporter: tonic_health::server::HealthReporter) {
-    let mut metrics = raft.metrics();
-    let mut led = None;
+    let mut serving = None;
     loop {
-        let now_led = metrics.borrow_and_update().current_leader.is_some();
-        if led != Some(now_led) {
-            led = Some(now_led);
-            if now_led {
+        let (id, leader) = {
+            let metrics = raft.metrics();
+            let metrics = metrics.borrow();
+            (metrics.id, metrics.current_leader)
+        };
+        let now_serving = match leader {
+            None => false,
+            Some(leader) if leader == id => {
+                matches!(
+                    tokio::time::timeout(QUORUM_PROBE, raft.ensure_linearizable()).await,
+                    Ok(Ok(_))
+                )
+            }
+            Some(_) => true,
+        };
+        if serving != Some(now_serving) {
+            serving = Some(now_serving);
+            if now_serving {
                 reporter.set_service_status("", ServingStatus::Serving).await;
                 reporter.set_serving::<AdminServer<AdminService>>().await;
             } else {
@@ -245,10 +262,7 @@ async fn report_health(raft: Raft, reporter: tonic_health::server::HealthReporte
                 reporter.set_not_serving::<AdminServer<AdminService>>().await;
             }
         }
-        // An error means Raft stopped; the node is shutting down.
-        if metrics.changed().await.is_err() {
-            return;
-        }
+        tokio::time::sleep(HEALTH_INTERVAL).await;
     }
 }
 

@@ -279,3 +279,54 @@ async fn unreachable_node_is_not_added() {
     assert_eq!(applied.into_inner().version, 1);
     node.shutdown().await.unwrap();
 }
+
+/// The serving status `node` reports for the Admin service, if it answers.
+async fn admin_health(node: &crate::ControlPlane) -> Option<i32> {
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", node.local_addr()))
+        .ok()?
+        .connect()
+        .await
+        .ok()?;
+    let request = HealthCheckRequest {
+        service: "portcullis.v1.Admin".to_string(),
+    };
+    let response = HealthClient::new(channel).check(request).await.ok()?;
+    Some(response.into_inner().status)
+}
+
+#[tokio::test]
+async fn a_leader_that_lost_its_quorum_stops_serving() {
+    let (dir1, dir2) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let leader = start(dir1.path(), 1, false).await;
+    let mut client = admin(leader.local_addr()).await;
+    wait_for_leader(&mut client).await;
+    let follower = start(dir2.path(), 2, true).await;
+    let add = portcullis_proto::v1::AddNodeRequest {
+        node_id: 2,
+        address: follower.local_addr().to_string(),
+    };
+    client.add_node(add).await.unwrap();
+    let mut serving = false;
+    for _ in 0..100 {
+        serving = admin_health(&leader).await == Some(HealthStatus::Serving as i32);
+        if serving {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert!(serving, "the leader of two never reported SERVING");
+
+    // Without its follower, the leader of two has no quorum: it still calls itself leader,
+    // but nothing it is asked to write can commit.
+    follower.shutdown().await.unwrap();
+    let mut not_serving = false;
+    for _ in 0..150 {
+        not_serving = admin_health(&leader).await == Some(HealthStatus::NotServing as i32);
+        if not_serving {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert!(not_serving, "a leader without quorum kept reporting SERVING");
+    leader.shutdown().await.unwrap();
+}
