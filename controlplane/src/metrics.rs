@@ -270,11 +270,12 @@ impl Collector for NodeCollector {
             version,
         )?;
 
-        let (mut healthy, mut rejecting, mut disconnected) = (0u64, 0u64, 0u64);
+        let (mut healthy, mut pending, mut rejecting, mut disconnected) = (0u64, 0u64, 0u64, 0u64);
         for status in self.proxies.statuses() {
-            // The same three states as `portcullis status`.
+            // The same states as `portcullis status`.
             match (status.connected, status.healthy) {
                 (false, _) => disconnected += 1,
+                (true, true) if status.applied_version < status.sent_version => pending += 1,
                 (true, true) => healthy += 1,
                 (true, false) => rejecting += 1,
             }
@@ -282,13 +283,14 @@ impl Collector for NodeCollector {
         let family = ConstGauge::new(0u64);
         let mut proxies = encoder.encode_descriptor(
             "portcullis_proxies",
-            "Proxies seen by this node since it started, by state.",
+            "Proxies streaming from this node, or seen by it within --forget-proxies-after, by state.",
             None,
             family.metric_type(),
         )?;
         // Every state is always present, so a state dropping to zero is a sample, not a gap.
         for (state, count) in [
             ("healthy", healthy),
+            ("pending", pending),
             ("rejecting", rejecting),
             ("disconnected", disconnected),
         ] {
@@ -556,7 +558,7 @@ mod tests {
         assert!(value(&before, "portcullis_raft_term") >= 1.0, "{before}");
         assert_eq!(value(&before, "portcullis_raft_leader_id"), 1.0);
         assert_eq!(value(&before, "portcullis_config_version"), 0.0);
-        for state in ["healthy", "rejecting", "disconnected"] {
+        for state in ["healthy", "pending", "rejecting", "disconnected"] {
             assert_eq!(
                 value(&before, &format!("portcullis_proxies{{state=\"{state}\"}}")),
                 0.0

@@ -24,4 +24,3 @@ pub type LogId = openraft::LogId<NodeId>;
 pub type StorageError = openraft::StorageError<NodeId>;
 pub type StoredMembership = openraft::StoredMembership<NodeId, BasicNode>;
 pub type SnapshotMeta = openraft::SnapshotMeta<NodeId, BasicNode>;
-pub type RaftMetrics = openraft::RaftMetrics<NodeId, BasicNode>;

@@ -29,11 +29,14 @@ use crate::store::{LogStore, StateMachineStore, Storage};
 use crate::stream::ConfigStreamService;
 use crate::types::Raft;
 
+pub(crate) mod standing;
+
+use self::standing::Standing;
+
 /// How long shutdown waits for in-flight requests before dropping connections.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
-/// How often health is re-evaluated, and how long the leader waits for a quorum's answer.
-const HEALTH_INTERVAL: Duration = Duration::from_millis(500);
-const QUORUM_PROBE: Duration = Duration::from_secs(1);
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
+const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Largest gRPC message accepted or sent, well above tonic's 4 MiB default: Raft messages
 /// carry JSON, where a snapshot chunk of [`SNAPSHOT_CHUNK`] bytes (a JSON number array)
@@ -66,6 +69,7 @@ pub struct ControlPlane {
     shutdown: watch::Sender<bool>,
     server: JoinHandle<Result<(), tonic::transport::Error>>,
     health: JoinHandle<()>,
+    sampler: JoinHandle<()>,
     metrics: Option<MetricsServer>,
 }
 
@@ -131,9 +135,14 @@ impl ControlPlane {
         let signals = Signals::start(config.node_id, raft.clone(), view.clone(), metrics.clone()).await?;
         let (reporter, health_service) = tonic_health::server::health_reporter();
         reporter.set_service_status("", ServingStatus::NotServing).await;
-        let health = tokio::spawn(report_health(raft.clone(), reporter));
+        let (standing, sampler) = standing::watch(raft.clone());
+        let health = tokio::spawn(report_health(standing.clone(), reporter));
 
         let server = tonic::transport::Server::builder()
+            // A proxy (or node) that vanished without closing its connection is noticed, so
+            // its stream ends and its id is free for the proxy that replaces it.
+            .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
+            .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT))
             .add_service(health_service)
             .add_service(
                 AdminServer::new(AdminService::new(
@@ -148,7 +157,7 @@ impl ControlPlane {
             .add_service(
                 ConfigStreamServer::new(ConfigStreamService::new(
                     view.clone(),
-                    raft.metrics(),
+                    standing,
                     registry.clone(),
                     shutdown_rx.clone(),
                     metrics.clone(),
@@ -185,6 +194,7 @@ impl ControlPlane {
             shutdown,
             server,
             health,
+            sampler,
             metrics,
         })
     }
@@ -202,6 +212,7 @@ impl ControlPlane {
     /// flushes sled.
     pub async fn shutdown(self) -> anyhow::Result<()> {
         self.health.abort();
+        self.sampler.abort();
         if let Some(metrics) = self.metrics {
             metrics.shutdown().await;
         }
@@ -231,38 +242,24 @@ async fn wait_for_shutdown(mut shutdown: watch::Receiver<bool>) {
     let _ = shutdown.wait_for(|stop| *stop).await;
 }
 
-/// Health is SERVING while writes can succeed: a leader is known and, asked on the leader
-/// itself, a quorum still answers it — a leader cut off from its followers keeps its title
-/// until it hears of a newer term, but can commit nothing. Asked again every interval.
-async fn report_health(raft: Raft, reporter: tonic_health::server::HealthReporter) {
-    let mut serving = None;
+/// Health is SERVING while writes can succeed through this node (see [`Standing`]), and
+/// follows it as it is lost and regained.
+async fn report_health(
+    mut standing: watch::Receiver<Standing>,
+    reporter: tonic_health::server::HealthReporter,
+) {
     loop {
-        let (id, leader) = {
-            let metrics = raft.metrics();
-            let metrics = metrics.borrow();
-            (metrics.id, metrics.current_leader)
-        };
-        let now_serving = match leader {
-            None => false,
-            Some(leader) if leader == id => {
-                matches!(
-                    tokio::time::timeout(QUORUM_PROBE, raft.ensure_linearizable()).await,
-                    Ok(Ok(_))
-                )
-            }
-            Some(_) => true,
-        };
-        if serving != Some(now_serving) {
-            serving = Some(now_serving);
-            if now_serving {
-                reporter.set_service_status("", ServingStatus::Serving).await;
-                reporter.set_serving::<AdminServer<AdminService>>().await;
-            } else {
-                reporter.set_service_status("", ServingStatus::NotServing).await;
-                reporter.set_not_serving::<AdminServer<AdminService>>().await;
-            }
+        if standing.borrow_and_update().in_touch {
+            reporter.set_service_status("", ServingStatus::Serving).await;
+            reporter.set_serving::<AdminServer<AdminService>>().await;
+        } else {
+            reporter.set_service_status("", ServingStatus::NotServing).await;
+            reporter.set_not_serving::<AdminServer<AdminService>>().await;
         }
-        tokio::time::sleep(HEALTH_INTERVAL).await;
+        // An error means the sampler stopped: the node is shutting down.
+        if standing.changed().await.is_err() {
+            return;
+        }
     }
 }
 

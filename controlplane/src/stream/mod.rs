@@ -13,8 +13,8 @@ use tonic::{Request, Response, Status, Streaming};
 
 use crate::admin::wire::to_wire;
 use crate::metrics::Metrics;
+use crate::node::standing::Standing;
 use crate::registry::ProxyRegistry;
-use crate::types::RaftMetrics;
 use crate::view::ConfigView;
 
 /// How long a new stream may take to send its Hello; a client that never does would
@@ -22,13 +22,14 @@ use crate::view::ConfigView;
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a proxy holding a newer version than this node waits for it to catch up.
 const CATCH_UP_GRACE: Duration = Duration::from_secs(10);
-/// How long a node may know no leader before its proxies are sent to other nodes.
+/// How long a node may be out of touch with the cluster before its proxies are sent to
+/// other nodes (an election takes a second or two).
 const LEADERLESS_GRACE: Duration = Duration::from_secs(5);
 
 pub struct ConfigStreamService {
     view: watch::Receiver<ConfigView>,
-    /// This node's Raft metrics: whether it is still a member of the cluster.
-    cluster: watch::Receiver<RaftMetrics>,
+    /// This node's standing in the cluster: whether its proxies should go elsewhere.
+    cluster: watch::Receiver<Standing>,
     registry: ProxyRegistry,
     /// Flips to `true` on shutdown, ending every stream so the server can stop gracefully.
     shutdown: watch::Receiver<bool>,
@@ -38,7 +39,7 @@ pub struct ConfigStreamService {
 impl ConfigStreamService {
     pub fn new(
         view: watch::Receiver<ConfigView>,
-        cluster: watch::Receiver<RaftMetrics>,
+        cluster: watch::Receiver<Standing>,
         registry: ProxyRegistry,
         shutdown: watch::Receiver<bool>,
         metrics: Metrics,
@@ -89,33 +90,21 @@ struct Session {
     inbound: Streaming<ProxyMessage>,
     outbound: mpsc::Sender<Result<ConfigSnapshot, Status>>,
     view: watch::Receiver<ConfigView>,
-    cluster: watch::Receiver<RaftMetrics>,
+    cluster: watch::Receiver<Standing>,
     registry: ProxyRegistry,
     shutdown: watch::Receiver<bool>,
     metrics: Metrics,
 }
 
-/// What a node knows of its place in the cluster.
-struct Place {
-    member: bool,
-    voters: usize,
-    leader_known: bool,
-}
-
 impl Session {
-    fn place(&self) -> Place {
-        let metrics = self.cluster.borrow();
-        let membership = metrics.membership_config.membership();
-        Place {
-            member: membership.get_node(&metrics.id).is_some(),
-            voters: membership.voter_ids().count(),
-            leader_known: metrics.current_leader.is_some(),
-        }
+    fn place(&self) -> Standing {
+        *self.cluster.borrow()
     }
 
     /// A node outside the cluster (started with `--join` and not added yet) or cut off from
-    /// it (no leader for a while: partitioned, or removed — a removed node need not learn
-    /// that it was) gets no new versions: its proxies go elsewhere.
+    /// it for a while (no leader, or a leader no quorum answers: partitioned, or removed — a
+    /// removed node need not learn that it was) gets no new versions: its proxies go
+    /// elsewhere.
     fn left_cluster(&self) -> Status {
         Status::unavailable("this control-plane node is not in touch with the cluster; use another node")
     }
@@ -159,9 +148,6 @@ impl Session {
             instance,
         } = hello;
         let shard: ShardSelector = shard.into_iter().collect();
-        if !self.place().member {
-            return self.fail(self.left_cluster());
-        }
         let session = match self.registry.connect(&proxy_id, &instance, &shard, last_version) {
             Ok(session) => session,
             Err(refused) => {
@@ -185,7 +171,7 @@ impl Session {
         // rebuilt from empty storage, counting versions from 1 again) sends what it has.
         let mut catching_up = (held > 0).then(|| tokio::time::Instant::now() + CATCH_UP_GRACE);
         let mut leaderless_until =
-            (!self.place().leader_known).then(|| tokio::time::Instant::now() + LEADERLESS_GRACE);
+            (!self.place().in_touch).then(|| tokio::time::Instant::now() + LEADERLESS_GRACE);
         loop {
             tokio::select! {
                 () = tokio::time::sleep_until(leaderless_until.unwrap_or_else(tokio::time::Instant::now)), if leaderless_until.is_some() => {
@@ -204,13 +190,9 @@ impl Session {
                     if changed.is_err() {
                         return;
                     }
-                    let place = self.place();
-                    if !place.member {
-                        return self.fail(self.left_cluster());
-                    }
                     // An election takes a second or two; only a longer silence sends the
                     // proxy away.
-                    leaderless_until = match (place.leader_known, leaderless_until) {
+                    leaderless_until = match (self.place().in_touch, leaderless_until) {
                         (true, _) => None,
                         (false, None) => Some(tokio::time::Instant::now() + LEADERLESS_GRACE),
                         (false, waiting) => waiting,
