@@ -22,6 +22,11 @@ pub struct McpBackendSpec {
     /// only on the replica that created it.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub session_keys: Vec<SecretSource>,
+    /// How long a client's session id stays valid after `initialize`; then it gets 404 and
+    /// initializes again (the sealed id carries its own age, so no proxy keeps state).
+    /// Default and longest: 24 h.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_ttl: Option<HumanDuration>,
 }
 
 /// Where a proxy reads a secret: the secret itself is never in the config.
@@ -84,6 +89,10 @@ impl McpServerSpec {
 }
 
 impl McpBackendSpec {
+    pub fn session_ttl(&self) -> Duration {
+        self.session_ttl.map_or(crate::duration::MAX_DURATION, |ttl| ttl.0)
+    }
+
     /// Whether names and URIs carry their server's prefix.
     pub fn multiplexed(&self) -> bool {
         self.servers.len() > 1
@@ -184,6 +193,9 @@ impl KindSpec for McpBackendSpec {
             if server.list_ttl.is_some_and(|ttl| ttl.0.is_zero()) {
                 checker.fail(format!("{field}.listTtl"), "must be above 0 (leave it out not to reuse lists)");
             }
+        }
+        if self.session_ttl.is_some_and(|ttl| ttl.0.is_zero()) {
+            checker.fail("spec.sessionTtl", "must be above 0");
         }
         if self.session_keys.len() > MAX_SESSION_KEYS {
             checker.fail(

@@ -130,7 +130,7 @@ impl McpTarget {
             .collect();
         Ok(McpTarget {
             guards,
-            sealer: Sealer::load(&target, &spec.session_keys)?,
+            sealer: Sealer::load(&target, &spec.session_keys, spec.session_ttl())?,
             name: target,
             servers,
             rules,

@@ -41,6 +41,9 @@ pub(super) struct Session {
     /// Kept only when a server speaks 2026-07-28, which wants it on every request.
     #[serde(rename = "c", default, skip_serializing_if = "Option::is_none")]
     pub(super) client: Option<ClientMeta>,
+    /// When it was sealed at `initialize`, Unix seconds: the id expires `sessionTtl` later.
+    #[serde(rename = "t")]
+    pub(super) issued: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -66,11 +69,23 @@ pub(super) struct Sealer {
     ciphers: Vec<XChaCha20Poly1305>,
     /// The McpBackend's object key.
     bound_to: Arc<str>,
+    ttl: std::time::Duration,
+}
+
+/// Now, in Unix seconds (0 for a clock before 1970: every session then looks fresh).
+pub(super) fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |elapsed| elapsed.as_secs())
 }
 
 impl Sealer {
     /// Reads the keys; errors name the source, never its content.
-    pub(super) fn load(target: &Arc<str>, sources: &[SecretSource]) -> Result<Sealer, String> {
+    pub(super) fn load(
+        target: &Arc<str>,
+        sources: &[SecretSource],
+        ttl: std::time::Duration,
+    ) -> Result<Sealer, String> {
         let keys: Vec<[u8; KEY_BYTES]> = if sources.is_empty() {
             vec![*PROCESS_KEY]
         } else {
@@ -89,6 +104,7 @@ impl Sealer {
                 .map(|key| XChaCha20Poly1305::new(Key::from_slice(key)))
                 .collect(),
             bound_to: target.clone(),
+            ttl,
         })
     }
 
@@ -111,8 +127,12 @@ impl Sealer {
         URL_SAFE_NO_PAD.encode(bytes)
     }
 
-    /// `None` for anything not sealed by one of our keys for this McpBackend.
+    /// `None` for anything not sealed by one of our keys for this McpBackend, or expired.
     pub(super) fn open(&self, id: &str) -> Option<Session> {
+        self.open_at(id, unix_now())
+    }
+
+    fn open_at(&self, id: &str, now: u64) -> Option<Session> {
         let bytes = URL_SAFE_NO_PAD.decode(id).ok()?;
         let (&format, rest) = bytes.split_first()?;
         if format != FORMAT || rest.len() < NONCE_BYTES {
@@ -126,7 +146,8 @@ impl Sealer {
             };
             cipher.decrypt(XNonce::from_slice(nonce), payload).ok()
         })?;
-        serde_json::from_slice(&plain).ok()
+        let session: Session = serde_json::from_slice(&plain).ok()?;
+        (now.saturating_sub(session.issued) <= self.ttl.as_secs()).then_some(session)
     }
 }
 
@@ -159,6 +180,23 @@ fn read_key(source: &SecretSource) -> Result<[u8; KEY_BYTES], String> {
 mod tests {
     use super::*;
 
+    const DAY: std::time::Duration = std::time::Duration::from_secs(24 * 60 * 60);
+
+    #[test]
+    fn a_session_expires_its_ttl_after_initialize() {
+        let sealer = Sealer::load(
+            &Arc::from("McpBackend/tools"),
+            &[],
+            std::time::Duration::from_secs(60),
+        )
+        .unwrap();
+        let session = session();
+        let sealed = sealer.seal(&session);
+        let issued = session.issued;
+        assert_eq!(sealer.open_at(&sealed, issued + 60), Some(session));
+        assert_eq!(sealer.open_at(&sealed, issued + 61), None);
+    }
+
     fn session() -> Session {
         Session {
             version: "2025-11-25".into(),
@@ -168,6 +206,7 @@ mod tests {
                 version: "2025-06-18".into(),
             }],
             client: None,
+            issued: unix_now(),
         }
     }
 
@@ -183,7 +222,7 @@ mod tests {
         let old = key_file(&dir, "old", &"ab".repeat(32));
         let new = key_file(&dir, "new", &STANDARD.encode([7u8; 32]));
         let target: Arc<str> = Arc::from("McpBackend/tools");
-        let before = Sealer::load(&target, std::slice::from_ref(&old)).unwrap();
+        let before = Sealer::load(&target, std::slice::from_ref(&old), DAY).unwrap();
         let sealed = before.seal(&session());
         assert!(
             sealed.bytes().all(|byte| (0x21..=0x7e).contains(&byte)),
@@ -191,20 +230,20 @@ mod tests {
         );
         assert!(!sealed.contains("upstream-1"), "the upstream id is not readable");
 
-        let rotating = Sealer::load(&target, &[new.clone(), old]).unwrap();
+        let rotating = Sealer::load(&target, &[new.clone(), old], DAY).unwrap();
         assert_eq!(rotating.open(&sealed), Some(session()));
         let resealed = rotating.seal(&session());
         assert_eq!(before.open(&resealed), None, "new sessions use the new key");
 
-        let retired = Sealer::load(&target, std::slice::from_ref(&new)).unwrap();
+        let retired = Sealer::load(&target, std::slice::from_ref(&new), DAY).unwrap();
         assert_eq!(retired.open(&sealed), None, "the retired key's sessions are gone");
-        let elsewhere = Sealer::load(&Arc::from("McpBackend/other"), &[new]).unwrap();
+        let elsewhere = Sealer::load(&Arc::from("McpBackend/other"), &[new], DAY).unwrap();
         assert_eq!(elsewhere.open(&resealed), None);
     }
 
     #[test]
     fn forged_or_damaged_ids_do_not_open() {
-        let sealer = Sealer::load(&Arc::from("McpBackend/tools"), &[]).unwrap();
+        let sealer = Sealer::load(&Arc::from("McpBackend/tools"), &[], DAY).unwrap();
         let sealed = sealer.seal(&session());
         let mut damaged = sealed.clone().into_bytes();
         let last = damaged.len() - 2;
@@ -224,14 +263,16 @@ mod tests {
     fn key_errors_name_the_source_not_the_key() {
         let dir = tempfile::tempdir().unwrap();
         let short = key_file(&dir, "short", "c2VjcmV0");
-        let error = Sealer::load(&Arc::from("McpBackend/t"), &[short]).err().unwrap();
+        let error = Sealer::load(&Arc::from("McpBackend/t"), &[short], DAY)
+            .err()
+            .unwrap();
         assert!(
             error.contains("spec.sessionKeys[0]") && error.contains("32 bytes"),
             "{error}"
         );
         assert!(!error.contains("c2VjcmV0"));
         let missing = SecretSource::Env("PORTCULLIS_TEST_NO_SUCH_KEY".into());
-        let error = Sealer::load(&Arc::from("McpBackend/t"), &[missing])
+        let error = Sealer::load(&Arc::from("McpBackend/t"), &[missing], DAY)
             .err()
             .unwrap();
         assert!(
