@@ -46,7 +46,7 @@ fn service(replicas: &[u16], extra: &str) -> String {
         .map(|port| format!("'127.0.0.1:{port}'"))
         .collect();
     format!(
-        "  phases: [McpRequest, McpResponse]\n  timeout: 300ms\n{extra}  service:\n    replicas: [{}]\n    healthInterval: 200ms\n",
+        "  phases: [McpRequest, McpResponse]\n  timeout: 1s\n{extra}  service:\n    replicas: [{}]\n    healthInterval: 200ms\n",
         replicas.join(", ")
     )
 }

@@ -8,7 +8,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http_body::{Body as HttpBody, Frame, SizeHint};
 use http_body_util::combinators::UnsyncBoxBody;
-use http_body_util::{BodyExt, Empty, Full};
+use http_body_util::{BodyExt, BodyStream, Empty, Full, StreamBody};
 use tokio::time::{Instant, Sleep};
 
 pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -32,6 +32,51 @@ where
     B::Error: Into<BoxError>,
 {
     body.map_err(Into::into).boxed_unsync()
+}
+
+/// Largest answer a stage holds whole to check it (guardrails on results and completions).
+pub(crate) const MAX_HELD_ANSWER_BYTES: usize = 16 << 20;
+
+/// A body read whole, up to a limit.
+pub(crate) enum Held {
+    Whole(Bytes),
+    /// The body failed while being read.
+    Broken(String),
+    /// Over the limit: what was read, and the rest of the body, unread.
+    TooLarge {
+        start: Bytes,
+        rest: Body,
+    },
+}
+
+/// Reads `body` whole, up to `limit` bytes.
+pub(crate) async fn hold(mut body: Body, limit: usize) -> Held {
+    let mut buffer = bytes::BytesMut::new();
+    while let Some(frame) = body.frame().await {
+        let frame = match frame {
+            Ok(frame) => frame,
+            Err(error) => return Held::Broken(error.to_string()),
+        };
+        if let Ok(data) = frame.into_data() {
+            buffer.extend_from_slice(&data);
+            if buffer.len() > limit {
+                return Held::TooLarge {
+                    start: buffer.freeze(),
+                    rest: body,
+                };
+            }
+        }
+    }
+    Held::Whole(buffer.freeze())
+}
+
+/// `start` followed by the rest of a body: a held answer passed on after all.
+pub(crate) fn prepend(start: Bytes, rest: Body) -> Body {
+    let start = futures::stream::once(async move { Ok(Frame::data(start)) });
+    boxed(StreamBody::new(futures::StreamExt::chain(
+        start,
+        BodyStream::new(rest),
+    )))
 }
 
 /// A body that went quiet for longer than allowed.

@@ -10,21 +10,16 @@
 use std::collections::{BTreeMap, VecDeque};
 
 use bytes::Bytes;
-use futures::StreamExt;
 use http::{Response, StatusCode};
 use http_body::Frame;
-use http_body_util::{BodyExt, BodyStream, StreamBody};
+use http_body_util::{BodyExt, StreamBody};
 use portcullis_config::GuardrailPhase;
 use serde_json::Value;
 
 use super::error::{error, error_type, stopped};
-use crate::body::{self, Body, BoxError};
+use crate::body::{self, Body, BoxError, Held, MAX_HELD_ANSWER_BYTES};
 use crate::policy::guardrail::{Asker, Guards, Stop, Subject};
 use crate::sse;
-
-/// Largest JSON answer held for checking, largest stream event, and largest streamed text
-/// kept per choice.
-const MAX_CHECKED_BYTES: usize = 16 << 20;
 
 /// The completion guards of one request, and who asks.
 pub(crate) struct CompletionCheck {
@@ -109,56 +104,26 @@ pub(crate) async fn check(response: Response<Body>, check: CompletionCheck) -> R
         let frames = futures::stream::unfold(state, Stream::next);
         return Response::from_parts(parts, body::boxed(StreamBody::new(frames)));
     }
-    match read(inner).await {
-        Answer::Whole(bytes) => match checked_answer(&bytes, &check).await {
+    match body::hold(inner, MAX_HELD_ANSWER_BYTES).await {
+        Held::Whole(bytes) => match checked_answer(&bytes, &check).await {
             Ok(None) => Response::from_parts(parts, body::full(bytes)),
             Ok(Some(answer)) => Response::from_parts(parts, body::full(answer.to_string())),
             Err(stop) => refusal(stop),
         },
         // Not the guards' doing: the client sees a failed upstream, and no decision is made.
-        Answer::Broken(problem) => error(StatusCode::BAD_GATEWAY, "upstream_error", problem),
-        Answer::TooLarge { start, rest } => {
-            let problem = format!("the model server's answer is larger than {MAX_CHECKED_BYTES} bytes");
+        Held::Broken(problem) => error(
+            StatusCode::BAD_GATEWAY,
+            "upstream_error",
+            format!("the model server's answer broke off: {problem}"),
+        ),
+        Held::TooLarge { start, rest } => {
+            let problem = format!("the model server's answer is larger than {MAX_HELD_ANSWER_BYTES} bytes");
             match check.unreadable(&problem, false) {
-                Ok(()) => {
-                    let start = futures::stream::once(async move { Ok(Frame::data(start)) });
-                    let whole = start.chain(BodyStream::new(rest));
-                    Response::from_parts(parts, body::boxed(StreamBody::new(whole)))
-                }
+                Ok(()) => Response::from_parts(parts, body::prepend(start, rest)),
                 Err(stop) => refusal(stop),
             }
         }
     }
-}
-
-enum Answer {
-    Whole(Bytes),
-    Broken(String),
-    /// What was read, and the rest of the body, unread.
-    TooLarge {
-        start: Bytes,
-        rest: Body,
-    },
-}
-
-async fn read(mut body: Body) -> Answer {
-    let mut buffer = bytes::BytesMut::new();
-    while let Some(frame) = body.frame().await {
-        let frame = match frame {
-            Ok(frame) => frame,
-            Err(error) => return Answer::Broken(format!("the model server's answer broke off: {error}")),
-        };
-        if let Ok(data) = frame.into_data() {
-            buffer.extend_from_slice(&data);
-            if buffer.len() > MAX_CHECKED_BYTES {
-                return Answer::TooLarge {
-                    start: buffer.freeze(),
-                    rest: body,
-                };
-            }
-        }
-    }
-    Answer::Whole(buffer.freeze())
 }
 
 /// The text of a choice: chat `message.content`, completions `text`.
@@ -235,10 +200,10 @@ impl Stream {
                     let Ok(data) = frame.into_data() else { continue };
                     let mut events = Vec::new();
                     self.parser.feed(&data, &mut events);
-                    if self.parser.pending() > MAX_CHECKED_BYTES {
+                    if self.parser.pending() > MAX_HELD_ANSWER_BYTES {
                         self.inner = None;
                         let error = format!(
-                            "an event of the model server's stream exceeds {MAX_CHECKED_BYTES} bytes"
+                            "an event of the model server's stream exceeds {MAX_HELD_ANSWER_BYTES} bytes"
                         );
                         return Some((Err(error.into()), self));
                     }
@@ -289,7 +254,7 @@ impl Stream {
             let text = choice["delta"]["content"].as_str().or(choice["text"].as_str());
             if let Some(text) = text {
                 let so_far = self.texts.entry(index).or_default();
-                if so_far.len() + text.len() <= MAX_CHECKED_BYTES {
+                if so_far.len() + text.len() <= MAX_HELD_ANSWER_BYTES {
                     so_far.push_str(text);
                 } else {
                     self.unreadable.get_or_insert("a choice's text exceeds 16 MiB");

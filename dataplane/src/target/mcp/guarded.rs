@@ -15,7 +15,7 @@ use serde_json::{json, Value};
 use super::jsonrpc;
 use super::remap::MAX_PENDING_EVENT_BYTES;
 use super::server::is_event_stream;
-use crate::body::{self, Body, BoxError};
+use crate::body::{self, Body, BoxError, Held, MAX_HELD_ANSWER_BYTES};
 use crate::policy::guardrail::{Asker, Guards, Stop, Subject};
 use crate::sse;
 
@@ -50,9 +50,6 @@ impl Item {
     }
 }
 
-/// Largest JSON answer read whole to check its result.
-const MAX_CHECKED_ANSWER_BYTES: usize = 16 << 20;
-
 /// Checks a call's arguments: `Ok` with the replacement arguments when a guard mutated
 /// them, or the answer to give instead.
 pub(super) async fn check_request(
@@ -81,9 +78,24 @@ pub(super) async fn check_response(
 ) -> Response<Body> {
     let (mut parts, inner) = response.into_parts();
     if !is_event_stream(&parts.headers) {
-        let bytes = match read_answer(inner).await {
-            Ok(bytes) => bytes,
-            Err(problem) => return upstream_unreadable(&id, &item, &problem),
+        let bytes = match body::hold(inner, MAX_HELD_ANSWER_BYTES).await {
+            Held::Whole(bytes) => bytes,
+            Held::Broken(problem) => {
+                let server = format!("server {}", item.server);
+                return jsonrpc::upstream_failed(&id, &server, &format!("its answer broke off: {problem}"));
+            }
+            // Too large to check: the failure modes decide, as for any unreadable answer.
+            Held::TooLarge { start, rest } => {
+                let subject = item.subject(GuardrailPhase::McpResponse);
+                let problem = format!("the server's answer is larger than {MAX_HELD_ANSWER_BYTES} bytes");
+                return match guards.unreadable(&asker, &subject, &problem) {
+                    Ok(()) => {
+                        parts.headers.remove(http::header::CONTENT_LENGTH);
+                        Response::from_parts(parts, body::prepend(start, rest))
+                    }
+                    Err(stop) => refusal(stop, &item, &id, "result"),
+                };
+            }
         };
         let checked = match checked_data(&bytes, &guards, &asker, &item, &id).await {
             Checked::Unchanged => body::full(bytes),
@@ -107,20 +119,6 @@ pub(super) async fn check_response(
     };
     let frames = futures::stream::unfold(state, Stream::next);
     Response::from_parts(parts, body::boxed(StreamBody::new(frames)))
-}
-
-async fn read_answer(mut body: Body) -> Result<Bytes, String> {
-    let mut buffer = bytes::BytesMut::new();
-    while let Some(frame) = body.frame().await {
-        let frame = frame.map_err(|error| error.to_string())?;
-        if let Ok(data) = frame.into_data() {
-            if buffer.len() + data.len() > MAX_CHECKED_ANSWER_BYTES {
-                return Err(format!("larger than {MAX_CHECKED_ANSWER_BYTES} bytes"));
-            }
-            buffer.extend_from_slice(&data);
-        }
-    }
-    Ok(buffer.freeze())
 }
 
 enum Checked {
@@ -263,18 +261,4 @@ fn refusal(stop: Stop, item: &Item, id: &Value, what: &str) -> Response<Body> {
             "mcp_guardrail_unavailable",
         ),
     }
-}
-
-fn upstream_unreadable(id: &Value, item: &Item, error: &str) -> Response<Body> {
-    jsonrpc::error(
-        StatusCode::OK,
-        id,
-        jsonrpc::UPSTREAM_FAILED,
-        format!(
-            "server {}: its answer could not be read for checking: {error}",
-            item.server
-        ),
-        None,
-        "mcp_upstream_failed",
-    )
 }

@@ -4,7 +4,7 @@
 use http::{Response, StatusCode};
 use serde_json::{json, Map, Value};
 
-use crate::body::Body;
+use crate::body::{self, Body};
 use crate::response::{self, ProxyError};
 
 pub(super) const PARSE_ERROR: i64 = -32700;
@@ -163,6 +163,45 @@ pub(super) fn rejected(rejected: Rejected) -> Response<Body> {
         rejected.message,
         None,
         "mcp_invalid_message",
+    )
+}
+
+pub(super) fn accepted() -> Response<Body> {
+    let mut accepted = Response::new(body::empty());
+    *accepted.status_mut() = StatusCode::ACCEPTED;
+    accepted
+}
+
+pub(super) fn session_not_found(id: &Value) -> Response<Body> {
+    error(
+        StatusCode::NOT_FOUND,
+        id,
+        INVALID_REQUEST,
+        "Session not found: initialize again",
+        None,
+        "mcp_session_not_found",
+    )
+}
+
+pub(super) fn invalid_params(id: &Value, message: String) -> Response<Body> {
+    error(
+        StatusCode::OK,
+        id,
+        INVALID_PARAMS,
+        message,
+        None,
+        "mcp_invalid_params",
+    )
+}
+
+pub(super) fn upstream_failed(id: &Value, target: &str, problem: &str) -> Response<Body> {
+    error(
+        StatusCode::OK,
+        id,
+        UPSTREAM_FAILED,
+        format!("{target}: {problem}"),
+        None,
+        "mcp_upstream_failed",
     )
 }
 

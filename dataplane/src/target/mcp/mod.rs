@@ -36,7 +36,7 @@ use serde_json::{json, Map, Value};
 use self::authz::{Judgement, ServerRules};
 use self::downstream::Era;
 use self::guarded::ServerGuards;
-use self::jsonrpc::Message;
+use self::jsonrpc::{accepted, invalid_params, session_not_found, upstream_failed, Message};
 use self::reach::{Downstream, Reach, Sent};
 use self::server::{Server, SESSION_ID};
 use self::session::{Sealer, Session};
@@ -772,45 +772,6 @@ fn inject_trace(params: &mut Value, exchange: &Exchange<'_>) {
             }
         }
     }
-}
-
-fn accepted() -> Response<Body> {
-    let mut accepted = Response::new(body::empty());
-    *accepted.status_mut() = StatusCode::ACCEPTED;
-    accepted
-}
-
-fn session_not_found(id: &Value) -> Response<Body> {
-    jsonrpc::error(
-        StatusCode::NOT_FOUND,
-        id,
-        jsonrpc::INVALID_REQUEST,
-        "Session not found: initialize again",
-        None,
-        "mcp_session_not_found",
-    )
-}
-
-fn invalid_params(id: &Value, message: String) -> Response<Body> {
-    jsonrpc::error(
-        StatusCode::OK,
-        id,
-        jsonrpc::INVALID_PARAMS,
-        message,
-        None,
-        "mcp_invalid_params",
-    )
-}
-
-fn upstream_failed(id: &Value, target: &str, error: &str) -> Response<Body> {
-    jsonrpc::error(
-        StatusCode::OK,
-        id,
-        jsonrpc::UPSTREAM_FAILED,
-        format!("{target}: {error}"),
-        None,
-        "mcp_upstream_failed",
-    )
 }
 
 impl Target for McpTarget {
