@@ -51,6 +51,10 @@ pub struct GetArgs {
     pub name: Option<String>,
     #[arg(short = 'o', long, value_enum, default_value = "yaml")]
     pub output: Format,
+    /// Answer from the node asked, even a follower or a node without quorum; by default the
+    /// read is linearizable (served by the leader once a quorum confirms it still leads).
+    #[arg(long)]
+    pub local: bool,
     #[command(flatten)]
     pub connection: Connection,
 }
@@ -234,13 +238,18 @@ fn parse_kind(text: &str) -> anyhow::Result<Kind> {
 pub async fn get(args: GetArgs) -> anyhow::Result<()> {
     let kind = parse_kind(&args.kind)?;
     let admin = Admin::new(&args.connection.controlplane);
-    let wire = match &args.name {
+    let consistency = match args.local {
+        true => v1::ReadConsistency::Local,
+        false => v1::ReadConsistency::Linearizable,
+    };
+    let (wire, version, served) = match &args.name {
         Some(name) => {
             let request = v1::GetRequest {
                 object: Some(v1::ObjectRef {
                     kind: kind.to_string(),
                     name: name.clone(),
                 }),
+                consistency: consistency.into(),
             };
             let response = admin
                 .call(|mut client| {
@@ -248,21 +257,34 @@ pub async fn get(args: GetArgs) -> anyhow::Result<()> {
                     async move { client.get(request).await }
                 })
                 .await?;
-            response.object.into_iter().collect::<Vec<_>>()
+            let served = response.served();
+            (
+                response.object.into_iter().collect::<Vec<_>>(),
+                response.version,
+                served,
+            )
         }
         None => {
             let request = v1::ListRequest {
                 kind: kind.to_string(),
+                consistency: consistency.into(),
             };
-            admin
+            let response = admin
                 .call(|mut client| {
                     let request = request.clone();
                     async move { client.list(request).await }
                 })
-                .await?
-                .objects
+                .await?;
+            let served = response.served();
+            (response.objects, response.version, served)
         }
     };
+    // On stderr, so the objects on stdout stay valid YAML or JSON.
+    let served = match served {
+        v1::ReadConsistency::Linearizable => "linearizable read",
+        v1::ReadConsistency::Local => "local read (may trail the leader)",
+    };
+    eprintln!("# {served} at config version {version}");
     let objects = wire
         .iter()
         .map(|object| Object::from_json_bytes(&object.json, &format!("{}/{}", object.kind, object.name)))

@@ -5,7 +5,7 @@ use std::future::Future;
 use std::time::Duration;
 
 use portcullis_proto::v1::admin_client::AdminClient;
-use portcullis_proto::LEADER_METADATA_KEY;
+use portcullis_proto::{LEADER_METADATA_KEY, MAX_MESSAGE_BYTES};
 use tonic::transport::Channel;
 
 /// How many leader redirects one call follows before giving up (an election in progress
@@ -42,7 +42,9 @@ impl Admin {
                 .connect()
                 .await
                 .map_err(|error| anyhow::anyhow!("cannot reach the control plane at {endpoint}: {error}"))?;
-            let client = AdminClient::new(channel);
+            let client = AdminClient::new(channel)
+                .max_decoding_message_size(MAX_MESSAGE_BYTES)
+                .max_encoding_message_size(MAX_MESSAGE_BYTES);
             match call(client).await {
                 Ok(response) => return Ok(response.into_inner()),
                 Err(status) => {

@@ -174,7 +174,7 @@ async fn bad_config_is_rejected_and_changes_nothing() {
         .unwrap_err();
     assert_eq!(error.code(), tonic::Code::InvalidArgument, "{error:?}");
     let good = client
-        .list(v1::ListRequest { kind: String::new() })
+        .list(v1::ListRequest::default())
         .await
         .unwrap()
         .into_inner()

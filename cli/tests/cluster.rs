@@ -166,6 +166,24 @@ fn a_proxy_moves_to_another_node_when_its_node_dies() {
     wait_for("the proxy on the new version", TIMEOUT, || {
         served_by(listener, "/").as_deref() == Some("second")
     });
+    // Reads through either survivor see the write: linearizable by default (a follower
+    // redirects to the leader), or the node's own state on request.
+    for node in &survivors {
+        let output = cli(&["get", "backends", "--controlplane", node]);
+        assert!(output.status.success(), "get: {}", stderr(&output));
+        assert!(stdout(&output).contains("name: second"), "{}", stdout(&output));
+        assert!(
+            stderr(&output).contains("# linearizable read at config version"),
+            "{}",
+            stderr(&output)
+        );
+    }
+    wait_for("a local read on each survivor showing the write", TIMEOUT, || {
+        survivors.iter().all(|node| {
+            let output = cli(&["get", "backends", "--local", "--controlplane", node]);
+            stdout(&output).contains("name: second") && stderr(&output).contains("# local read")
+        })
+    });
 
     // The dead node leaves the cluster.
     let dead_id = (dead + 1).to_string();

@@ -1,22 +1,73 @@
-//! What a Raft entry asks of the config, and the deterministic rule that answers it. Every
-//! node runs [`execute`] on the same inputs in the same order, so all replicas agree.
+//! What a Raft entry carries and how every node applies it.
+//!
+//! The leader validates a write against the config it has applied ([`plan_apply`],
+//! [`plan_delete`]) and proposes its result: the objects to store as JSON, the keys to
+//! remove, and the version it validated against. Applying an entry ([`StoredConfig::apply`])
+//! checks only that version and runs no config validation, so its outcome depends on the
+//! entry alone: a node running a build with different (stricter or looser) validation
+//! replays the log to the same versions and the same stored objects as every other node.
+//! What this build makes of the stored JSON is decided afterwards, per node
+//! ([`StoredConfig::read`]), and never feeds back into the replicated state.
 
-use portcullis_config::{collect_objects, Change, ConfigError, ConfigSet, Object, ObjectKey};
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::Arc;
+
+use portcullis_config::{collect_objects, Change, ConfigError, ConfigSet, Kind, Object, ObjectKey};
 use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
 
-/// The payload of a normal Raft entry. Objects travel as JSON, not as [`Object`], so the
-/// entry format is the same documented JSON the API speaks, and decoding stays in the
-/// shared config crate.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub enum Command {
-    Apply {
-        objects: Vec<serde_json::Value>,
-        expected_version: Option<u64>,
-    },
-    Delete {
-        keys: Vec<ObjectKey>,
-        expected_version: Option<u64>,
-    },
+/// An object's kind and name as text, so that an entry or a stored object stays readable by
+/// a build that does not know its kind.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct StoredKey {
+    pub kind: String,
+    pub name: String,
+}
+
+impl StoredKey {
+    /// Parses the `Kind/name` form of [`fmt::Display`].
+    pub fn parse(text: &str) -> Option<StoredKey> {
+        let (kind, name) = text.split_once('/')?;
+        Some(StoredKey {
+            kind: kind.to_string(),
+            name: name.to_string(),
+        })
+    }
+}
+
+impl StoredKey {
+    /// The typed key, if this build knows the kind.
+    pub fn object_key(&self) -> Option<ObjectKey> {
+        Some(ObjectKey::new(Kind::from_name(&self.kind)?, self.name.clone()))
+    }
+}
+
+impl From<&ObjectKey> for StoredKey {
+    fn from(key: &ObjectKey) -> Self {
+        StoredKey {
+            kind: key.kind.to_string(),
+            name: key.name.clone(),
+        }
+    }
+}
+
+impl fmt::Display for StoredKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.kind, self.name)
+    }
+}
+
+/// The payload of a normal Raft entry: a write the leader has validated, stated as its result.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Write {
+    /// The config version the leader validated against; the write applies only on top of it.
+    pub base_version: u64,
+    /// Objects created or replaced, as the documented JSON the API speaks.
+    pub put: Vec<(StoredKey, Box<RawValue>)>,
+    pub delete: Vec<StoredKey>,
+    /// What the write does to each object it names, answered to the client.
+    pub changes: Vec<ObjectChange>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -26,7 +77,7 @@ pub enum ErrorCode {
     NotFound,
 }
 
-/// Why a command changed nothing.
+/// Why a write changed nothing.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Rejection {
     pub code: ErrorCode,
@@ -40,16 +91,24 @@ impl Rejection {
             message: error.to_string(),
         }
     }
+
+    /// The config is not at the version a write was made for.
+    pub fn version_moved(current: u64, expected: u64) -> Self {
+        Self {
+            code: ErrorCode::FailedPrecondition,
+            message: format!("config is at version {current}, expected {expected}"),
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ObjectChange {
-    pub key: ObjectKey,
+    pub key: StoredKey,
     /// [`Change::as_str`]: kept as text because `Change` is not serializable.
     pub action: String,
 }
 
-/// What a committed command did: the version after it and what happened to each object.
+/// What a committed write did: the version after it and what happened to each object.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Applied {
     pub version: u64,
@@ -59,88 +118,196 @@ pub struct Applied {
 /// The Raft response of every entry.
 pub type Outcome = Result<Applied, Rejection>;
 
-/// The effect of an accepted command on the config.
-#[derive(Debug)]
-pub struct Effect {
-    pub changes: Vec<(ObjectKey, Change)>,
-    /// The new config, or `None` when every object was unchanged.
-    pub next: Option<ConfigSet>,
-}
-
-impl Effect {
-    pub fn applied(&self, version: u64) -> Applied {
-        Applied {
-            version,
-            changes: self
-                .changes
-                .iter()
-                .map(|(key, change)| ObjectChange {
-                    key: key.clone(),
-                    action: change.as_str().to_string(),
-                })
-                .collect(),
-        }
-    }
-}
-
-/// Runs `command` against `config` at `version` without modifying either.
-pub fn execute(config: &ConfigSet, version: u64, command: &Command) -> Result<Effect, Rejection> {
-    let expected = match command {
-        Command::Apply { expected_version, .. } | Command::Delete { expected_version, .. } => {
-            *expected_version
-        }
-    };
-    if let Some(expected) = expected {
-        if expected != version {
-            return Err(Rejection {
-                code: ErrorCode::FailedPrecondition,
-                message: format!("config is at version {version}, expected {expected}"),
-            });
-        }
-    }
-    let (next, changes) = match command {
-        Command::Apply { objects, .. } => {
-            let objects = decode_objects(objects).map_err(Rejection::invalid)?;
-            config.apply(objects).map_err(Rejection::invalid)?
-        }
-        Command::Delete { keys, .. } => {
-            let missing: Vec<String> = keys
-                .iter()
-                .filter(|key| config.get(key).is_none())
-                .map(|key| format!("{key}: not found"))
-                .collect();
-            if !missing.is_empty() {
-                return Err(Rejection {
-                    code: ErrorCode::NotFound,
-                    message: missing.join("\n"),
-                });
-            }
-            config.delete(keys).map_err(Rejection::invalid)?
-        }
-    };
-    let changed = changes.iter().any(|(_, change)| *change != Change::Unchanged);
-    Ok(Effect {
-        changes,
-        next: changed.then_some(next),
+/// Validates creating or replacing `objects` on `config` (at `version`) and states the result
+/// as a [`Write`]. `expected_version` is the client's optimistic-concurrency guard.
+pub fn plan_apply(
+    config: &ConfigSet,
+    version: u64,
+    objects: Vec<Object>,
+    expected_version: Option<u64>,
+) -> Result<Write, Rejection> {
+    check_expected(version, expected_version)?;
+    let (next, changes) = config.apply(objects).map_err(Rejection::invalid)?;
+    let put = changes
+        .iter()
+        .filter(|(_, change)| matches!(change, Change::Created | Change::Configured))
+        .filter_map(|(key, _)| Some((StoredKey::from(key), next.get(key)?)))
+        .map(|(key, object)| Ok((key, stored_json(object)?)))
+        .collect::<Result<_, Rejection>>()?;
+    Ok(Write {
+        base_version: version,
+        put,
+        delete: Vec::new(),
+        changes: object_changes(&changes),
     })
 }
 
-/// Decodes every object, reporting the problems of all of them rather than the first.
-pub fn decode_objects(values: &[serde_json::Value]) -> Result<Vec<Object>, ConfigError> {
-    collect_objects(
-        values
-            .iter()
-            .enumerate()
-            .map(|(index, value)| Object::from_json(value.clone(), &format!("objects[{index}]"))),
-    )
+/// Validates deleting `keys` from `config` (at `version`): every key must exist and nothing
+/// left may reference it.
+pub fn plan_delete(
+    config: &ConfigSet,
+    version: u64,
+    keys: &[ObjectKey],
+    expected_version: Option<u64>,
+) -> Result<Write, Rejection> {
+    check_expected(version, expected_version)?;
+    let missing: Vec<String> = keys
+        .iter()
+        .filter(|key| config.get(key).is_none())
+        .map(|key| format!("{key}: not found"))
+        .collect();
+    if !missing.is_empty() {
+        return Err(Rejection {
+            code: ErrorCode::NotFound,
+            message: missing.join("\n"),
+        });
+    }
+    let (_, changes) = config.delete(keys).map_err(Rejection::invalid)?;
+    Ok(Write {
+        base_version: version,
+        put: Vec::new(),
+        delete: changes.iter().map(|(key, _)| StoredKey::from(key)).collect(),
+        changes: object_changes(&changes),
+    })
+}
+
+/// An object's JSON as it is stored and replicated.
+fn stored_json(object: &Object) -> Result<Box<RawValue>, Rejection> {
+    serde_json::value::to_raw_value(&object.to_json()).map_err(|error| Rejection {
+        code: ErrorCode::InvalidArgument,
+        message: format!("{}: cannot be encoded: {error}", object.key()),
+    })
+}
+
+fn check_expected(version: u64, expected_version: Option<u64>) -> Result<(), Rejection> {
+    match expected_version {
+        Some(expected) if expected != version => Err(Rejection::version_moved(version, expected)),
+        _ => Ok(()),
+    }
+}
+
+fn object_changes(changes: &[(ObjectKey, Change)]) -> Vec<ObjectChange> {
+    changes
+        .iter()
+        .map(|(key, change)| ObjectChange {
+            key: StoredKey::from(key),
+            action: change.as_str().to_string(),
+        })
+        .collect()
+}
+
+impl Write {
+    /// What the write answers when it commits on top of `version`.
+    pub fn applied(&self, version: u64) -> Applied {
+        Applied {
+            version,
+            changes: self.changes.clone(),
+        }
+    }
+
+    pub fn changes_something(&self) -> bool {
+        !self.put.is_empty() || !self.delete.is_empty()
+    }
+}
+
+/// The replicated config: every object's JSON as committed, and the version. Identical on
+/// every node whatever its build.
+#[derive(Debug, Clone, Default)]
+pub struct StoredConfig {
+    pub version: u64,
+    pub objects: BTreeMap<StoredKey, Box<RawValue>>,
+}
+
+/// This build's reading of a [`StoredConfig`].
+#[derive(Debug, Clone)]
+pub enum Reading {
+    Readable(Arc<ConfigSet>),
+    /// The stored config holds something this build refuses; the reason names it.
+    Unreadable(Arc<str>),
+}
+
+impl StoredConfig {
+    /// Applies a committed write: the one check is the version it was validated against.
+    /// Returns the outcome and, when it changed something, the written keys.
+    pub fn apply(&mut self, write: &Write) -> Outcome {
+        if write.base_version != self.version {
+            return Err(Rejection::version_moved(self.version, write.base_version));
+        }
+        if write.changes_something() {
+            for (key, json) in &write.put {
+                self.objects.insert(key.clone(), json.clone());
+            }
+            for key in &write.delete {
+                self.objects.remove(key);
+            }
+            self.version += 1;
+        }
+        Ok(write.applied(self.version))
+    }
+
+    /// Reads every stored object with this build's decoding and validation.
+    pub fn read(&self) -> Reading {
+        let decoded = collect_objects(
+            self.objects
+                .iter()
+                .map(|(key, json)| Object::from_json_bytes(json.get().as_bytes(), &key.to_string())),
+        );
+        match decoded.and_then(ConfigSet::from_objects) {
+            Ok(config) => Reading::Readable(Arc::new(config)),
+            Err(error) => Reading::Unreadable(self.unreadable(&error)),
+        }
+    }
+
+    /// Reads `write` onto `previous`, this build's reading of the config before it: only the
+    /// written objects are decoded, then the whole set is validated as at apply. Falls back
+    /// to reading everything when the shortcut cannot decide.
+    pub fn read_after(&self, previous: &ConfigSet, write: &Write) -> Reading {
+        let deleted: Option<Vec<ObjectKey>> = write.delete.iter().map(StoredKey::object_key).collect();
+        let Some(deleted) = deleted else {
+            return self.read();
+        };
+        let decoded = collect_objects(
+            write
+                .put
+                .iter()
+                .map(|(key, json)| Object::from_json_bytes(json.get().as_bytes(), &key.to_string())),
+        );
+        let next = decoded
+            .and_then(|objects| previous.apply(objects))
+            .and_then(|(next, _)| match deleted.is_empty() {
+                true => Ok(next),
+                false => next.delete(&deleted).map(|(next, _)| next),
+            });
+        match next {
+            Ok(config) => Reading::Readable(Arc::new(config)),
+            Err(_) => self.read(),
+        }
+    }
+
+    fn unreadable(&self, error: &ConfigError) -> Arc<str> {
+        format!(
+            "config version {} stored by the cluster is not valid for this build: {error}",
+            self.version
+        )
+        .into()
+    }
 }
 
 #[cfg(test)]
 pub(crate) mod tests {
-    use portcullis_config::Kind;
     use serde_json::json;
 
     use super::*;
+
+    /// Decodes every object as the admin API does.
+    pub fn decode_objects(values: &[serde_json::Value]) -> Result<Vec<Object>, ConfigError> {
+        collect_objects(
+            values
+                .iter()
+                .enumerate()
+                .map(|(index, value)| Object::from_json(value.clone(), &format!("objects[{index}]"))),
+        )
+    }
 
     pub fn backend(name: &str, endpoint: &str) -> serde_json::Value {
         json!({"apiVersion": "portcullis.dev/v1alpha1", "kind": "Backend",
@@ -152,40 +319,66 @@ pub(crate) mod tests {
             "spec": {"listeners": [listener], "backends": [{"name": backend}]}})
     }
 
-    pub fn apply(objects: Vec<serde_json::Value>, expected_version: Option<u64>) -> Command {
-        Command::Apply {
-            objects,
-            expected_version,
-        }
+    /// Plans creating or replacing `objects` on `stored`, as the leader would.
+    pub fn put(
+        stored: &StoredConfig,
+        objects: Vec<serde_json::Value>,
+        expected: Option<u64>,
+    ) -> Result<Write, Rejection> {
+        let Reading::Readable(config) = stored.read() else {
+            panic!("stored config unreadable");
+        };
+        plan_apply(
+            &config,
+            stored.version,
+            decode_objects(&objects).map_err(Rejection::invalid)?,
+            expected,
+        )
+    }
+
+    fn backend_key(name: &str) -> ObjectKey {
+        ObjectKey::new(Kind::of::<portcullis_config::BackendSpec>(), name)
     }
 
     #[test]
-    fn unchanged_write_has_no_next_config() {
-        let first = execute(
-            &ConfigSet::default(),
-            0,
-            &apply(vec![backend("api", "127.0.0.1:1")], None),
-        )
-        .unwrap();
-        let config = first.next.unwrap();
-        let again = execute(&config, 1, &apply(vec![backend("api", "127.0.0.1:1")], None)).unwrap();
-        assert!(again.next.is_none());
-        assert_eq!(again.applied(1).changes[0].action, "unchanged");
+    fn an_unchanged_write_keeps_the_version() {
+        let mut stored = StoredConfig::default();
+        let first = put(&stored, vec![backend("api", "127.0.0.1:1")], None).unwrap();
+        assert_eq!(stored.apply(&first).unwrap().version, 1);
+        let again = put(&stored, vec![backend("api", "127.0.0.1:1")], None).unwrap();
+        assert!(again.put.is_empty());
+        let applied = stored.apply(&again).unwrap();
+        assert_eq!(
+            (applied.version, applied.changes[0].action.as_str()),
+            (1, "unchanged")
+        );
     }
 
     #[test]
     fn expected_version_mismatch_is_a_failed_precondition() {
-        let rejection = execute(&ConfigSet::default(), 7, &apply(vec![], Some(5))).unwrap_err();
+        let rejection = plan_apply(&ConfigSet::default(), 7, vec![], Some(5)).unwrap_err();
         assert_eq!(rejection.code, ErrorCode::FailedPrecondition);
         assert_eq!(rejection.message, "config is at version 7, expected 5");
     }
 
     #[test]
-    fn invalid_objects_carry_the_config_error_text() {
-        let rejection = execute(
-            &ConfigSet::default(),
-            0,
-            &apply(vec![route("web", "public", "api"), json!({"kind": 3})], None),
+    fn a_write_planned_on_an_older_version_does_not_apply() {
+        let mut stored = StoredConfig::default();
+        let first = put(&stored, vec![backend("api", "127.0.0.1:1")], None).unwrap();
+        let raced = put(&stored, vec![backend("db", "127.0.0.1:2")], None).unwrap();
+        stored.apply(&first).unwrap();
+        let rejection = stored.apply(&raced).unwrap_err();
+        assert_eq!(rejection.message, "config is at version 1, expected 0");
+        assert_eq!(stored.objects.len(), 1);
+    }
+
+    #[test]
+    fn invalid_objects_are_refused_when_planned() {
+        let stored = StoredConfig::default();
+        let rejection = put(
+            &stored,
+            vec![route("web", "public", "api"), json!({"kind": 3})],
+            None,
         )
         .unwrap_err();
         assert_eq!(rejection.code, ErrorCode::InvalidArgument);
@@ -194,15 +387,61 @@ pub(crate) mod tests {
 
     #[test]
     fn deleting_a_missing_object_is_not_found() {
-        let command = Command::Delete {
-            keys: vec![ObjectKey::new(
-                Kind::of::<portcullis_config::BackendSpec>(),
-                "ghost",
-            )],
-            expected_version: None,
-        };
-        let rejection = execute(&ConfigSet::default(), 0, &command).unwrap_err();
+        let rejection = plan_delete(&ConfigSet::default(), 0, &[backend_key("ghost")], None).unwrap_err();
         assert_eq!(rejection.code, ErrorCode::NotFound);
         assert_eq!(rejection.message, "Backend/ghost: not found");
+    }
+
+    #[test]
+    fn reading_after_a_write_matches_reading_everything() {
+        let mut stored = StoredConfig::default();
+        let write = put(
+            &stored,
+            vec![backend("api", "127.0.0.1:1"), backend("db", "127.0.0.1:2")],
+            None,
+        )
+        .unwrap();
+        stored.apply(&write).unwrap();
+        let Reading::Readable(before) = stored.read() else {
+            panic!("unreadable")
+        };
+        let delete = plan_delete(&before, stored.version, &[backend_key("db")], None).unwrap();
+        stored.apply(&delete).unwrap();
+        let (Reading::Readable(after), Reading::Readable(whole)) =
+            (stored.read_after(&before, &delete), stored.read())
+        else {
+            panic!("unreadable");
+        };
+        assert_eq!(after, whole);
+        assert_eq!(whole.len(), 1);
+    }
+
+    /// A write another build accepted (here: a field this build does not know) applies the
+    /// same here; only this build's reading of the result says it cannot use it.
+    #[test]
+    fn applying_never_depends_on_this_builds_validation() {
+        let mut stored = StoredConfig::default();
+        let mut object = backend("api", "127.0.0.1:1");
+        object["spec"]["fieldOfALaterBuild"] = json!(true);
+        let write = Write {
+            base_version: 0,
+            put: vec![(
+                StoredKey::parse("Backend/api").unwrap(),
+                serde_json::value::to_raw_value(&object).unwrap(),
+            )],
+            delete: Vec::new(),
+            changes: vec![ObjectChange {
+                key: StoredKey::parse("Backend/api").unwrap(),
+                action: "created".into(),
+            }],
+        };
+        assert_eq!(stored.apply(&write).unwrap().version, 1);
+        let Reading::Unreadable(reason) = stored.read() else {
+            panic!("read an unknown field")
+        };
+        assert!(
+            reason.contains("config version 1") && reason.contains("fieldOfALaterBuild"),
+            "{reason}"
+        );
     }
 }

@@ -33,7 +33,11 @@ pub async fn start(data_dir: &Path, node_id: u64, join: bool) -> ControlPlane {
 }
 
 pub async fn admin(addr: SocketAddr) -> AdminClient<Channel> {
-    AdminClient::connect(format!("http://{addr}")).await.unwrap()
+    AdminClient::connect(format!("http://{addr}"))
+        .await
+        .unwrap()
+        .max_decoding_message_size(portcullis_proto::MAX_MESSAGE_BYTES)
+        .max_encoding_message_size(portcullis_proto::MAX_MESSAGE_BYTES)
 }
 
 /// Polls Status until `done` holds, failing the test after 15 s.

@@ -4,14 +4,14 @@ use std::io::Cursor;
 
 use openraft::BasicNode;
 
-use crate::command::{Command, Outcome};
+use crate::command::{Outcome, Write};
 
 pub type NodeId = u64;
 
 openraft::declare_raft_types!(
     /// Raft types of the control plane: entries carry config commands, nodes are gRPC addresses.
     pub TypeConfig:
-        D = Command,
+        D = Write,
         R = Outcome,
         NodeId = NodeId,
         Node = BasicNode,

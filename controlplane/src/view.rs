@@ -2,11 +2,15 @@ use std::sync::Arc;
 
 use portcullis_config::ConfigSet;
 
-/// One applied config version, as the state machine publishes it. Readers (admin reads,
-/// proxy streams) clone the `Arc`, so they never see a half-applied write.
+/// The config as this node's build reads it, as the state machine publishes it. Readers
+/// (admin reads, proxy streams) clone the `Arc`, so they never see a half-applied write.
 #[derive(Debug, Clone, Default)]
 pub struct ConfigView {
-    /// Bumped by every command that changes something; 0 means nothing applied yet.
+    /// Bumped by every write that changes something; 0 means nothing applied yet.
     pub version: u64,
     pub config: Arc<ConfigSet>,
+    /// Set when the replicated config has moved past `version` to a version this build
+    /// cannot read (it was accepted by a build with other validation rules): `version` and
+    /// `config` are then the last version it could read, and this says why it stopped.
+    pub unreadable: Option<Arc<str>>,
 }

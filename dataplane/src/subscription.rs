@@ -17,10 +17,6 @@ use tonic::transport::{Channel, Endpoint};
 
 use crate::config_state::ConfigState;
 
-/// A whole config version arrives as one message; tonic's 4 MiB default would refuse a
-/// large config. Matches the control plane's limit.
-const MAX_SNAPSHOT_BYTES: usize = 64 * 1024 * 1024;
-
 const FIRST_RETRY: Duration = Duration::from_millis(100);
 const MAX_RETRY: Duration = Duration::from_secs(5);
 
@@ -145,7 +141,8 @@ impl Stream for Subscriber {
 
     async fn session(&self, controlplane: &Endpoint, received: &mut usize) -> anyhow::Result<()> {
         let channel = connect(controlplane).await?;
-        let mut client = ConfigStreamClient::new(channel).max_decoding_message_size(MAX_SNAPSHOT_BYTES);
+        let mut client =
+            ConfigStreamClient::new(channel).max_decoding_message_size(portcullis_proto::MAX_MESSAGE_BYTES);
         let (outbound, outbound_stream) = mpsc::channel(8);
         let hello = Hello {
             proxy_id: self.proxy_id.clone(),

@@ -12,5 +12,10 @@ pub mod guardrail {
     }
 }
 
+/// Largest message the control plane's gRPC services accept or send, and the limit their
+/// clients must set too: well above tonic's 4 MiB default, since a whole config (a proxy's
+/// snapshot, a `list`) or a Raft message carrying one travels in one message.
+pub const MAX_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
+
 /// Metadata key a follower sets, on UNAVAILABLE, to the admin address of the current leader.
 pub const LEADER_METADATA_KEY: &str = "x-portcullis-leader";

@@ -1,5 +1,6 @@
-//! The Admin gRPC service. Writes go through Raft on the leader; reads are served from
-//! this node's state machine.
+//! The Admin gRPC service. The leader validates each write against the config it has
+//! applied and proposes the result through Raft (see [`crate::command`]); reads are
+//! linearizable (read-index on the leader) unless the client asks for this node's state.
 
 pub(crate) mod wire;
 
@@ -10,12 +11,13 @@ use openraft::{BasicNode, ChangeMembers};
 use portcullis_proto::v1::admin_server::Admin;
 use portcullis_proto::v1::{
     AddNodeRequest, ApplyRequest, ApplyResponse, ClusterMember, ClusterStatus, DeleteRequest, GetRequest,
-    GetResponse, ListRequest, ListResponse, RemoveNodeRequest, StatusRequest, StatusResponse,
+    GetResponse, ListRequest, ListResponse, ReadConsistency, RemoveNodeRequest, StatusRequest,
+    StatusResponse,
 };
-use tokio::sync::watch;
+use tokio::sync::{watch, Mutex};
 use tonic::{Request, Response, Status};
 
-use crate::command::{self, Command};
+use crate::command::{self, ErrorCode, Rejection, Write};
 use crate::metrics::Metrics;
 use crate::registry::ProxyRegistry;
 use crate::types::{NodeId, Raft};
@@ -27,6 +29,10 @@ const LEARNER_CATCH_UP: Duration = Duration::from_secs(10);
 /// How long a write may take to commit. A leader that lost its quorum keeps accepting
 /// writes that never commit; without a deadline the client would wait forever.
 const COMMIT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How often a write planned on a version that moved before it committed (a write through
+/// another node's leadership, during an election) is planned again.
+const PLAN_ATTEMPTS: usize = 3;
 
 /// Runs a Raft write, giving up with DEADLINE_EXCEEDED after [`COMMIT_TIMEOUT`]. The write
 /// may still commit later, once a quorum is back.
@@ -44,6 +50,9 @@ pub struct AdminService {
     view: watch::Receiver<ConfigView>,
     registry: ProxyRegistry,
     metrics: Metrics,
+    /// Serializes plan-and-commit on this node: a write is planned on the version the
+    /// previous one committed, so writes through one leader never race each other.
+    writes: Mutex<()>,
 }
 
 impl AdminService {
@@ -58,6 +67,7 @@ impl AdminService {
             view,
             registry,
             metrics,
+            writes: Mutex::new(()),
         }
     }
 
@@ -71,14 +81,57 @@ impl AdminService {
             .map(|node| node.addr.clone())
     }
 
-    async fn write(&self, command: Command) -> Result<Response<ApplyResponse>, Status> {
-        let response = with_commit_deadline(self.raft.client_write(command))
-            .await?
-            .map_err(|error| wire::write_error(error, |leader| self.leader_address(leader)))?;
-        response
-            .data
-            .map(|applied| Response::new(wire::apply_response(applied)))
-            .map_err(wire::rejection)
+    /// The config this node's build can read, or why it cannot serve one.
+    fn readable_view(&self) -> Result<ConfigView, Status> {
+        let view = self.view.borrow().clone();
+        match &view.unreadable {
+            Some(reason) => Err(Status::failed_precondition(reason.to_string())),
+            None => Ok(view),
+        }
+    }
+
+    /// Plans a write on the current config and commits it. A plan overtaken by another
+    /// write is planned again on the newer config, unless the client pinned the version.
+    async fn write(
+        &self,
+        expected_version: Option<u64>,
+        plan: impl Fn(&ConfigView) -> Result<Write, Rejection>,
+    ) -> Result<Response<ApplyResponse>, Status> {
+        let _serial = self.writes.lock().await;
+        let mut attempts = 0;
+        loop {
+            attempts += 1;
+            let write = plan(&self.readable_view()?).map_err(wire::rejection)?;
+            let response = with_commit_deadline(self.raft.client_write(write))
+                .await?
+                .map_err(|error| wire::write_error(error, |leader| self.leader_address(leader)))?;
+            match response.data {
+                Ok(applied) => return Ok(Response::new(wire::apply_response(applied))),
+                Err(rejection)
+                    if rejection.code == ErrorCode::FailedPrecondition
+                        && expected_version.is_none()
+                        && attempts < PLAN_ATTEMPTS =>
+                {
+                    // Applied before this write's entry, the newer version is in the view.
+                    tracing::debug!(reason = %rejection.message, "write overtaken; planning again");
+                }
+                Err(rejection) => return Err(wire::rejection(rejection)),
+            }
+        }
+    }
+
+    /// The view to answer a read from, after the wait `consistency` asks for.
+    async fn read(&self, consistency: i32) -> Result<(ConfigView, ReadConsistency), Status> {
+        let consistency = ReadConsistency::try_from(consistency)
+            .map_err(|_| Status::invalid_argument(format!("unknown read consistency {consistency}")))?;
+        if consistency == ReadConsistency::Linearizable {
+            // Returns once this node, confirmed as leader by a quorum, has applied every
+            // entry committed before the call: the published view is then current.
+            with_commit_deadline(self.raft.ensure_linearizable())
+                .await?
+                .map_err(|error| wire::read_error(error, |leader| self.leader_address(leader)))?;
+        }
+        Ok((self.readable_view()?, consistency))
     }
 
     fn status(&self) -> StatusResponse {
@@ -111,9 +164,9 @@ impl Admin for AdminService {
         let result = async {
             let request = request.into_inner();
             let objects = wire::decode_objects(&request.objects)?;
-            self.write(Command::Apply {
-                objects: objects.iter().map(|object| object.to_json()).collect(),
-                expected_version: request.expected_version,
+            let expected = request.expected_version;
+            self.write(expected, |view| {
+                command::plan_apply(&view.config, view.version, objects.clone(), expected)
             })
             .await
         }
@@ -124,13 +177,10 @@ impl Admin for AdminService {
     async fn validate(&self, request: Request<ApplyRequest>) -> Result<Response<ApplyResponse>, Status> {
         let request = request.into_inner();
         let objects = wire::decode_objects(&request.objects)?;
-        let command = Command::Apply {
-            objects: objects.iter().map(|object| object.to_json()).collect(),
-            expected_version: request.expected_version,
-        };
-        let view = self.view.borrow().clone();
-        let effect = command::execute(&view.config, view.version, &command).map_err(wire::rejection)?;
-        Ok(Response::new(wire::apply_response(effect.applied(view.version))))
+        let view = self.readable_view()?;
+        let write = command::plan_apply(&view.config, view.version, objects, request.expected_version)
+            .map_err(wire::rejection)?;
+        Ok(Response::new(wire::apply_response(write.applied(view.version))))
     }
 
     async fn delete(&self, request: Request<DeleteRequest>) -> Result<Response<ApplyResponse>, Status> {
@@ -142,9 +192,9 @@ impl Admin for AdminService {
                 .enumerate()
                 .map(|(index, object)| wire::object_key(Some(object), &format!("objects[{index}]")))
                 .collect::<Result<Vec<_>, _>>()?;
-            self.write(Command::Delete {
-                keys,
-                expected_version: request.expected_version,
+            let expected = request.expected_version;
+            self.write(expected, |view| {
+                command::plan_delete(&view.config, view.version, &keys, expected)
             })
             .await
         }
@@ -153,8 +203,9 @@ impl Admin for AdminService {
     }
 
     async fn get(&self, request: Request<GetRequest>) -> Result<Response<GetResponse>, Status> {
-        let key = wire::object_key(request.get_ref().object.as_ref(), "object")?;
-        let view = self.view.borrow().clone();
+        let request = request.into_inner();
+        let key = wire::object_key(request.object.as_ref(), "object")?;
+        let (view, served) = self.read(request.consistency).await?;
         let object = view
             .config
             .get(&key)
@@ -162,15 +213,17 @@ impl Admin for AdminService {
         Ok(Response::new(GetResponse {
             object: Some(wire::to_wire(object)),
             version: view.version,
+            served: served.into(),
         }))
     }
 
     async fn list(&self, request: Request<ListRequest>) -> Result<Response<ListResponse>, Status> {
-        let kind = match request.get_ref().kind.as_str() {
+        let request = request.into_inner();
+        let kind = match request.kind.as_str() {
             "" => None,
             kind => Some(wire::parse_kind(kind)?),
         };
-        let view = self.view.borrow().clone();
+        let (view, served) = self.read(request.consistency).await?;
         let objects = view
             .config
             .objects()
@@ -180,6 +233,7 @@ impl Admin for AdminService {
         Ok(Response::new(ListResponse {
             objects,
             version: view.version,
+            served: served.into(),
         }))
     }
 

@@ -1,7 +1,7 @@
 //! Conversions between the Admin wire types and the config model, and from internal
 //! errors to gRPC statuses.
 
-use openraft::error::{ClientWriteError, ForwardToLeader, RaftError};
+use openraft::error::{CheckIsLeaderError, ClientWriteError, ForwardToLeader, RaftError};
 use openraft::BasicNode;
 use portcullis_config::{collect_objects, FieldError, Kind, Object, ObjectKey};
 use portcullis_proto::v1;
@@ -61,7 +61,7 @@ pub fn apply_response(applied: Applied) -> v1::ApplyResponse {
             .into_iter()
             .map(|change| v1::ObjectChange {
                 object: Some(v1::ObjectRef {
-                    kind: change.key.kind.to_string(),
+                    kind: change.key.kind,
                     name: change.key.name,
                 }),
                 action: change.action,
@@ -101,17 +101,36 @@ pub type WriteError = RaftError<NodeId, ClientWriteError<NodeId, BasicNode>>;
 /// the id but not the node.
 pub fn write_error(error: WriteError, leader_address: impl FnOnce(NodeId) -> Option<String>) -> Status {
     match error {
-        RaftError::APIError(ClientWriteError::ForwardToLeader(ForwardToLeader {
-            leader_id,
-            leader_node,
-        })) => forward_to_leader(
-            leader_node
-                .map(|node| node.addr)
-                .or_else(|| leader_id.and_then(leader_address)),
-        ),
+        RaftError::APIError(ClientWriteError::ForwardToLeader(forward)) => redirect(forward, leader_address),
         RaftError::APIError(ClientWriteError::ChangeMembershipError(error)) => {
             Status::failed_precondition(error.to_string())
         }
         RaftError::Fatal(error) => Status::unavailable(format!("Raft is not running: {error}")),
     }
+}
+
+pub type ReadError = RaftError<NodeId, CheckIsLeaderError<NodeId, BasicNode>>;
+
+/// Maps a failed read-index: a follower redirects to the leader, a leader that cannot
+/// reach a quorum says so.
+pub fn read_error(error: ReadError, leader_address: impl FnOnce(NodeId) -> Option<String>) -> Status {
+    match error {
+        RaftError::APIError(CheckIsLeaderError::ForwardToLeader(forward)) => redirect(forward, leader_address),
+        RaftError::APIError(CheckIsLeaderError::QuorumNotEnough(error)) => Status::unavailable(format!(
+            "this node could not confirm its leadership with a quorum ({error}); retry, or read with local consistency"
+        )),
+        RaftError::Fatal(error) => Status::unavailable(format!("Raft is not running: {error}")),
+    }
+}
+
+fn redirect(
+    forward: ForwardToLeader<NodeId, BasicNode>,
+    leader_address: impl FnOnce(NodeId) -> Option<String>,
+) -> Status {
+    forward_to_leader(
+        forward
+            .leader_node
+            .map(|node| node.addr)
+            .or_else(|| forward.leader_id.and_then(leader_address)),
+    )
 }

@@ -12,11 +12,11 @@ use openraft::raft::{
 use openraft::{AnyError, BasicNode, RaftTypeConfig};
 use portcullis_proto::v1::raft_client::RaftClient;
 use portcullis_proto::v1::{RaftGroup, RaftPayload};
+use portcullis_proto::MAX_MESSAGE_BYTES;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tonic::transport::{Channel, Endpoint};
 
-use crate::node::MAX_MESSAGE_SIZE;
 use crate::types::NodeId;
 
 /// Creates one lazily connected client per target node, for the Raft group `group`.
@@ -46,8 +46,8 @@ where
             group: self.group,
             client: channel.map(|channel| {
                 RaftClient::new(channel)
-                    .max_decoding_message_size(MAX_MESSAGE_SIZE)
-                    .max_encoding_message_size(MAX_MESSAGE_SIZE)
+                    .max_decoding_message_size(MAX_MESSAGE_BYTES)
+                    .max_encoding_message_size(MAX_MESSAGE_BYTES)
             }),
         }
     }

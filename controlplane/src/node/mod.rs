@@ -14,6 +14,7 @@ use portcullis_proto::v1::config_stream_server::ConfigStreamServer;
 use portcullis_proto::v1::raft_server::RaftServer;
 use portcullis_proto::v1::signal_stream_server::SignalStreamServer;
 use portcullis_proto::v1::RaftGroup;
+use portcullis_proto::MAX_MESSAGE_BYTES;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -38,12 +39,8 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
 const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Largest gRPC message accepted or sent, well above tonic's 4 MiB default: Raft messages
-/// carry JSON, where a snapshot chunk of [`SNAPSHOT_CHUNK`] bytes (a JSON number array)
-/// grows to several times its size, and an over-limit message could never be delivered.
-pub(crate) const MAX_MESSAGE_SIZE: usize = 64 * 1024 * 1024;
-
-/// Snapshot bytes per InstallSnapshot request; see [`MAX_MESSAGE_SIZE`].
+/// Snapshot bytes per InstallSnapshot request. Raft messages carry JSON, where a chunk (a
+/// JSON number array) grows to several times its size, still far below [`MAX_MESSAGE_BYTES`].
 const SNAPSHOT_CHUNK: u64 = 1024 * 1024;
 
 #[derive(Debug, Clone)]
@@ -151,8 +148,8 @@ impl ControlPlane {
                     registry.clone(),
                     metrics.clone(),
                 ))
-                .max_decoding_message_size(MAX_MESSAGE_SIZE)
-                .max_encoding_message_size(MAX_MESSAGE_SIZE),
+                .max_decoding_message_size(MAX_MESSAGE_BYTES)
+                .max_encoding_message_size(MAX_MESSAGE_BYTES),
             )
             .add_service(
                 ConfigStreamServer::new(ConfigStreamService::new(
@@ -162,8 +159,8 @@ impl ControlPlane {
                     shutdown_rx.clone(),
                     metrics.clone(),
                 ))
-                .max_decoding_message_size(MAX_MESSAGE_SIZE)
-                .max_encoding_message_size(MAX_MESSAGE_SIZE),
+                .max_decoding_message_size(MAX_MESSAGE_BYTES)
+                .max_encoding_message_size(MAX_MESSAGE_BYTES),
             )
             .add_service(SignalStreamServer::new(SignalStreamService::new(
                 signals.subscribe(),
@@ -177,8 +174,8 @@ impl ControlPlane {
                     signals.raft().clone(),
                     VOTE_EMBARGO,
                 ))
-                .max_decoding_message_size(MAX_MESSAGE_SIZE)
-                .max_encoding_message_size(MAX_MESSAGE_SIZE),
+                .max_decoding_message_size(MAX_MESSAGE_BYTES)
+                .max_encoding_message_size(MAX_MESSAGE_BYTES),
             )
             .serve_with_incoming_shutdown(TcpListenerStream::new(listener), wait_for_shutdown(shutdown_rx));
         let metrics = metrics_listener

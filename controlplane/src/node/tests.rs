@@ -1,4 +1,4 @@
-use portcullis_proto::v1::{DeleteRequest, GetRequest, ListRequest, Object, ObjectRef};
+use portcullis_proto::v1::{DeleteRequest, GetRequest, ListRequest, Object, ObjectRef, ReadConsistency};
 use serde_json::json;
 use tonic::Code;
 use tonic_health::pb::health_check_response::ServingStatus as HealthStatus;
@@ -118,10 +118,12 @@ async fn serves_admin_and_keeps_config_across_restart() {
             kind: "Route".into(),
             name: "nope".into(),
         }),
+        ..Default::default()
     };
     assert_eq!(client.get(missing).await.unwrap_err().code(), Code::NotFound);
     let bad_kind = ListRequest {
         kind: "gateway".into(),
+        ..Default::default()
     };
     assert_eq!(
         client.list(bad_kind).await.unwrap_err().code(),
@@ -133,9 +135,11 @@ async fn serves_admin_and_keeps_config_across_restart() {
             kind: "Backend".into(),
             name: "api".into(),
         }),
+        ..Default::default()
     };
     let got = client.get(get.clone()).await.unwrap().into_inner();
     assert_eq!(got.version, 1);
+    assert_eq!(got.served(), ReadConsistency::Linearizable);
     let before = got.object.unwrap();
 
     node.shutdown().await.unwrap();
@@ -191,8 +195,27 @@ async fn added_node_replicates_and_forwards_writes() {
     let mut client2 = admin(follower.local_addr()).await;
     let status = wait_status(&mut client2, |s| s.version == 2).await;
     assert_eq!(status.cluster.unwrap().leader_id, Some(1));
-    let listed = client2.list(ListRequest::default()).await.unwrap().into_inner();
-    assert_eq!(listed.objects.len(), 2);
+    let local = ListRequest {
+        consistency: ReadConsistency::Local.into(),
+        ..Default::default()
+    };
+    let listed = client2.list(local).await.unwrap().into_inner();
+    assert_eq!(
+        (listed.objects.len(), listed.served()),
+        (2, ReadConsistency::Local)
+    );
+    // A linearizable read is the leader's to serve: the follower redirects it like a write.
+    let redirected = client2.list(ListRequest::default()).await.unwrap_err();
+    assert_eq!(redirected.code(), Code::Unavailable);
+    assert_eq!(
+        redirected
+            .metadata()
+            .get(portcullis_proto::LEADER_METADATA_KEY)
+            .unwrap()
+            .to_str()
+            .unwrap(),
+        leader.local_addr().to_string()
+    );
 
     let status = client2
         .apply(apply_request(vec![backend("cache", "127.0.0.1:9002")], None))
@@ -249,6 +272,117 @@ async fn restarts_from_snapshot_after_log_purge() {
         .into_inner();
     assert_eq!(applied.version, 4);
     node.shutdown().await.unwrap();
+}
+
+fn disk_usage(dir: &std::path::Path) -> u64 {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|entry| {
+            let entry = entry.unwrap();
+            let metadata = entry.metadata().unwrap();
+            if metadata.is_dir() {
+                disk_usage(&entry.path())
+            } else {
+                metadata.len()
+            }
+        })
+        .sum()
+}
+
+/// Under a steady stream of writes the log is snapshotted and purged (every 1,000 entries,
+/// keeping 100), so neither the log nor the database grows with the number of writes.
+#[tokio::test]
+async fn steady_writes_keep_the_log_and_the_disk_bounded() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = start(dir.path(), 1, false).await;
+    let mut client = admin(node.local_addr()).await;
+    wait_for_leader(&mut client).await;
+    let mut sizes = Vec::new();
+    for round in 0..3 {
+        for i in 0..1000 {
+            let endpoint = format!("127.0.0.1:{}", 1000 + (round * 1000 + i) % 50000);
+            client
+                .apply(apply_request(vec![backend("api", &endpoint)], None))
+                .await
+                .unwrap();
+        }
+        sizes.push(disk_usage(dir.path()));
+    }
+    let metrics = node.raft.metrics().borrow().clone();
+    let last = metrics.last_log_index.unwrap();
+    let purged = metrics.purged.map_or(0, |id| id.index);
+    assert!(
+        last - purged <= 1100 + 100,
+        "{} entries kept after {last} writes",
+        last - purged
+    );
+    // sled grows in segments and reuses them once compaction frees them.
+    assert!(
+        sizes[2] <= 2 * sizes[0],
+        "the database grew with the writes: {sizes:?} bytes"
+    );
+    node.shutdown().await.unwrap();
+}
+
+/// A node added after the log was compacted catches up from a snapshot several chunks long
+/// (openraft sends it in `SNAPSHOT_CHUNK` pieces over the Raft gRPC service).
+#[tokio::test]
+async fn a_new_node_catches_up_from_a_snapshot_larger_than_4_mib() {
+    let (dir1, dir2) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let leader = start(dir1.path(), 1, false).await;
+    let mut client1 = admin(leader.local_addr()).await;
+    wait_for_leader(&mut client1).await;
+    let endpoints: Vec<String> = (0..8).map(|i| format!("10.0.{i}.1:8000")).collect();
+    for batch in 0..10 {
+        let objects = (0..2000)
+            .map(|i| {
+                json!({"apiVersion": "portcullis.dev/v1alpha1", "kind": "Backend",
+                    "metadata": {"name": format!("backend-{batch}-{i}")}, "spec": {"endpoints": endpoints}})
+            })
+            .collect();
+        client1.apply(apply_request(objects, None)).await.unwrap();
+    }
+    let last = leader.raft.metrics().borrow().last_applied.unwrap().index;
+    leader.raft.trigger().snapshot().await.unwrap();
+    let mut metrics = leader.raft.metrics();
+    metrics
+        .wait_for(|m| m.snapshot.is_some_and(|id| id.index >= last))
+        .await
+        .unwrap();
+    leader.raft.trigger().purge_log(last).await.unwrap();
+    metrics
+        .wait_for(|m| m.purged.is_some_and(|id| id.index >= last))
+        .await
+        .unwrap();
+    let on_leader = client1.list(ListRequest::default()).await.unwrap().into_inner();
+    let config_bytes: usize = on_leader.objects.iter().map(|object| object.json.len()).sum();
+    assert!(
+        config_bytes > 4 * 1024 * 1024,
+        "config is only {config_bytes} bytes"
+    );
+
+    let follower = start(dir2.path(), 2, true).await;
+    let add = portcullis_proto::v1::AddNodeRequest {
+        node_id: 2,
+        address: follower.local_addr().to_string(),
+    };
+    client1.add_node(add).await.unwrap();
+    let installed = follower.raft.metrics().borrow().snapshot;
+    assert!(
+        installed.is_some_and(|id| id.index >= last),
+        "caught up without a snapshot: {installed:?}"
+    );
+    let mut client2 = admin(follower.local_addr()).await;
+    let local = ListRequest {
+        consistency: ReadConsistency::Local.into(),
+        ..Default::default()
+    };
+    let on_follower = client2.list(local).await.unwrap().into_inner();
+    assert_eq!(on_follower.version, on_leader.version);
+    assert_eq!(on_follower.objects, on_leader.objects);
+
+    follower.shutdown().await.unwrap();
+    leader.shutdown().await.unwrap();
 }
 
 #[tokio::test]

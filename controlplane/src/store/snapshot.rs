@@ -7,25 +7,41 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use openraft::{AnyError, RaftSnapshotBuilder, Snapshot, StorageIOError};
 use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
 
 use super::state_machine::AppliedState;
 use super::Tree;
+use crate::command::{StoredConfig, StoredKey};
 use crate::types::{NodeId, SnapshotMeta, StorageError, TypeConfig};
 
 pub(super) const META: &[u8] = b"snapshot/meta";
 pub(super) const DATA: &[u8] = b"snapshot/data";
 
+/// The replicated config as stored: objects travel as their committed JSON, never decoded,
+/// so a snapshot moves between builds as the log does.
 #[derive(Serialize, Deserialize)]
 pub(super) struct SnapshotPayload {
     pub version: u64,
-    pub objects: Vec<serde_json::Value>,
+    pub objects: Vec<(StoredKey, Box<RawValue>)>,
 }
 
 impl SnapshotPayload {
     pub fn of(state: &AppliedState) -> Self {
         Self {
-            version: state.version,
-            objects: state.config.objects().map(|object| object.to_json()).collect(),
+            version: state.stored.version,
+            objects: state
+                .stored
+                .objects
+                .iter()
+                .map(|(key, json)| (key.clone(), json.clone()))
+                .collect(),
+        }
+    }
+
+    pub fn into_stored(self) -> StoredConfig {
+        StoredConfig {
+            version: self.version,
+            objects: self.objects.into_iter().collect(),
         }
     }
 }

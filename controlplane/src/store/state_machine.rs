@@ -8,12 +8,12 @@ use std::sync::{Arc, Mutex};
 use anyhow::Context;
 use openraft::storage::RaftStateMachine;
 use openraft::{AnyError, EntryPayload, OptionalSend, Snapshot, StorageIOError};
-use portcullis_config::{Change, ConfigSet, ObjectKey};
+use serde_json::value::RawValue;
 use tokio::sync::watch;
 
 use super::snapshot::{self, SnapshotBuilder, SnapshotPayload};
 use super::{Storage, Tree};
-use crate::command::{self, Applied, Outcome};
+use crate::command::{Applied, Outcome, Reading, StoredConfig, StoredKey, Write};
 use crate::types::{Entry, LogId, SnapshotMeta, StorageError, StoredMembership, TypeConfig};
 use crate::view::ConfigView;
 
@@ -22,7 +22,7 @@ const MEMBERSHIP: &[u8] = b"membership";
 const VERSION: &[u8] = b"version";
 const OBJECT_PREFIX: &str = "obj/";
 
-fn object_key(key: &ObjectKey) -> Vec<u8> {
+fn object_key(key: &StoredKey) -> Vec<u8> {
     format!("{OBJECT_PREFIX}{key}").into_bytes()
 }
 
@@ -30,18 +30,13 @@ fn object_key(key: &ObjectKey) -> Vec<u8> {
 pub struct AppliedState {
     pub last_applied: Option<LogId>,
     pub membership: StoredMembership,
-    pub version: u64,
-    pub config: Arc<ConfigSet>,
+    /// The replicated config, the same on every node.
+    pub stored: StoredConfig,
+    /// This build's reading of it, as published.
+    pub view: ConfigView,
 }
 
 impl AppliedState {
-    fn view(&self) -> ConfigView {
-        ConfigView {
-            version: self.version,
-            config: self.config.clone(),
-        }
-    }
-
     fn load(tree: &sled::Tree) -> anyhow::Result<Self> {
         fn get<T: serde::de::DeserializeOwned + Default>(tree: &sled::Tree, key: &[u8]) -> anyhow::Result<T> {
             match tree.get(key)? {
@@ -50,24 +45,54 @@ impl AppliedState {
                 None => Ok(T::default()),
             }
         }
-        let mut objects = Vec::new();
+        let mut stored = StoredConfig {
+            version: get(tree, VERSION)?,
+            ..StoredConfig::default()
+        };
         for item in tree.scan_prefix(OBJECT_PREFIX) {
             let (key, bytes) = item?;
-            let location = String::from_utf8_lossy(&key).into_owned();
-            objects.push(portcullis_config::Object::from_json_bytes(&bytes, &location)?);
+            let key = String::from_utf8_lossy(&key);
+            let stored_key = key
+                .strip_prefix(OBJECT_PREFIX)
+                .and_then(StoredKey::parse)
+                .with_context(|| format!("stored object key {key:?} is not Kind/name"))?;
+            let json = String::from_utf8(bytes.to_vec())
+                .ok()
+                .and_then(|text| RawValue::from_string(text).ok())
+                .with_context(|| format!("stored object {key} is not JSON"))?;
+            stored.objects.insert(stored_key, json);
         }
-        Ok(Self {
+        let mut state = Self {
             last_applied: get(tree, APPLIED)?,
             membership: get(tree, MEMBERSHIP)?,
-            version: get(tree, VERSION)?,
-            config: Arc::new(ConfigSet::from_objects(objects).context("stored config is invalid")?),
-        })
+            stored,
+            view: ConfigView::default(),
+        };
+        state.publish(state.stored.read());
+        Ok(state)
+    }
+
+    /// Takes this build's reading of the stored config as the view to publish.
+    fn publish(&mut self, reading: Reading) {
+        match reading {
+            Reading::Readable(config) => {
+                self.view = ConfigView {
+                    version: self.stored.version,
+                    config,
+                    unreadable: None,
+                }
+            }
+            Reading::Unreadable(reason) => {
+                tracing::error!(%reason, "this build cannot read the replicated config; serving the last version it could read");
+                self.view.unreadable = Some(reason);
+            }
+        }
     }
 
     fn stage_meta(&self, batch: &mut sled::Batch) -> Result<(), serde_json::Error> {
         batch.insert(APPLIED, serde_json::to_vec(&self.last_applied)?);
         batch.insert(MEMBERSHIP, serde_json::to_vec(&self.membership)?);
-        batch.insert(VERSION, serde_json::to_vec(&self.version)?);
+        batch.insert(VERSION, serde_json::to_vec(&self.stored.version)?);
         Ok(())
     }
 }
@@ -84,13 +109,18 @@ impl StateMachineStore {
     pub fn open(storage: &Storage) -> anyhow::Result<Self> {
         let tree = storage.tree("sm").context("opening state machine tree")?;
         let state = AppliedState::load(&tree).context("loading state machine")?;
-        let (publish, _) = watch::channel(state.view());
+        let (publish, _) = watch::channel(state.view.clone());
         Ok(Self {
             tree,
             state,
             publish,
             snapshot_lock: Arc::default(),
         })
+    }
+
+    #[cfg(test)]
+    pub(super) fn stored(&self) -> &StoredConfig {
+        &self.state.stored
     }
 
     /// Follows every applied version, starting with the current one.
@@ -101,34 +131,40 @@ impl StateMachineStore {
     /// Applies one entry to the in-memory state and stages its writes.
     fn apply_entry(&mut self, entry: Entry, batch: &mut sled::Batch) -> Outcome {
         self.state.last_applied = Some(entry.log_id);
-        let command = match entry.payload {
-            EntryPayload::Normal(command) => command,
+        let write = match entry.payload {
+            EntryPayload::Normal(write) => write,
             EntryPayload::Blank => return Ok(self.unchanged()),
             EntryPayload::Membership(membership) => {
                 self.state.membership = StoredMembership::new(Some(entry.log_id), membership);
                 return Ok(self.unchanged());
             }
         };
-        let effect = command::execute(&self.state.config, self.state.version, &command)?;
-        if let Some(next) = &effect.next {
-            for (key, change) in &effect.changes {
-                match (change, next.get(key)) {
-                    (Change::Deleted, _) => batch.remove(object_key(key)),
-                    (Change::Created | Change::Configured, Some(object)) => {
-                        batch.insert(object_key(key), object.to_json_bytes())
-                    }
-                    _ => {}
-                }
+        let applied = self.state.stored.apply(&write)?;
+        if write.changes_something() {
+            for (key, json) in &write.put {
+                batch.insert(object_key(key), json.get().as_bytes());
             }
-            self.state.version += 1;
-            self.state.config = Arc::new(next.clone());
+            for key in &write.delete {
+                batch.remove(object_key(key));
+            }
+            self.read_after(&write);
         }
-        Ok(effect.applied(self.state.version))
+        Ok(applied)
+    }
+
+    fn read_after(&mut self, write: &Write) {
+        let view = &self.state.view;
+        let reading = if view.unreadable.is_none() && view.version + 1 == self.state.stored.version {
+            self.state.stored.read_after(&view.config, write)
+        } else {
+            self.state.stored.read()
+        };
+        self.state.publish(reading);
     }
 
     fn unchanged(&self) -> Applied {
         Applied {
-            version: self.state.version,
+            version: self.state.stored.version,
             changes: Vec::new(),
         }
     }
@@ -146,7 +182,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         I: IntoIterator<Item = Entry> + OptionalSend,
         I::IntoIter: OptionalSend,
     {
-        let before = self.state.version;
+        let before = self.state.stored.version;
         let mut batch = sled::Batch::default();
         let outcomes: Vec<Outcome> = entries
             .into_iter()
@@ -158,8 +194,8 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         self.tree
             .apply_batch(batch)
             .map_err(|e| StorageIOError::write_state_machine(&e))?;
-        if self.state.version != before {
-            self.publish.send_replace(self.state.view());
+        if self.state.stored.version != before {
+            self.publish.send_replace(self.state.view.clone());
         }
         Ok(outcomes)
     }
@@ -186,26 +222,23 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
             |message: String| StorageIOError::read_snapshot(Some(meta.signature()), AnyError::error(message));
         let payload: SnapshotPayload =
             serde_json::from_slice(&data).map_err(|e| fail(format!("decoding snapshot: {e}")))?;
-        let objects = command::decode_objects(&payload.objects)
-            .map_err(|e| fail(format!("snapshot holds an invalid object: {e}")))?;
-        let config = ConfigSet::from_objects(objects)
-            .map_err(|e| fail(format!("snapshot holds an invalid config: {e}")))?;
-        let state = AppliedState {
+        let mut state = AppliedState {
             last_applied: meta.last_log_id,
             membership: meta.last_membership.clone(),
-            version: payload.version,
-            config: Arc::new(config),
+            stored: payload.into_stored(),
+            view: self.state.view.clone(),
         };
+        state.publish(state.stored.read());
         let write = |e: &dyn std::error::Error| {
             StorageIOError::write_snapshot(Some(meta.signature()), AnyError::error(e))
         };
         // One batch replaces everything, so a crash leaves either the old or the new state.
         let mut batch = sled::Batch::default();
-        for key in self.state.config.objects().map(|object| object.key()) {
-            batch.remove(object_key(&key));
+        for key in self.state.stored.objects.keys() {
+            batch.remove(object_key(key));
         }
-        for object in state.config.objects() {
-            batch.insert(object_key(&object.key()), object.to_json_bytes());
+        for (key, json) in &state.stored.objects {
+            batch.insert(object_key(key), json.get().as_bytes());
         }
         state.stage_meta(&mut batch).map_err(|e| write(&e))?;
         {
@@ -218,7 +251,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         }
         self.tree.flush_async().await.map_err(|e| write(&e))?;
         self.state = state;
-        self.publish.send_replace(self.state.view());
+        self.publish.send_replace(self.state.view.clone());
         Ok(())
     }
 

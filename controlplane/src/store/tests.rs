@@ -7,8 +7,8 @@ use portcullis_config::{Kind, ObjectKey};
 use tempfile::TempDir;
 
 use super::*;
-use crate::command::tests::{apply, backend, route};
-use crate::command::{Command, ErrorCode, Outcome};
+use crate::command::tests::{backend, decode_objects};
+use crate::command::{self, ErrorCode, Outcome, StoredKey, Write};
 use crate::types::{Entry, LogId, StorageError, TypeConfig};
 
 struct TempStore;
@@ -34,24 +34,45 @@ fn open_sm(path: &Path) -> StateMachineStore {
     StateMachineStore::open(&Storage::open(path).unwrap()).unwrap()
 }
 
-fn entry(index: u64, command: Command) -> Entry {
+fn entry(index: u64, write: Write) -> Entry {
     Entry {
         log_id: LogId::new(CommittedLeaderId::new(1, 0), index),
-        payload: EntryPayload::Normal(command),
+        payload: EntryPayload::Normal(write),
     }
 }
 
-async fn run(sm: &mut StateMachineStore, index: u64, command: Command) -> Outcome {
-    sm.apply([entry(index, command)]).await.unwrap().remove(0)
+async fn run(sm: &mut StateMachineStore, index: u64, write: Write) -> Outcome {
+    sm.apply([entry(index, write)]).await.unwrap().remove(0)
+}
+
+/// Plans `objects` on the state machine's current config, as the leader does, and applies it.
+async fn apply(
+    sm: &mut StateMachineStore,
+    index: u64,
+    objects: Vec<serde_json::Value>,
+    expected: Option<u64>,
+) -> Outcome {
+    let view = sm.subscribe().borrow().clone();
+    let write = command::plan_apply(
+        &view.config,
+        view.version,
+        decode_objects(&objects).unwrap(),
+        expected,
+    )?;
+    run(sm, index, write).await
+}
+
+fn backend_key(name: &str) -> ObjectKey {
+    ObjectKey::new(Kind::of::<portcullis_config::BackendSpec>(), name)
 }
 
 #[tokio::test]
-async fn applies_rejects_and_versions() {
+async fn applies_writes_and_versions() {
     let dir = tempfile::tempdir().unwrap();
     let mut sm = open_sm(dir.path());
     let view = sm.subscribe();
 
-    let applied = run(&mut sm, 1, apply(vec![backend("api", "127.0.0.1:1")], None))
+    let applied = apply(&mut sm, 1, vec![backend("api", "127.0.0.1:1")], None)
         .await
         .unwrap();
     assert_eq!(
@@ -61,7 +82,7 @@ async fn applies_rejects_and_versions() {
     assert_eq!(view.borrow().version, 1);
 
     // Same object again: nothing changes, so the version stays.
-    let applied = run(&mut sm, 2, apply(vec![backend("api", "127.0.0.1:1")], None))
+    let applied = apply(&mut sm, 2, vec![backend("api", "127.0.0.1:1")], None)
         .await
         .unwrap();
     assert_eq!(
@@ -69,25 +90,20 @@ async fn applies_rejects_and_versions() {
         (1, "unchanged")
     );
 
-    // Rejected: a route to a missing listener. Nothing moves.
-    let rejected = run(&mut sm, 3, apply(vec![route("web", "public", "api")], None))
-        .await
-        .unwrap_err();
-    assert_eq!(rejected.code, ErrorCode::InvalidArgument);
-    assert!(
-        rejected.message.contains("Route/web: spec.listeners[0]"),
-        "{}",
-        rejected.message
-    );
-    assert_eq!(view.borrow().version, 1);
-
-    let rejected = run(&mut sm, 4, apply(vec![backend("api", "127.0.0.1:2")], Some(0)))
-        .await
-        .unwrap_err();
+    // A write planned on version 0 that commits after version 1: nothing moves.
+    let stale = command::plan_apply(
+        &portcullis_config::ConfigSet::default(),
+        0,
+        decode_objects(&[backend("db", "127.0.0.1:2")]).unwrap(),
+        None,
+    )
+    .unwrap();
+    let rejected = run(&mut sm, 3, stale).await.unwrap_err();
     assert_eq!(rejected.code, ErrorCode::FailedPrecondition);
     assert_eq!(rejected.message, "config is at version 1, expected 0");
+    assert_eq!(view.borrow().config.len(), 1);
 
-    let applied = run(&mut sm, 5, apply(vec![backend("api", "127.0.0.1:2")], Some(1)))
+    let applied = apply(&mut sm, 4, vec![backend("api", "127.0.0.1:2")], Some(1))
         .await
         .unwrap();
     assert_eq!(
@@ -95,21 +111,94 @@ async fn applies_rejects_and_versions() {
         (2, "configured")
     );
 
-    let delete = Command::Delete {
-        keys: vec![ObjectKey::new(
-            Kind::of::<portcullis_config::BackendSpec>(),
-            "api",
-        )],
-        expected_version: None,
-    };
-    let applied = run(&mut sm, 6, delete).await.unwrap();
+    let current = view.borrow().clone();
+    let delete = command::plan_delete(&current.config, current.version, &[backend_key("api")], None).unwrap();
+    let applied = run(&mut sm, 5, delete).await.unwrap();
     assert_eq!(
         (applied.version, applied.changes[0].action.as_str()),
         (3, "deleted")
     );
     assert!(view.borrow().config.is_empty());
     let (last_applied, _) = sm.applied_state().await.unwrap();
-    assert_eq!(last_applied.map(|id| id.index), Some(6));
+    assert_eq!(last_applied.map(|id| id.index), Some(5));
+}
+
+/// A log written under other validation rules (here: objects with a field this build
+/// refuses, as a later or looser build could have accepted) replays to the same versions,
+/// outcomes and stored objects, before and after a restart. The node says it cannot serve
+/// those versions instead of refusing to start, and serves again once the config is
+/// readable.
+#[tokio::test]
+async fn a_log_accepted_by_other_rules_replays_unchanged() {
+    let later_build_write = |base_version: u64, name: &str| {
+        let mut object = backend(name, "127.0.0.1:1");
+        object["spec"]["fieldOfALaterBuild"] = serde_json::json!(true);
+        let key = StoredKey::parse(&format!("Backend/{name}")).unwrap();
+        Write {
+            base_version,
+            put: vec![(key.clone(), serde_json::value::to_raw_value(&object).unwrap())],
+            delete: Vec::new(),
+            changes: vec![command::ObjectChange {
+                key,
+                action: "created".into(),
+            }],
+        }
+    };
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let mut sm = open_sm(dir.path());
+        let view = sm.subscribe();
+        apply(&mut sm, 1, vec![backend("api", "127.0.0.1:1")], None)
+            .await
+            .unwrap();
+        let applied = run(&mut sm, 2, later_build_write(1, "future")).await.unwrap();
+        assert_eq!(
+            (applied.version, applied.changes[0].action.as_str()),
+            (2, "created")
+        );
+        let served = view.borrow().clone();
+        assert_eq!(
+            (served.version, served.config.len()),
+            (1, 1),
+            "the last readable version stays served"
+        );
+        let reason = served.unreadable.expect("unreadable version not reported");
+        assert!(
+            reason.contains("config version 2") && reason.contains("fieldOfALaterBuild"),
+            "{reason}"
+        );
+        // The log goes on: a write planned on version 2 (by a build that can read it) applies.
+        let applied = run(&mut sm, 3, later_build_write(2, "next")).await.unwrap();
+        assert_eq!(applied.version, 3);
+    }
+    let mut reopened = open_sm(dir.path());
+    assert_eq!(
+        reopened.applied_state().await.unwrap().0.map(|id| id.index),
+        Some(3)
+    );
+    let stored: Vec<String> = reopened
+        .stored()
+        .objects
+        .keys()
+        .map(ToString::to_string)
+        .collect();
+    assert_eq!(stored, ["Backend/api", "Backend/future", "Backend/next"]);
+    assert_eq!(reopened.stored().version, 3);
+    assert!(reopened.subscribe().borrow().unreadable.is_some());
+
+    // Deleting what this build cannot read makes the config readable again.
+    let delete = Write {
+        base_version: 3,
+        put: Vec::new(),
+        delete: vec![
+            StoredKey::parse("Backend/future").unwrap(),
+            StoredKey::parse("Backend/next").unwrap(),
+        ],
+        changes: Vec::new(),
+    };
+    assert_eq!(run(&mut reopened, 4, delete).await.unwrap().version, 4);
+    let view = reopened.subscribe().borrow().clone();
+    assert_eq!((view.version, view.config.len(), view.unreadable), (4, 1, None));
 }
 
 #[tokio::test]
@@ -117,10 +206,10 @@ async fn state_survives_reopen() {
     let dir = tempfile::tempdir().unwrap();
     {
         let mut sm = open_sm(dir.path());
-        run(&mut sm, 1, apply(vec![backend("api", "127.0.0.1:1")], None))
+        apply(&mut sm, 1, vec![backend("api", "127.0.0.1:1")], None)
             .await
             .unwrap();
-        run(&mut sm, 2, apply(vec![backend("db", "127.0.0.1:2")], None))
+        apply(&mut sm, 2, vec![backend("db", "127.0.0.1:2")], None)
             .await
             .unwrap();
     }
@@ -136,10 +225,10 @@ async fn state_survives_reopen() {
 async fn snapshot_round_trip_replaces_state() {
     let source_dir = tempfile::tempdir().unwrap();
     let mut source = open_sm(source_dir.path());
-    run(&mut source, 1, apply(vec![backend("api", "127.0.0.1:1")], None))
+    apply(&mut source, 1, vec![backend("api", "127.0.0.1:1")], None)
         .await
         .unwrap();
-    run(&mut source, 2, apply(vec![backend("db", "127.0.0.1:2")], None))
+    apply(&mut source, 2, vec![backend("db", "127.0.0.1:2")], None)
         .await
         .unwrap();
     let snapshot = source
@@ -153,7 +242,7 @@ async fn snapshot_round_trip_replaces_state() {
     {
         let mut target = open_sm(target_dir.path());
         // State the snapshot must replace entirely.
-        run(&mut target, 1, apply(vec![backend("stale", "127.0.0.1:9")], None))
+        apply(&mut target, 1, vec![backend("stale", "127.0.0.1:9")], None)
             .await
             .unwrap();
         let view = target.subscribe();

@@ -210,6 +210,12 @@ impl Session {
                     let Ok(permit) = permit else { return };
                     pending = false;
                     let view = self.view.borrow_and_update().clone();
+                    // This build cannot read what the cluster holds: the proxy keeps what it
+                    // has and looks for a node that can serve the current version.
+                    if let Some(reason) = &view.unreadable {
+                        permit.send(Err(Status::unavailable(reason.to_string())));
+                        return;
+                    }
                     if catching_up.is_some() && view.version < held {
                         continue;
                     }
