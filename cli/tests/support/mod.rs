@@ -30,13 +30,27 @@ pub struct Process {
 
 impl Process {
     pub fn start(name: &str, dir: &Path, args: &[&str]) -> Process {
+        Process::start_within(name, dir, &[], args)
+    }
+
+    /// Starts the binary under `wrapper` (e.g. `ip netns exec NS`), which must exec it so
+    /// that killing this process kills the binary.
+    pub fn start_within(name: &str, dir: &Path, wrapper: &[&str], args: &[&str]) -> Process {
+        let mut command = match wrapper.split_first() {
+            Some((program, wrapper_args)) => {
+                let mut command = Command::new(program);
+                command.args(wrapper_args).arg(BIN);
+                command
+            }
+            None => Command::new(BIN),
+        };
         let log = dir.join(format!("{name}.log"));
         let file = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(&log)
             .unwrap();
-        let child = Command::new(BIN)
+        let child = command
             .args(args)
             .env("PORTCULLIS_LOG", "info,openraft=warn")
             .stdin(Stdio::null())

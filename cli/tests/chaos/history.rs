@@ -1,0 +1,189 @@
+//! The record of every operation a chaos run made, and the check of what a linearizable
+//! config store must show in it. Each write creates an object of its own, so a read shows
+//! exactly which writes it saw.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Instant;
+
+pub struct Write {
+    pub name: String,
+    pub ended: Instant,
+    /// The config version the write was acknowledged at; `None` when it failed or timed out
+    /// (it may still have been applied).
+    pub acked: Option<u64>,
+}
+
+pub struct Read {
+    pub started: Instant,
+    /// The version and the names read; `None` when the read failed.
+    pub result: Option<(u64, BTreeSet<String>)>,
+}
+
+/// Who a node said led, in which term, as seen by polling every node's status.
+pub struct Leadership {
+    pub node: u64,
+    pub term: u64,
+    pub leader: Option<u64>,
+}
+
+#[derive(Default, Debug)]
+pub struct Report {
+    pub writes: usize,
+    pub acked: usize,
+    pub failed_writes: usize,
+    pub reads: usize,
+    pub failed_reads: usize,
+    pub terms: usize,
+    pub violations: Vec<String>,
+}
+
+/// Checks the history. `last` is a linearizable read taken after the faults stopped.
+pub fn check(
+    writes: &[Write],
+    reads: &[Read],
+    leadership: &[Leadership],
+    last: &(u64, BTreeSet<String>),
+) -> Report {
+    let mut report = Report {
+        writes: writes.len(),
+        acked: writes.iter().filter(|write| write.acked.is_some()).count(),
+        failed_writes: writes.iter().filter(|write| write.acked.is_none()).count(),
+        reads: reads.len(),
+        failed_reads: reads.iter().filter(|read| read.result.is_none()).count(),
+        ..Report::default()
+    };
+    let acked: Vec<(&Write, u64)> = writes
+        .iter()
+        .filter_map(|write| Some((write, write.acked?)))
+        .collect();
+
+    // No acknowledged write lost.
+    for (write, version) in &acked {
+        if !last.1.contains(&write.name) {
+            report.violations.push(format!(
+                "acknowledged write {} (version {version}) lost",
+                write.name
+            ));
+        }
+    }
+    // One version per acknowledged write: two writes acknowledged at one version mean two
+    // leaders committed on the same base.
+    let mut by_version: BTreeMap<u64, &str> = BTreeMap::new();
+    for (write, version) in &acked {
+        if let Some(other) = by_version.insert(*version, &write.name) {
+            report.violations.push(format!(
+                "writes {other} and {} both acknowledged at version {version}",
+                write.name
+            ));
+        }
+    }
+    // No read older than a write acknowledged before it began.
+    for read in reads {
+        let Some((version, names)) = &read.result else {
+            continue;
+        };
+        for (write, written_at) in &acked {
+            if write.ended < read.started && (!names.contains(&write.name) || version < written_at) {
+                report.violations.push(format!(
+                    "read at version {version} misses {} acknowledged at version {written_at} before it began",
+                    write.name
+                ));
+            }
+        }
+        for name in names {
+            if !writes.iter().any(|write| &write.name == name) {
+                report
+                    .violations
+                    .push(format!("read shows {name}, never written"));
+            }
+        }
+    }
+    // Never two leaders in one term.
+    let mut leaders: BTreeMap<u64, BTreeSet<u64>> = BTreeMap::new();
+    for seen in leadership {
+        if seen.leader == Some(seen.node) {
+            leaders.entry(seen.term).or_default().insert(seen.node);
+        }
+    }
+    report.terms = leaders.len();
+    for (term, nodes) in &leaders {
+        if nodes.len() > 1 {
+            report
+                .violations
+                .push(format!("nodes {nodes:?} each led term {term}"));
+        }
+    }
+    report
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    fn at(base: Instant, millis: u64) -> Instant {
+        base + Duration::from_millis(millis)
+    }
+
+    fn write(base: Instant, name: &str, ended: u64, acked: Option<u64>) -> Write {
+        Write {
+            name: name.into(),
+            ended: at(base, ended),
+            acked,
+        }
+    }
+
+    fn read(base: Instant, started: u64, version: u64, names: &[&str]) -> Read {
+        Read {
+            started: at(base, started),
+            result: Some((version, names.iter().map(|name| name.to_string()).collect())),
+        }
+    }
+
+    fn names(names: &[&str]) -> BTreeSet<String> {
+        names.iter().map(|name| name.to_string()).collect()
+    }
+
+    #[test]
+    fn a_clean_history_has_no_violations() {
+        let base = Instant::now();
+        let writes = [write(base, "a", 10, Some(1)), write(base, "b", 30, None)];
+        // A read begun before the first write was acknowledged need not see it.
+        let reads = [read(base, 5, 0, &[]), read(base, 15, 1, &["a"])];
+        let report = check(&writes, &reads, &[], &(2, names(&["a", "b"])));
+        assert!(report.violations.is_empty(), "{:?}", report.violations);
+        assert_eq!((report.acked, report.failed_writes), (1, 1));
+    }
+
+    #[test]
+    fn a_lost_write_a_stale_read_and_two_leaders_are_caught() {
+        let base = Instant::now();
+        let writes = [write(base, "a", 10, Some(1)), write(base, "b", 30, Some(1))];
+        let reads = [read(base, 15, 0, &[])];
+        let leadership = [
+            Leadership {
+                node: 1,
+                term: 4,
+                leader: Some(1),
+            },
+            Leadership {
+                node: 2,
+                term: 4,
+                leader: Some(2),
+            },
+        ];
+        let report = check(&writes, &reads, &leadership, &(1, names(&["a"])));
+        let violations = report.violations.join("\n");
+        assert!(
+            violations.contains("acknowledged write b (version 1) lost"),
+            "{violations}"
+        );
+        assert!(
+            violations.contains("both acknowledged at version 1"),
+            "{violations}"
+        );
+        assert!(violations.contains("read at version 0 misses a"), "{violations}");
+        assert!(violations.contains("each led term 4"), "{violations}");
+    }
+}

@@ -1,0 +1,535 @@
+//! The control plane under faults, with every operation recorded and the history checked
+//! (`history.rs`): no acknowledged write lost, no read older than a write acknowledged before
+//! it began, never two leaders in one term.
+//!
+//! - A 3-node cluster, each node in its own network namespace (`netns.rs`), under a writer and
+//!   a linearizable reader while the leader is SIGKILLed and restarted and nodes (the leader
+//!   among them) are partitioned from the others and healed.
+//! - Crash safety on sled: one node SIGKILLed mid-write again and again; every restart must
+//!   come back, with every acknowledged write.
+//!
+//! Bounded for the suite; `PORTCULLIS_CHAOS_SECONDS` (default 40) and
+//! `PORTCULLIS_CRASH_CYCLES` (default 50) make the longer runs of docs/operations.md.
+
+mod history;
+mod netns;
+#[path = "../support/mod.rs"]
+mod support;
+
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use history::{Leadership, Read, Report, Write};
+use portcullis_proto::v1::admin_client::AdminClient;
+use portcullis_proto::v1::{ApplyRequest, ListRequest, Object, StatusRequest};
+use portcullis_proto::LEADER_METADATA_KEY;
+use serde_json::json;
+use support::*;
+use tonic::transport::{Channel, Endpoint};
+
+/// Longer than an election (1–2 s), shorter than the control plane's 10 s commit deadline:
+/// an operation that takes longer counts as failed, its effect unknown.
+const OPERATION_TIMEOUT: Duration = Duration::from_secs(3);
+const PORT: u16 = 7070;
+
+fn env_number(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|value| value.parse().ok())
+        .unwrap_or(default)
+}
+
+/// Admin clients for every node. Operations follow leader redirects (a follower never
+/// proposes, so following one cannot apply a write twice) and otherwise fail, moving the next
+/// operation to another node.
+struct Clients {
+    channels: Vec<Channel>,
+    /// Each node's address as the cluster knows it, to map a redirect to a node.
+    cluster_addresses: Vec<String>,
+    next: AtomicUsize,
+}
+
+impl Clients {
+    fn new(client_addresses: &[String], cluster_addresses: Vec<String>) -> Clients {
+        let channels = client_addresses
+            .iter()
+            .map(|address| {
+                Endpoint::from_shared(format!("http://{address}"))
+                    .unwrap()
+                    .connect_timeout(Duration::from_millis(500))
+                    .timeout(OPERATION_TIMEOUT)
+                    .connect_lazy()
+            })
+            .collect();
+        Clients {
+            channels,
+            cluster_addresses,
+            next: AtomicUsize::new(0),
+        }
+    }
+
+    async fn call<T, F, Fut>(&self, call: F) -> Option<T>
+    where
+        F: Fn(AdminClient<Channel>) -> Fut,
+        Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    {
+        let mut node = self.next.load(Ordering::Relaxed);
+        for _ in 0..3 {
+            let client = AdminClient::new(self.channels[node].clone())
+                .max_decoding_message_size(portcullis_proto::MAX_MESSAGE_BYTES);
+            match tokio::time::timeout(OPERATION_TIMEOUT, call(client)).await {
+                Ok(Ok(response)) => {
+                    self.next.store(node, Ordering::Relaxed);
+                    return Some(response.into_inner());
+                }
+                Ok(Err(status)) => {
+                    let leader = status
+                        .metadata()
+                        .get(LEADER_METADATA_KEY)
+                        .and_then(|value| value.to_str().ok())
+                        .and_then(|leader| self.cluster_addresses.iter().position(|a| a == leader));
+                    match leader {
+                        Some(leader) if leader != node => node = leader,
+                        _ => break,
+                    }
+                }
+                Err(_) => break,
+            }
+        }
+        self.next
+            .store((node + 1) % self.channels.len(), Ordering::Relaxed);
+        None
+    }
+
+    async fn write(&self, name: &str) -> Option<u64> {
+        let object = json!({"apiVersion": "portcullis.dev/v1alpha1", "kind": "Backend",
+            "metadata": {"name": name}, "spec": {"endpoints": ["127.0.0.1:9"]}});
+        let request = ApplyRequest {
+            objects: vec![Object {
+                kind: "Backend".into(),
+                name: name.into(),
+                json: object.to_string().into_bytes(),
+            }],
+            expected_version: None,
+        };
+        let response = self
+            .call(|mut client| {
+                let request = request.clone();
+                async move { client.apply(request).await }
+            })
+            .await?;
+        Some(response.version)
+    }
+
+    /// A linearizable read of every Backend.
+    async fn read(&self) -> Option<(u64, BTreeSet<String>)> {
+        let request = ListRequest {
+            kind: "Backend".into(),
+            ..Default::default()
+        };
+        let response = self
+            .call(|mut client| {
+                let request = request.clone();
+                async move { client.list(request).await }
+            })
+            .await?;
+        Some((
+            response.version,
+            response.objects.into_iter().map(|object| object.name).collect(),
+        ))
+    }
+}
+
+/// What the writer and the reader recorded.
+#[derive(Default)]
+struct Recorder {
+    writes: Mutex<Vec<Write>>,
+    reads: Mutex<Vec<Read>>,
+}
+
+/// Writes a new object every `pause` until `stop`, recording each outcome.
+async fn writer(clients: Arc<Clients>, recorder: Arc<Recorder>, stop: Arc<AtomicBool>, pause: Duration) {
+    let mut sequence = 0;
+    while !stop.load(Ordering::Relaxed) {
+        sequence += 1;
+        let name = format!("w-{sequence}");
+        let acked = clients.write(&name).await;
+        recorder.writes.lock().unwrap().push(Write {
+            name,
+            ended: Instant::now(),
+            acked,
+        });
+        tokio::time::sleep(pause).await;
+    }
+}
+
+/// Reads every `pause` until `stop`, recording each outcome.
+async fn reader(clients: Arc<Clients>, recorder: Arc<Recorder>, stop: Arc<AtomicBool>, pause: Duration) {
+    while !stop.load(Ordering::Relaxed) {
+        let started = Instant::now();
+        let result = clients.read().await;
+        recorder.reads.lock().unwrap().push(Read { started, result });
+        tokio::time::sleep(pause).await;
+    }
+}
+
+/// Each node's own word on the term and its leader, polled until `stop`.
+async fn observe_leadership(clients: Arc<Clients>, seen: Arc<Mutex<Vec<Leadership>>>, stop: Arc<AtomicBool>) {
+    while !stop.load(Ordering::Relaxed) {
+        for channel in &clients.channels {
+            let mut client = AdminClient::new(channel.clone());
+            let status =
+                tokio::time::timeout(Duration::from_millis(300), client.status(StatusRequest {})).await;
+            if let Ok(Ok(status)) = status {
+                if let Some(cluster) = status.into_inner().cluster {
+                    seen.lock().unwrap().push(Leadership {
+                        node: cluster.node_id,
+                        term: cluster.term,
+                        leader: cluster.leader_id,
+                    });
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn print_report(what: &str, report: &Report, faults: &str) {
+    println!(
+        "{what}: {} writes ({} acknowledged, {} failed or unknown), {} reads ({} failed), {} terms with a leader, {faults}; violations: {}",
+        report.writes,
+        report.acked,
+        report.failed_writes,
+        report.reads,
+        report.failed_reads,
+        report.terms,
+        report.violations.len()
+    );
+}
+
+fn assert_no_violations(report: &Report) {
+    assert!(
+        report.violations.is_empty(),
+        "{} violations:\n{}",
+        report.violations.len(),
+        report.violations.join("\n")
+    );
+}
+
+/// A small deterministic generator, seeded from the clock and printed, for fault timing.
+struct Dice(u64);
+
+impl Dice {
+    fn new() -> Dice {
+        let seed = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|elapsed| elapsed.as_nanos() as u64)
+            .unwrap_or(1)
+            | 1;
+        println!("fault schedule seed {seed}");
+        Dice(seed)
+    }
+
+    fn below(&mut self, bound: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % bound
+    }
+}
+
+/// Dropped in field order: the nodes stop (printing their logs if the test failed) before
+/// their network and their data go.
+struct Cluster {
+    nodes: Vec<Option<Process>>,
+    lab: netns::Lab,
+    dir: tempfile::TempDir,
+}
+
+impl Cluster {
+    fn start_node(&mut self, node: usize) {
+        let (node_id, listen) = ((node + 1).to_string(), format!("0.0.0.0:{PORT}"));
+        let advertise = format!("{}:{PORT}", self.lab.cluster_ip(node));
+        let data = self.dir.path().join(format!("node-{node_id}"));
+        let mut args = vec![
+            "controlplane",
+            "--node-id",
+            &node_id,
+            "--listen",
+            &listen,
+            "--advertise",
+            &advertise,
+            "--data-dir",
+            data.to_str().unwrap(),
+            "--metrics-listen",
+            "127.0.0.1:0",
+        ];
+        if node > 0 {
+            args.push("--join");
+        }
+        let wrapper = self.lab.wrapper(node);
+        let wrapper: Vec<&str> = wrapper.iter().map(String::as_str).collect();
+        let name = format!("node-{node_id}");
+        self.nodes[node] = Some(Process::start_within(&name, self.dir.path(), &wrapper, &args));
+    }
+
+    fn kill(&mut self, node: usize) {
+        if let Some(mut process) = self.nodes[node].take() {
+            process.kill();
+        }
+    }
+}
+
+/// The node most nodes name as leader, if any.
+async fn leader(clients: &Clients) -> Option<usize> {
+    let mut named = Vec::new();
+    for channel in &clients.channels {
+        let mut client = AdminClient::new(channel.clone());
+        if let Ok(Ok(status)) =
+            tokio::time::timeout(Duration::from_millis(500), client.status(StatusRequest {})).await
+        {
+            if let Some(leader) = status.into_inner().cluster.and_then(|cluster| cluster.leader_id) {
+                named.push(leader);
+            }
+        }
+    }
+    let leader =
+        (1..=clients.channels.len() as u64).max_by_key(|id| named.iter().filter(|n| *n == id).count())?;
+    (named.iter().filter(|n| **n == leader).count() >= 2).then_some(leader as usize - 1)
+}
+
+/// Polls `check` until it gives a value, failing the test after `timeout`.
+async fn until_some<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if let Some(value) = check().await {
+            return value;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("timed out after {timeout:?} waiting for {what}");
+}
+
+/// This node's own state: its version and Backends, whatever its role.
+async fn local_read(channel: &Channel) -> Option<(u64, BTreeSet<String>)> {
+    let mut client =
+        AdminClient::new(channel.clone()).max_decoding_message_size(portcullis_proto::MAX_MESSAGE_BYTES);
+    let local = ListRequest {
+        kind: "Backend".into(),
+        consistency: portcullis_proto::v1::ReadConsistency::Local.into(),
+    };
+    let response = client.list(local).await.ok()?.into_inner();
+    Some((
+        response.version,
+        response.objects.into_iter().map(|object| object.name).collect(),
+    ))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_under_kills_and_partitions_keeps_a_linearizable_history() {
+    let seconds = env_number("PORTCULLIS_CHAOS_SECONDS", 40);
+    let lab = netns::Lab::create(3).unwrap_or_else(|error| panic!("cannot build the test network: {error}"));
+    let client_addresses: Vec<String> = (0..3).map(|n| format!("{}:{PORT}", lab.client_ip(n))).collect();
+    let cluster_addresses: Vec<String> = (0..3).map(|n| format!("{}:{PORT}", lab.cluster_ip(n))).collect();
+    let mut cluster = Cluster {
+        nodes: (0..3).map(|_| None).collect(),
+        lab,
+        dir: tempfile::tempdir().unwrap(),
+    };
+    for node in 0..3 {
+        cluster.start_node(node);
+    }
+    let clients = Arc::new(Clients::new(&client_addresses, cluster_addresses.clone()));
+    until_some("node 1 answering", TIMEOUT, || clients.read()).await;
+    // Formed through node 1, the first leader, with the CLI.
+    for (node, address) in cluster_addresses.iter().enumerate().skip(1) {
+        let node_id = (node + 1).to_string();
+        let output = cli(&[
+            "cluster",
+            "add",
+            "--node-id",
+            &node_id,
+            "--address",
+            address,
+            "--controlplane",
+            &client_addresses[0],
+        ]);
+        assert!(
+            output.status.success(),
+            "adding node {node_id}: {}",
+            stderr(&output)
+        );
+    }
+    until_some("a leader named by a majority", TIMEOUT, || leader(&clients)).await;
+
+    let recorder = Arc::new(Recorder::default());
+    let leadership = Arc::new(Mutex::new(Vec::new()));
+    let stop = Arc::new(AtomicBool::new(false));
+    let tasks = [
+        tokio::spawn(writer(
+            clients.clone(),
+            recorder.clone(),
+            stop.clone(),
+            Duration::from_millis(20),
+        )),
+        tokio::spawn(reader(
+            clients.clone(),
+            recorder.clone(),
+            stop.clone(),
+            Duration::from_millis(50),
+        )),
+        tokio::spawn(observe_leadership(
+            clients.clone(),
+            leadership.clone(),
+            stop.clone(),
+        )),
+    ];
+
+    // The faults: rounds alternate killing the leader (SIGKILL, restarted 5–6 s later) and
+    // partitioning a node for 5–6 s, the leader every other time.
+    let mut dice = Dice::new();
+    let (mut kills, mut partitions) = (0, 0);
+    let began = Instant::now();
+    let deadline = began + Duration::from_secs(seconds);
+    let mut round = 0;
+    while Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(1000 + dice.below(1000))).await;
+        let Some(target) = leader(&clients).await else {
+            continue;
+        };
+        round += 1;
+        if round % 2 == 1 {
+            println!(
+                "{:>6.1}s SIGKILL node {} (the leader)",
+                began.elapsed().as_secs_f64(),
+                target + 1
+            );
+            cluster.kill(target);
+            kills += 1;
+            // Down long enough for the others to elect a leader: a follower that knew a
+            // leader waits out its lease and then an election timeout (3–4 s in all); a
+            // leader back sooner resumes its term.
+            tokio::time::sleep(Duration::from_millis(5000 + dice.below(1000))).await;
+            cluster.start_node(target);
+        } else {
+            let node = match round % 4 {
+                0 => target,
+                _ => (target + 1 + dice.below(2) as usize) % 3,
+            };
+            println!(
+                "{:>6.1}s partition node {} (leader: node {})",
+                began.elapsed().as_secs_f64(),
+                node + 1,
+                target + 1
+            );
+            cluster.lab.partition(node);
+            partitions += 1;
+            tokio::time::sleep(Duration::from_millis(5000 + dice.below(1000))).await;
+            cluster.lab.heal(node);
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    for task in tasks {
+        task.await.unwrap();
+    }
+
+    // Healed and all running: the last read, and every node converging on it.
+    let last = until_some("a linearizable read after the faults", TIMEOUT, || clients.read()).await;
+    for channel in &clients.channels {
+        until_some("every node holding the last read's state", TIMEOUT, || async {
+            local_read(channel).await.filter(|state| *state == last)
+        })
+        .await;
+    }
+
+    let report = history::check(
+        &recorder.writes.lock().unwrap(),
+        &recorder.reads.lock().unwrap(),
+        &leadership.lock().unwrap(),
+        &last,
+    );
+    print_report(
+        &format!("chaos ({seconds} s)"),
+        &report,
+        &format!("{kills} leader kills, {partitions} partitions"),
+    );
+    assert!(
+        kills >= 2 && partitions >= 2,
+        "too few faults: {kills} kills, {partitions} partitions"
+    );
+    assert!(
+        report.acked > 0 && report.reads > report.failed_reads,
+        "no operation succeeded"
+    );
+    assert_no_violations(&report);
+}
+
+fn start_single(dir: &Path, port: u16) -> Process {
+    let (listen, data) = (format!("127.0.0.1:{port}"), dir.join("node"));
+    let args = [
+        "controlplane",
+        "--listen",
+        &listen,
+        "--data-dir",
+        data.to_str().unwrap(),
+        "--metrics-listen",
+        "127.0.0.1:0",
+    ];
+    Process::start("controlplane", dir, &args)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_killed_mid_write_again_and_again_keeps_every_acknowledged_write() {
+    let cycles = env_number("PORTCULLIS_CRASH_CYCLES", 50);
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let address = format!("127.0.0.1:{port}");
+    let clients = Arc::new(Clients::new(
+        std::slice::from_ref(&address),
+        vec![address.clone()],
+    ));
+    let recorder = Arc::new(Recorder::default());
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = tokio::spawn(writer(
+        clients.clone(),
+        recorder.clone(),
+        stop.clone(),
+        Duration::from_millis(2),
+    ));
+    let mut dice = Dice::new();
+    for _ in 0..cycles {
+        let mut node = start_single(dir.path(), port);
+        // Each restart must come back, with everything acknowledged before it.
+        let started = Instant::now();
+        let read = until_some("the restarted node answering a read", TIMEOUT, || clients.read()).await;
+        recorder.reads.lock().unwrap().push(Read {
+            started,
+            result: Some(read),
+        });
+        tokio::time::sleep(Duration::from_millis(50 + dice.below(200))).await;
+        node.kill();
+    }
+    stop.store(true, Ordering::Relaxed);
+    writer.await.unwrap();
+    let _node = start_single(dir.path(), port);
+    let last = until_some("the last restart answering", TIMEOUT, || clients.read()).await;
+    let report = history::check(
+        &recorder.writes.lock().unwrap(),
+        &recorder.reads.lock().unwrap(),
+        &[],
+        &last,
+    );
+    print_report("crash safety", &report, &format!("{cycles} SIGKILLs mid-write"));
+    assert!(
+        report.acked >= cycles as usize,
+        "too few writes acknowledged to mean anything"
+    );
+    assert_no_violations(&report);
+}
