@@ -13,6 +13,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         println!("cargo:rerun-if-changed={file}");
     }
     let descriptors = protox::compile(files, ["."])?;
-    tonic_prost_build::configure().compile_fds(descriptors)?;
+    // Object JSON as `Bytes`: one encoded config version is shared by every proxy it goes to.
+    tonic_prost_build::configure()
+        .bytes(".portcullis.v1.Object.json")
+        .compile_fds(descriptors)?;
     Ok(())
 }

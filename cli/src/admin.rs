@@ -169,7 +169,7 @@ fn to_wire(object: &Object) -> v1::Object {
     v1::Object {
         kind: object.kind().to_string(),
         name: object.name().to_string(),
-        json: object.to_json_bytes(),
+        json: object.to_json_bytes().into(),
     }
 }
 

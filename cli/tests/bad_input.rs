@@ -63,7 +63,7 @@ fn wire(text: &str) -> Vec<v1::Object> {
         .map(|value| v1::Object {
             kind: String::new(),
             name: String::new(),
-            json: value.to_string().into_bytes(),
+            json: value.to_string().into_bytes().into(),
         })
         .collect()
 }
@@ -163,7 +163,7 @@ async fn bad_config_is_rejected_and_changes_nothing() {
     let garbage = v1::Object {
         kind: "Route".into(),
         name: "x".into(),
-        json: b"{not json".to_vec(),
+        json: b"{not json".to_vec().into(),
     };
     let error = client
         .apply(v1::ApplyRequest {

@@ -52,7 +52,8 @@ struct AdminLabels {
 /// The counters the services update. Cheap to clone: every clone counts into the same values.
 #[derive(Clone, Debug, Default)]
 pub struct Metrics {
-    stream_messages: Counter,
+    stream_messages: Family<MessageLabels, Counter>,
+    stream_bytes: Family<MessageLabels, Counter>,
     stream_acks: Counter,
     stream_nacks: Counter,
     admin_requests: Family<AdminLabels, Counter>,
@@ -64,13 +65,24 @@ pub struct Metrics {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct MessageLabels {
+    /// `whole` or `delta`.
+    form: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ScrapeLabels {
     result: &'static str,
 }
 
 impl Metrics {
-    pub fn config_sent(&self) {
-        self.stream_messages.inc();
+    /// One config message sent, `bytes` long as protobuf.
+    pub fn config_sent(&self, delta: bool, bytes: usize) {
+        let labels = MessageLabels {
+            form: if delta { "delta" } else { "whole" },
+        };
+        self.stream_messages.get_or_create(&labels).inc();
+        self.stream_bytes.get_or_create(&labels).inc_by(bytes as u64);
     }
 
     pub fn ack_received(&self) {
@@ -126,8 +138,13 @@ impl Metrics {
         // Counter names get their `_total` suffix from the encoder.
         registry.register(
             "portcullis_config_stream_messages",
-            "Config versions sent to proxies on the config stream",
+            "Config versions sent to proxies on the config stream, whole or as deltas",
             self.stream_messages.clone(),
+        );
+        registry.register(
+            "portcullis_config_stream_bytes",
+            "Protobuf bytes of the config versions sent to proxies, whole or as deltas",
+            self.stream_bytes.clone(),
         );
         registry.register(
             "portcullis_config_stream_acks",
@@ -616,6 +633,7 @@ mod tests {
             shard: Default::default(),
             last_version: 0,
             instance: "test".into(),
+            accepts_deltas: false,
         };
         tx.send(proxy_message(Message::Hello(hello))).await.unwrap();
         let snapshot = stream.message().await.unwrap().expect("a snapshot");
@@ -629,7 +647,11 @@ mod tests {
             sample(body, "portcullis_config_stream_acks_total") == Some(1.0)
         })
         .await;
-        assert_eq!(value(&acked, "portcullis_config_stream_messages_total"), 1.0);
+        assert_eq!(
+            value(&acked, "portcullis_config_stream_messages_total{form=\"whole\"}"),
+            1.0
+        );
+        assert!(value(&acked, "portcullis_config_stream_bytes_total{form=\"whole\"}") > 0.0);
         assert_eq!(value(&acked, "portcullis_proxies{state=\"healthy\"}"), 1.0);
         let nack = Nack {
             version: snapshot.version,

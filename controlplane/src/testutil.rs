@@ -86,7 +86,7 @@ pub fn wire(value: serde_json::Value) -> Object {
     Object {
         kind: String::new(),
         name: String::new(),
-        json: value.to_string().into_bytes(),
+        json: value.to_string().into_bytes().into(),
     }
 }
 

@@ -1,6 +1,6 @@
 //! The live config: compiled tables swapped atomically, and the listeners that serve them.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -77,6 +77,9 @@ pub(crate) enum ApplyError {
     },
     #[error("the proxy is shutting down")]
     ShuttingDown,
+    /// A delta this proxy cannot apply: the control plane sends the version whole instead.
+    #[error("a delta against version {base} does not fit the config this proxy holds: {problem}")]
+    Delta { base: u64, problem: String },
 }
 
 pub(crate) struct ConfigState {
@@ -144,17 +147,47 @@ impl ConfigState {
         &self.telemetry
     }
 
-    /// Applies a snapshot as received from the control plane.
+    /// Applies a version as received from the control plane: whole, or as a delta against
+    /// the version this proxy holds. Either way the version applies whole or not at all.
     pub(crate) async fn apply_wire(
         &self,
-        version: u64,
-        objects: &[portcullis_proto::v1::Object],
+        message: &portcullis_proto::v1::ConfigSnapshot,
     ) -> Result<(), ApplyError> {
-        let parsed = collect_objects(objects.iter().enumerate().map(|(index, object)| {
+        let received = collect_objects(message.objects.iter().enumerate().map(|(index, object)| {
             let location = format!("object {} ({}/{})", index + 1, object.kind, object.name);
             Object::from_json_bytes(&object.json, &location)
         }))?;
-        self.apply(version, parsed).await
+        let objects = match message.base_version {
+            None => received,
+            Some(base) => {
+                let current = self.current();
+                let problem = |problem: String| ApplyError::Delta { base, problem };
+                if current.version != Some(base) {
+                    let held = current
+                        .version
+                        .map_or("none".to_string(), |version| version.to_string());
+                    return Err(problem(format!("this proxy holds version {held}")));
+                }
+                let mut objects: BTreeMap<ObjectKey, Object> = current
+                    .config
+                    .objects()
+                    .map(|object| (object.key(), object.clone()))
+                    .collect();
+                for removed in &message.removed {
+                    let key = Kind::from_name(&removed.kind)
+                        .map(|kind| ObjectKey::new(kind, removed.name.as_str()));
+                    if key.and_then(|key| objects.remove(&key)).is_none() {
+                        return Err(problem(format!(
+                            "it removes {}/{}, which this proxy does not hold",
+                            removed.kind, removed.name
+                        )));
+                    }
+                }
+                objects.extend(received.into_iter().map(|object| (object.key(), object)));
+                objects.into_values().collect()
+            }
+        };
+        self.apply(message.version, objects).await
     }
 
     /// All or nothing: on any error the previous version keeps serving untouched.

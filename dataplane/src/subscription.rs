@@ -149,6 +149,7 @@ impl Stream for Subscriber {
             shard: self.shard.clone().into_iter().collect(),
             last_version: self.state.current().version.unwrap_or(0),
             instance: self.instance.clone(),
+            accepts_deltas: true,
         };
         outbound
             .send(ProxyMessage {
@@ -161,7 +162,7 @@ impl Stream for Subscriber {
             .into_inner();
         while let Some(snapshot) = snapshots.message().await? {
             *received += 1;
-            let reply = match self.state.apply_wire(snapshot.version, &snapshot.objects).await {
+            let reply = match self.state.apply_wire(&snapshot).await {
                 Ok(()) => Message::Ack(Ack {
                     version: snapshot.version,
                 }),

@@ -111,7 +111,7 @@ impl Clients {
             objects: vec![Object {
                 kind: "Backend".into(),
                 name: name.into(),
-                json: object.to_string().into_bytes(),
+                json: object.to_string().into_bytes().into(),
             }],
             expected_version: None,
         };

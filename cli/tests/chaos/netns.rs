@@ -39,6 +39,7 @@ fn ip(args: &[&str]) -> Result<(), String> {
 
 impl Lab {
     pub fn create(nodes: usize) -> Result<Lab, String> {
+        remove_leftovers();
         let lab = Lab {
             tag: format!("{:x}", std::process::id() % 0xffff),
             nodes,
@@ -118,6 +119,44 @@ impl Lab {
 
     pub fn heal(&self, node: usize) {
         ip(&["link", "set", &self.cluster_veth(node), "up"]).expect("heal");
+    }
+}
+
+/// Removes what a run that could not clean up (killed mid-way) left: its nodes, and its
+/// links, which would keep the addresses every run uses. Only one lab exists at a time.
+fn remove_leftovers() {
+    let listed = |args: &[&str]| {
+        Command::new("ip")
+            .args(args)
+            .output()
+            .map(|output| String::from_utf8_lossy(&output.stdout).into_owned())
+            .unwrap_or_default()
+    };
+    for line in listed(&["-o", "link", "show"]).lines() {
+        let Some(name) = line.split(": ").nth(1).and_then(|name| name.split('@').next()) else {
+            continue;
+        };
+        let ours = ["pcb", "pcc", "pcl"].iter().any(|prefix| {
+            name.strip_prefix(prefix)
+                .and_then(|rest| rest.chars().next())
+                .is_some_and(|first| first.is_ascii_hexdigit())
+        });
+        if ours {
+            let _ = ip(&["link", "del", name]);
+        }
+    }
+    for line in listed(&["netns", "list"]).lines() {
+        if let Some(namespace) = line
+            .split_whitespace()
+            .next()
+            .filter(|name| name.starts_with("portcullis-chaos-"))
+        {
+            // Nodes orphaned by the killed run.
+            for pid in listed(&["netns", "pids", namespace]).split_whitespace() {
+                let _ = Command::new("kill").args(["-KILL", pid]).status();
+            }
+            let _ = ip(&["netns", "del", namespace]);
+        }
     }
 }
 

@@ -62,7 +62,7 @@ async fn serves_admin_and_keeps_config_across_restart() {
         objects: vec![Object {
             kind: "Backend".into(),
             name: "x".into(),
-            json: b"{not json".to_vec(),
+            json: b"{not json".to_vec().into(),
         }],
         expected_version: None,
     };

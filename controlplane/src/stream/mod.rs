@@ -1,17 +1,23 @@
 //! ConfigStream: every proxy gets its slice of the config, one complete version per
-//! message, and answers each with an ACK or NACK that lands in the [`ProxyRegistry`].
+//! message (whole, or a delta against the version it acknowledged), and answers each with an
+//! ACK or NACK that lands in the [`ProxyRegistry`]. The next version goes out once the last
+//! is answered. Messages are built once for all proxies ([`fanout`]).
 
+mod fanout;
+
+use std::sync::Arc;
 use std::time::Duration;
 
 use portcullis_config::ShardSelector;
 use portcullis_proto::v1::config_stream_server::ConfigStream;
 use portcullis_proto::v1::proxy_message::Message;
 use portcullis_proto::v1::{ConfigSnapshot, Hello, ProxyMessage};
+use prost::Message as _;
 use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
-use crate::admin::wire::to_wire;
+use self::fanout::Fanout;
 use crate::metrics::Metrics;
 use crate::node::standing::Standing;
 use crate::registry::ProxyRegistry;
@@ -34,6 +40,7 @@ pub struct ConfigStreamService {
     /// Flips to `true` on shutdown, ending every stream so the server can stop gracefully.
     shutdown: watch::Receiver<bool>,
     metrics: Metrics,
+    fanout: Arc<Fanout>,
 }
 
 impl ConfigStreamService {
@@ -50,14 +57,8 @@ impl ConfigStreamService {
             registry,
             shutdown,
             metrics,
+            fanout: Arc::default(),
         }
-    }
-}
-
-fn snapshot(view: &ConfigView, shard: &ShardSelector) -> ConfigSnapshot {
-    ConfigSnapshot {
-        version: view.version,
-        objects: view.config.slice(shard).objects().map(to_wire).collect(),
     }
 }
 
@@ -80,6 +81,7 @@ impl ConfigStream for ConfigStreamService {
             registry: self.registry.clone(),
             shutdown: self.shutdown.clone(),
             metrics: self.metrics.clone(),
+            fanout: self.fanout.clone(),
         };
         tokio::spawn(session.run());
         Ok(Response::new(ReceiverStream::new(rx)))
@@ -94,6 +96,17 @@ struct Session {
     registry: ProxyRegistry,
     shutdown: watch::Receiver<bool>,
     metrics: Metrics,
+    fanout: Arc<Fanout>,
+}
+
+/// What the proxy holds and has been sent, as far as this stream knows.
+#[derive(Default)]
+struct Exchange {
+    /// The version the proxy acknowledged last on this stream: what it holds, and the base
+    /// of the next delta. Unknown until the first acknowledgement.
+    acked: Option<u64>,
+    /// The version sent and not yet answered, and whether it was a delta.
+    awaiting: Option<(u64, bool)>,
 }
 
 impl Session {
@@ -146,6 +159,7 @@ impl Session {
             shard,
             last_version,
             instance,
+            accepts_deltas,
         } = hello;
         let shard: ShardSelector = shard.into_iter().collect();
         let session = match self.registry.connect(&proxy_id, &instance, &shard, last_version) {
@@ -156,15 +170,25 @@ impl Session {
             }
         };
         tracing::info!(%proxy_id, ?shard, last_version, "proxy subscribed");
-        self.serve(&proxy_id, &shard, session, last_version).await;
+        self.serve(&proxy_id, &shard, session, last_version, accepts_deltas)
+            .await;
         self.registry.disconnect(&proxy_id, session);
         tracing::info!(%proxy_id, "proxy stream ended");
     }
 
-    async fn serve(&mut self, proxy_id: &str, shard: &ShardSelector, session: u64, held: u64) {
-        // The current version is always sent first, even if the proxy says it has it.
+    async fn serve(
+        &mut self,
+        proxy_id: &str,
+        shard: &ShardSelector,
+        session: u64,
+        held: u64,
+        accepts_deltas: bool,
+    ) {
+        // The current version is always sent first, and whole, even if the proxy says it
+        // has it: a control plane rebuilt from empty storage reuses version numbers.
         self.view.mark_changed();
         let mut pending = false;
+        let mut exchange = Exchange::default();
         // A proxy that moved here from another node may hold a version this node has not
         // applied yet: it waits for this node to catch up rather than go back. If this node
         // does not, the proxy is sent to another one; only a lone node (a control plane
@@ -204,9 +228,9 @@ impl Session {
                     }
                     pending = true;
                 }
-                // Waiting for room before building means a slow proxy skips versions it
-                // has not been sent yet instead of queueing them.
-                permit = self.outbound.reserve(), if pending => {
+                // Sending only once the last version is answered means a slow proxy skips
+                // versions instead of queueing them, and a delta's base is what it holds.
+                permit = self.outbound.reserve(), if pending && exchange.awaiting.is_none() => {
                     let Ok(permit) = permit else { return };
                     pending = false;
                     let view = self.view.borrow_and_update().clone();
@@ -222,18 +246,35 @@ impl Session {
                     catching_up = None;
                     // Version 0 means nothing was ever applied; there is nothing to serve yet.
                     if view.version >= 1 {
-                        self.metrics.config_sent();
-                        permit.send(Ok(snapshot(&view, shard)));
+                        let base = exchange.acked.filter(|_| accepts_deltas);
+                        let message = self.fanout.message(&view, shard, base).await;
+                        let delta = message.base_version.is_some();
+                        self.metrics.config_sent(delta, message.encoded_len());
+                        permit.send(Ok(ConfigSnapshot::clone(&message)));
+                        exchange.awaiting = Some((view.version, delta));
                         self.registry.sent(proxy_id, session, view.version);
                     }
                 }
                 message = self.inbound.message() => match message {
                     Ok(Some(ProxyMessage { message: Some(Message::Ack(ack)) })) => {
+                        if exchange.awaiting.is_some_and(|(version, _)| version == ack.version) {
+                            exchange = Exchange { acked: Some(ack.version), awaiting: None };
+                        }
                         self.registry.ack(proxy_id, session, ack.version);
                         self.metrics.ack_received();
                     }
                     Ok(Some(ProxyMessage { message: Some(Message::Nack(nack)) })) => {
                         tracing::warn!(%proxy_id, version = nack.version, reason = %nack.reason, "proxy rejected config");
+                        if let Some((version, delta)) = exchange.awaiting.filter(|(version, _)| *version == nack.version) {
+                            exchange.awaiting = None;
+                            // The proxy keeps what it held. A refused delta is sent again
+                            // whole: the proxy may not hold its base after all.
+                            if delta {
+                                exchange.acked = None;
+                                pending = true;
+                            }
+                            tracing::debug!(%proxy_id, version, delta, "version refused");
+                        }
                         self.registry.nack(proxy_id, session, nack.version, &nack.reason);
                         self.metrics.nack_received();
                     }

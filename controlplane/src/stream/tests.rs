@@ -52,6 +52,7 @@ async fn streams_versions_and_records_acks() {
         shard: [("edge".to_string(), "true".to_string())].into(),
         last_version: 1,
         instance: "one".into(),
+        accepts_deltas: false,
     };
     tx.send(proxy_message(Message::Hello(hello))).await.unwrap();
 
@@ -210,5 +211,83 @@ async fn a_second_live_proxy_with_the_same_id_is_refused() {
         .unwrap();
     assert_eq!(next(&mut again).await.version, 1);
     drop((first_tx, second_tx, again_tx));
+    node.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn deltas_follow_acknowledgements_and_a_refused_delta_is_resent_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = start(dir.path(), 1, false).await;
+    let mut admin = admin(node.local_addr()).await;
+    wait_for_leader(&mut admin).await;
+    let config = vec![
+        listener("public", 8080, json!({"edge": "true"})),
+        listener("internal", 8081, json!({})),
+        backend("api", "127.0.0.1:9000"),
+        backend("admin", "127.0.0.1:9001"),
+        route("web", "public", "api"),
+        route("ops", "internal", "admin"),
+    ];
+    admin.apply(apply_request(config, None)).await.unwrap();
+    let (tx, mut stream) = subscribe(node.local_addr()).await;
+    let hello = Hello {
+        proxy_id: "edge-1".into(),
+        shard: [("edge".to_string(), "true".to_string())].into(),
+        accepts_deltas: true,
+        ..Hello::default()
+    };
+    tx.send(proxy_message(Message::Hello(hello))).await.unwrap();
+    let ack = |version| proxy_message(Message::Ack(Ack { version }));
+
+    // A stream starts whole.
+    let first = next(&mut stream).await;
+    assert_eq!((first.version, first.base_version), (1, None));
+    assert_eq!(names(&first), ["Listener/public", "Route/web", "Backend/api"]);
+    tx.send(ack(1)).await.unwrap();
+
+    // Then only what changed in the slice, against the acknowledged version.
+    admin
+        .apply(apply_request(vec![backend("api", "127.0.0.1:9100")], None))
+        .await
+        .unwrap();
+    let second = next(&mut stream).await;
+    assert_eq!((second.version, second.base_version), (2, Some(1)));
+    assert_eq!(names(&second), ["Backend/api"]);
+    assert!(second.removed.is_empty());
+
+    // Nothing more goes out until the proxy answers; a refused delta comes back whole, at
+    // the newest version.
+    admin
+        .apply(apply_request(vec![backend("admin", "127.0.0.1:9101")], None))
+        .await
+        .unwrap();
+    let early = tokio::time::timeout(Duration::from_millis(300), stream.message()).await;
+    assert!(
+        early.is_err(),
+        "sent before the last version was answered: {early:?}"
+    );
+    let nack = Nack {
+        version: 2,
+        reason: "delta against version 1, but this proxy holds none".into(),
+    };
+    tx.send(proxy_message(Message::Nack(nack))).await.unwrap();
+    let third = next(&mut stream).await;
+    assert_eq!((third.version, third.base_version), (3, None));
+    assert_eq!(names(&third), ["Listener/public", "Route/web", "Backend/api"]);
+    tx.send(ack(3)).await.unwrap();
+
+    // An object leaving the slice is listed as removed.
+    let moved = vec![backend("api2", "127.0.0.1:9200"), route("web", "public", "api2")];
+    admin.apply(apply_request(moved, None)).await.unwrap();
+    let fourth = next(&mut stream).await;
+    assert_eq!((fourth.version, fourth.base_version), (4, Some(3)));
+    assert_eq!(names(&fourth), ["Route/web", "Backend/api2"]);
+    let removed: Vec<String> = fourth
+        .removed
+        .iter()
+        .map(|r| format!("{}/{}", r.kind, r.name))
+        .collect();
+    assert_eq!(removed, ["Backend/api"]);
+    drop(tx);
     node.shutdown().await.unwrap();
 }

@@ -52,9 +52,40 @@ fn snapshot(version: u64, objects: &[Object]) -> ConfigSnapshot {
             .map(|object| proto::Object {
                 kind: object.kind().to_string(),
                 name: object.name().to_string(),
-                json: object.to_json_bytes(),
+                json: object.to_json_bytes().into(),
             })
             .collect(),
+        base_version: None,
+        removed: Vec::new(),
+    }
+}
+
+/// A delta against `base` that deletes `removed` (as `Kind/name`).
+fn delta(version: u64, base: u64, removed: &[&str]) -> ConfigSnapshot {
+    ConfigSnapshot {
+        version,
+        objects: Vec::new(),
+        base_version: Some(base),
+        removed: removed
+            .iter()
+            .map(|key| {
+                let (kind, name) = key.split_once('/').unwrap();
+                proto::ObjectRef {
+                    kind: kind.into(),
+                    name: name.into(),
+                }
+            })
+            .collect(),
+    }
+}
+
+async fn expect_nack(session: &mut Session, version: u64, reason: &str) {
+    match session.reply().await {
+        Message::Nack(nack) => {
+            assert_eq!(nack.version, version);
+            assert!(nack.reason.contains(reason), "{}", nack.reason);
+        }
+        other => panic!("expected Nack, got {other:?}"),
     }
 }
 
@@ -102,6 +133,7 @@ async fn acks_applied_versions_nacks_bad_ones_and_resubscribes_after_a_disconnec
             assert_eq!(hello.proxy_id, "edge-1");
             assert_eq!(hello.shard.get("zone").map(String::as_str), Some("a"));
             assert_eq!(hello.last_version, 0);
+            assert!(hello.accepts_deltas);
         }
         other => panic!("expected Hello, got {other:?}"),
     }
@@ -114,22 +146,33 @@ async fn acks_applied_versions_nacks_bad_ones_and_resubscribes_after_a_disconnec
     assert_eq!(session.reply().await, Message::Ack(proto::Ack { version: 1 }));
 
     let mut broken = snapshot(2, &good);
-    broken.objects[0].json = b"{not json".to_vec();
+    broken.objects[0].json = b"{not json".to_vec().into();
     session.send(broken).await;
-    match session.reply().await {
-        Message::Nack(nack) => {
-            assert_eq!(nack.version, 2);
-            assert!(nack.reason.contains("not valid JSON"), "{}", nack.reason);
-        }
-        other => panic!("expected Nack, got {other:?}"),
-    }
+    expect_nack(&mut session, 2, "not valid JSON").await;
+    assert_eq!(get(port, "/").await.0, 200);
+
+    // Deltas apply to the version held, whole or not at all.
+    session.send(delta(2, 1, &["Route/all"])).await;
+    assert_eq!(session.reply().await, Message::Ack(proto::Ack { version: 2 }));
+    assert_eq!(get(port, "/").await.0, 404);
+    session.send(delta(3, 1, &[])).await;
+    expect_nack(&mut session, 3, "this proxy holds version 2").await;
+    session.send(delta(3, 2, &["Route/all"])).await;
+    expect_nack(
+        &mut session,
+        3,
+        "removes Route/all, which this proxy does not hold",
+    )
+    .await;
+    session.send(snapshot(3, &good)).await;
+    assert_eq!(session.reply().await, Message::Ack(proto::Ack { version: 3 }));
     assert_eq!(get(port, "/").await.0, 200);
 
     // The control plane drops the stream: the proxy keeps serving and comes back.
     drop(session);
     let mut session = sessions.lock().await.recv().await.unwrap();
     match session.reply().await {
-        Message::Hello(hello) => assert_eq!(hello.last_version, 1),
+        Message::Hello(hello) => assert_eq!(hello.last_version, 3),
         other => panic!("expected Hello, got {other:?}"),
     }
     assert_eq!(get(port, "/").await.0, 200);
