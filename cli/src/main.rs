@@ -59,6 +59,9 @@ enum Command {
     GuardrailServer(portcullis_loadtest::guardrail::GuardrailServerArgs),
     /// Run a load scenario (LLM or MCP; inference-perf style) against one or more targets.
     Loadtest(portcullis_loadtest::llm::LoadtestArgs),
+    /// Measure a running control plane's config fan-out: many subscribers, a large config, a
+    /// stream of writes (loadtest/fanout-bench.sh runs it against a 3-node cluster).
+    FanoutBench(portcullis_loadtest::fanout::FanoutBenchArgs),
 }
 
 fn main() -> ExitCode {
@@ -96,6 +99,7 @@ fn main() -> ExitCode {
                 portcullis_loadtest::guardrail::serve(args, crate::signal::terminated()).await
             }
             Command::Loadtest(args) => portcullis_loadtest::llm::run(args).await,
+            Command::FanoutBench(args) => portcullis_loadtest::fanout::run(args).await,
         }
     });
     match outcome {

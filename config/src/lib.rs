@@ -31,4 +31,4 @@ pub use kind::{Kind, KindInfo, KindSpec};
 pub use kinds::*;
 pub use object::{collect_objects, Metadata, Object, ObjectKey, API_VERSION};
 pub use reference::{target_refs, Reference, Role, TargetRef};
-pub use set::{Change, ConfigSet, ShardSelector};
+pub use set::{Change, ConfigSet, ShardSelector, Slicer};

@@ -1,5 +1,8 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 
+use imbl::ordmap::DiffItem;
+use imbl::{OrdMap, OrdSet};
+
 use crate::error::{ConfigError, FieldError};
 use crate::kind::{Kind, KindSpec};
 use crate::object::{Metadata, Object, ObjectKey};
@@ -8,9 +11,12 @@ use crate::reference::Role;
 /// A whole config: every object, keyed by kind and name. Only ever built through
 /// [`ConfigSet::apply`], [`ConfigSet::delete`] and [`ConfigSet::from_objects`], which
 /// validate, so a `ConfigSet` held anywhere is consistent.
+///
+/// The map is persistent: the next version shares everything a write left untouched, so
+/// a write costs what it changes (plus the set-wide rules), not the size of the config.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct ConfigSet {
-    objects: BTreeMap<ObjectKey, Object>,
+    objects: OrdMap<ObjectKey, Object>,
 }
 
 /// What a write did to one object.
@@ -52,7 +58,11 @@ impl ConfigSet {
     }
 
     pub fn of_kind(&self, kind: Kind) -> impl Iterator<Item = &Object> {
-        self.objects.values().filter(move |object| object.kind() == kind)
+        // Keys order by kind first, and the empty name sorts before every other.
+        self.objects
+            .range(ObjectKey::new(kind, "")..)
+            .take_while(move |(key, _)| key.kind == kind)
+            .map(|(_, object)| object)
     }
 
     /// Every object of kind `T` with its typed spec.
@@ -108,7 +118,14 @@ impl ConfigSet {
             next.objects.insert(key.clone(), object);
             changes.push((key, change));
         }
-        next.validate()?;
+        // Creating or replacing an object cannot break another's reference (the target still
+        // exists), so only the written objects' references need checking.
+        let written: Vec<&Object> = changes
+            .iter()
+            .filter(|(_, change)| *change != Change::Unchanged)
+            .filter_map(|(key, _)| next.objects.get(key))
+            .collect();
+        next.check(written)?;
         Ok((next, changes))
     }
 
@@ -120,7 +137,7 @@ impl ConfigSet {
         let mut next = self.clone();
         let mut errors = Vec::new();
         for key in &keys {
-            if next.objects.remove(key).is_none() {
+            if next.objects.remove(*key).is_none() {
                 errors.push(FieldError::new(key.to_string(), "", "not found"));
             }
         }
@@ -145,7 +162,9 @@ impl ConfigSet {
         if !errors.is_empty() {
             return Err(ConfigError { errors });
         }
-        next.validate()?;
+        // Every remaining reference was valid and none names what went: only the set-wide
+        // rules are left to check.
+        next.check([])?;
         Ok((
             next,
             keys.into_iter()
@@ -157,8 +176,13 @@ impl ConfigSet {
     /// Cross-object checks: every reference names an allowed kind and an existing object,
     /// and each kind's own set-wide rules (e.g. no two listeners on one socket).
     pub fn validate(&self) -> Result<(), ConfigError> {
+        self.check(self.objects.values())
+    }
+
+    /// The references of `objects`, and every kind's set-wide rules.
+    fn check<'a>(&self, objects: impl IntoIterator<Item = &'a Object>) -> Result<(), ConfigError> {
         let mut errors = Vec::new();
-        for object in self.objects.values() {
+        for object in objects {
             for reference in object.dyn_spec().references() {
                 let label = object.key().to_string();
                 match reference.target_kind() {
@@ -191,41 +215,131 @@ impl ConfigSet {
     /// The part of the config a proxy with this selector serves: the shard roots
     /// (Listeners) whose labels match, everything attached to what is in the slice, and
     /// everything used by what is in the slice; attachments to objects outside the slice
-    /// are dropped. A slice of a valid config is valid.
+    /// are dropped. A slice of a valid config is valid. To cut several, see [`Slicer`].
     pub fn slice(&self, selector: &ShardSelector) -> ConfigSet {
         if selector.is_empty() {
             return self.clone();
         }
-        // Edges from an object to what joins the slice with it.
-        let mut follows: HashMap<ObjectKey, Vec<ObjectKey>> = HashMap::new();
-        for object in self.objects.values() {
-            for reference in object.dyn_spec().references() {
-                let Ok(kind) = reference.target_kind() else {
-                    continue;
-                };
-                let target = ObjectKey::new(kind, reference.name);
-                match reference.role {
-                    Role::AttachTo => follows.entry(target).or_default().push(object.key()),
-                    Role::Uses => follows.entry(object.key()).or_default().push(target),
+        Slicer::new(self.clone()).slice(selector)
+    }
+}
+
+/// Cuts slices of one config ([`ConfigSet::slice`]): the edges between its objects are found
+/// once, however many selectors are cut, and carried to the next version of the config by
+/// what changed ([`Slicer::advance`]), so a write costs what it changed.
+#[derive(Clone)]
+pub struct Slicer {
+    config: ConfigSet,
+    /// What each object uses: in a slice with it.
+    uses: OrdMap<ObjectKey, Vec<ObjectKey>>,
+    /// What each object attaches to: it joins a slice holding one of them, and is kept as it
+    /// is (shared) unless one of them is left out.
+    attaches: OrdMap<ObjectKey, Vec<ObjectKey>>,
+    /// The other way: what is attached to each object.
+    attached: OrdMap<ObjectKey, OrdSet<ObjectKey>>,
+}
+
+impl Slicer {
+    /// Takes the config by value: cloning a [`ConfigSet`] shares its objects.
+    pub fn new(config: ConfigSet) -> Slicer {
+        let mut slicer = Slicer {
+            config: ConfigSet::default(),
+            uses: OrdMap::new(),
+            attaches: OrdMap::new(),
+            attached: OrdMap::new(),
+        };
+        for object in config.objects.values() {
+            slicer.link(object);
+        }
+        slicer.config = config;
+        slicer
+    }
+
+    /// The slicer of `config`, a later version of this slicer's config: only the objects
+    /// that differ are looked at.
+    pub fn advance(&self, config: ConfigSet) -> Slicer {
+        let mut next = self.clone();
+        for change in self.config.objects.diff(&config.objects) {
+            match change {
+                DiffItem::Add(_, object) => next.link(object),
+                DiffItem::Remove(key, _) => next.unlink(key),
+                DiffItem::Update {
+                    new: (key, object), ..
+                } => {
+                    next.unlink(key);
+                    next.link(object);
                 }
             }
         }
-        let mut queue: VecDeque<ObjectKey> = self
-            .objects
-            .values()
-            .filter(|object| {
-                object.kind().info().shard_root
-                    && selector
-                        .iter()
-                        .all(|(key, value)| object.metadata().labels.get(key) == Some(value))
+        next.config = config;
+        next
+    }
+
+    fn link(&mut self, object: &Object) {
+        let key = object.key();
+        let (mut uses, mut attaches) = (Vec::new(), Vec::new());
+        for reference in object.dyn_spec().references() {
+            let Ok(kind) = reference.target_kind() else {
+                continue;
+            };
+            let target = ObjectKey::new(kind, reference.name);
+            match reference.role {
+                Role::AttachTo => {
+                    self.attached
+                        .entry(target.clone())
+                        .or_default()
+                        .insert(key.clone());
+                    attaches.push(target);
+                }
+                Role::Uses => uses.push(target),
+            }
+        }
+        if !uses.is_empty() {
+            self.uses.insert(key.clone(), uses);
+        }
+        if !attaches.is_empty() {
+            self.attaches.insert(key, attaches);
+        }
+    }
+
+    fn unlink(&mut self, key: &ObjectKey) {
+        self.uses.remove(key);
+        for target in self.attaches.remove(key).into_iter().flatten() {
+            if let Some(attached) = self.attached.get_mut(&target) {
+                attached.remove(key);
+                if attached.is_empty() {
+                    self.attached.remove(&target);
+                }
+            }
+        }
+    }
+
+    pub fn slice(&self, selector: &ShardSelector) -> ConfigSet {
+        if selector.is_empty() {
+            return self.config.clone();
+        }
+        let mut queue: VecDeque<&ObjectKey> = Kind::all()
+            .filter(|kind| kind.info().shard_root)
+            .flat_map(|kind| {
+                self.config
+                    .objects
+                    .range(ObjectKey::new(kind, "")..)
+                    .take_while(move |(key, _)| key.kind == kind)
             })
-            .map(Object::key)
+            .filter(|(_, object)| {
+                selector
+                    .iter()
+                    .all(|(key, value)| object.metadata().labels.get(key) == Some(value))
+            })
+            .map(|(key, _)| key)
             .collect();
-        let mut included: BTreeSet<ObjectKey> = queue.iter().cloned().collect();
+        let mut included: BTreeSet<&ObjectKey> = queue.iter().copied().collect();
         while let Some(key) = queue.pop_front() {
-            for next in follows.get(&key).into_iter().flatten() {
-                if included.insert(next.clone()) {
-                    queue.push_back(next.clone());
+            let uses = self.uses.get(key).into_iter().flatten();
+            let attached = self.attached.get(key).into_iter().flatten();
+            for next in uses.chain(attached) {
+                if included.insert(next) {
+                    queue.push_back(next);
                 }
             }
         }
@@ -233,9 +347,16 @@ impl ConfigSet {
         let objects = included
             .iter()
             .filter_map(|key| {
-                let object = self.objects.get(key)?;
-                let trimmed = object.with_spec(object.dyn_spec().with_attachments(&keep));
-                Some((key.clone(), trimmed))
+                let object = self.config.objects.get(*key)?;
+                let all_kept = self
+                    .attaches
+                    .get(*key)
+                    .is_none_or(|targets| targets.iter().all(&keep));
+                let object = match all_kept {
+                    true => object.clone(),
+                    false => object.with_spec(object.dyn_spec().with_attachments(&keep)),
+                };
+                Some(((*key).clone(), object))
             })
             .collect();
         ConfigSet { objects }
@@ -430,6 +551,35 @@ spec: { listeners: [internal], backends: [{ name: admin }] }
             "the attachment to Route/ops is outside the slice"
         );
         slice.validate().unwrap();
+    }
+
+    /// A slicer carried across versions cuts exactly what a fresh one cuts: policies added,
+    /// a route moved between listeners, a listener relabelled, objects deleted.
+    #[test]
+    fn an_advanced_slicer_cuts_what_a_new_one_cuts() {
+        let edge = ShardSelector::from([("edge".to_string(), "true".to_string())]);
+        let steps = [
+            "apiVersion: portcullis.dev/v1alpha1\nkind: HeaderPolicy\nmetadata: {name: tag}\nspec: {targetRefs: [{kind: Route, name: web}, {kind: Route, name: ops}], request: {set: [{name: x-tag, value: a}]}}",
+            "apiVersion: portcullis.dev/v1alpha1\nkind: Route\nmetadata: {name: ops}\nspec: {listeners: [public], backends: [{name: admin}]}",
+            "apiVersion: portcullis.dev/v1alpha1\nkind: Listener\nmetadata: {name: internal, labels: {edge: \"true\"}}\nspec: {port: 8081}",
+            "apiVersion: portcullis.dev/v1alpha1\nkind: Route\nmetadata: {name: web}\nspec: {listeners: [internal], backends: [{name: api}]}",
+        ];
+        let mut config = base();
+        let mut slicer = Slicer::new(config.clone());
+        for step in steps {
+            config = apply_yaml(&config, step).unwrap();
+            slicer = slicer.advance(config.clone());
+            assert_eq!(
+                slicer.slice(&edge),
+                Slicer::new(config.clone()).slice(&edge),
+                "after {step}"
+            );
+        }
+        let policy = ObjectKey::new(Kind::of::<crate::HeaderPolicySpec>(), "tag");
+        config = config.delete(&[policy]).unwrap().0;
+        slicer = slicer.advance(config.clone());
+        assert_eq!(slicer.slice(&edge), Slicer::new(config.clone()).slice(&edge));
+        assert_eq!(slicer.slice(&edge).len(), 6);
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! Test servers, load generators and benchmarks for Portcullis.
 //!
-//! `echo` and `http` run against real sockets on loopback; `guardrail` is the reference
+//! `echo` and `http` run against real sockets on loopback; `fanout` measures the control
+//! plane's config stream against a running cluster; `guardrail` is the reference
 //! guardrail checker (gRPC); `sim` simulates a vLLM fleet
 //! in virtual time, `vllm` serves it over HTTP; `llm` is the load generator, which also drives
 //! the `mcp` test server. Shared by several of them: `baseline` (ratios against the first
@@ -10,6 +11,7 @@
 
 pub mod baseline;
 pub mod echo;
+pub mod fanout;
 pub mod guardrail;
 pub mod llm;
 pub mod mcp;

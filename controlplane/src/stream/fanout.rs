@@ -1,12 +1,13 @@
 //! Each config message is built once and shared. When the config moves to a new version,
 //! every proxy of a shard that held the same version gets the same message (a delta
 //! against that version, or the whole slice), sliced and JSON-encoded once: the cost of a
-//! change grows with the number of shards and bases, not with the number of proxies.
+//! change grows with the number of shards and bases, not with the number of proxies. Each
+//! shard's slice of a version is cut once too, and serves again as the base of the next.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 
-use portcullis_config::{ConfigSet, ShardSelector};
+use portcullis_config::{ConfigSet, ShardSelector, Slicer};
 use portcullis_proto::v1::{ConfigSnapshot, ObjectRef};
 use tokio::sync::OnceCell;
 
@@ -21,8 +22,7 @@ const KEPT_BASES: usize = 16;
 /// for streams that have not seen the newest yet.
 const KEPT_TARGETS: usize = 2;
 
-type MessageKey = (ShardSelector, Option<u64>);
-type Built = Arc<OnceCell<Arc<ConfigSnapshot>>>;
+type Cell<T> = Arc<OnceCell<Arc<T>>>;
 
 #[derive(Default)]
 pub(crate) struct Fanout {
@@ -31,10 +31,48 @@ pub(crate) struct Fanout {
 
 #[derive(Default)]
 struct Inner {
-    /// Configs of recently sent versions: the bases of deltas.
-    sent: BTreeMap<u64, Arc<ConfigSet>>,
+    /// Recently sent versions: the bases of deltas.
+    versions: BTreeMap<u64, Arc<Version>>,
     /// By target version, then shard and base (`None`: whole).
-    built: BTreeMap<u64, HashMap<MessageKey, Built>>,
+    built: BTreeMap<u64, HashMap<(ShardSelector, Option<u64>), Cell<ConfigSnapshot>>>,
+}
+
+/// One version's config and the slices cut from it, each cut once.
+struct Version {
+    config: Arc<ConfigSet>,
+    /// The version before it, until its slicer is made: a slicer carried over from the last
+    /// version costs what the write changed; a new one costs the whole config.
+    previous: Mutex<Option<Arc<Version>>>,
+    slicer: OnceCell<Arc<Slicer>>,
+    slices: Mutex<HashMap<ShardSelector, Cell<ConfigSet>>>,
+}
+
+impl Version {
+    async fn slice(&self, shard: &ShardSelector) -> Arc<ConfigSet> {
+        let cell = lock(&self.slices).entry(shard.clone()).or_default().clone();
+        cell.get_or_init(|| async {
+            let slicer = self
+                .slicer
+                .get_or_init(|| async {
+                    let config = ConfigSet::clone(&self.config);
+                    let previous = lock(&self.previous).take();
+                    Arc::new(
+                        match previous.as_ref().and_then(|previous| previous.slicer.get()) {
+                            Some(slicer) => slicer.advance(config),
+                            None => Slicer::new(config),
+                        },
+                    )
+                })
+                .await;
+            Arc::new(slicer.slice(shard))
+        })
+        .await
+        .clone()
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 impl Fanout {
@@ -46,18 +84,31 @@ impl Fanout {
         shard: &ShardSelector,
         base: Option<u64>,
     ) -> Arc<ConfigSnapshot> {
-        let (cell, base) = {
-            let mut inner = self.inner.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-            inner
-                .sent
+        let (cell, target, base) = {
+            let mut inner = lock(&self.inner);
+            let previous = inner
+                .versions
+                .range(..view.version)
+                .next_back()
+                .map(|(_, version)| version.clone());
+            let target = inner
+                .versions
                 .entry(view.version)
-                .or_insert_with(|| view.config.clone());
-            while inner.sent.len() > KEPT_BASES {
-                inner.sent.pop_first();
+                .or_insert_with(|| {
+                    Arc::new(Version {
+                        config: view.config.clone(),
+                        previous: Mutex::new(previous),
+                        slicer: OnceCell::new(),
+                        slices: Mutex::default(),
+                    })
+                })
+                .clone();
+            while inner.versions.len() > KEPT_BASES {
+                inner.versions.pop_first();
             }
             let base = base
                 .filter(|base| *base < view.version)
-                .and_then(|base| Some((base, inner.sent.get(&base)?.clone())));
+                .and_then(|base| Some((base, inner.versions.get(&base)?.clone())));
             let key = (shard.clone(), base.as_ref().map(|(version, _)| *version));
             let cell = inner
                 .built
@@ -69,12 +120,15 @@ impl Fanout {
             while inner.built.len() > KEPT_TARGETS {
                 inner.built.pop_first();
             }
-            (cell, base)
+            (cell, target, base)
         };
         cell.get_or_init(|| async {
+            let new = target.slice(shard).await;
             Arc::new(match base {
-                Some((base_version, base)) => delta(&base, base_version, view, shard),
-                None => whole(view, shard),
+                Some((base_version, base)) => {
+                    delta(&*base.slice(shard).await, base_version, &new, view.version)
+                }
+                None => whole(&new, view.version),
             })
         })
         .await
@@ -82,19 +136,18 @@ impl Fanout {
     }
 }
 
-fn whole(view: &ConfigView, shard: &ShardSelector) -> ConfigSnapshot {
+fn whole(slice: &ConfigSet, version: u64) -> ConfigSnapshot {
     ConfigSnapshot {
-        version: view.version,
-        objects: view.config.slice(shard).objects().map(to_wire).collect(),
+        version,
+        objects: slice.objects().map(to_wire).collect(),
         base_version: None,
         removed: Vec::new(),
     }
 }
 
-fn delta(base: &ConfigSet, base_version: u64, view: &ConfigView, shard: &ShardSelector) -> ConfigSnapshot {
-    let (old, new) = (base.slice(shard), view.config.slice(shard));
+fn delta(old: &ConfigSet, base_version: u64, new: &ConfigSet, version: u64) -> ConfigSnapshot {
     ConfigSnapshot {
-        version: view.version,
+        version,
         objects: new
             .objects()
             .filter(|object| old.get(&object.key()) != Some(*object))
