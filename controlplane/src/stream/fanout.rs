@@ -24,6 +24,9 @@ const KEPT_TARGETS: usize = 2;
 
 type Cell<T> = Arc<OnceCell<Arc<T>>>;
 
+/// A message's shard and base version (`None`: whole).
+type MessageKey = (ShardSelector, Option<u64>);
+
 #[derive(Default)]
 pub(crate) struct Fanout {
     inner: Mutex<Inner>,
@@ -33,8 +36,8 @@ pub(crate) struct Fanout {
 struct Inner {
     /// Recently sent versions: the bases of deltas.
     versions: BTreeMap<u64, Arc<Version>>,
-    /// By target version, then shard and base (`None`: whole).
-    built: BTreeMap<u64, HashMap<(ShardSelector, Option<u64>), Cell<ConfigSnapshot>>>,
+    /// Built messages by target version.
+    built: BTreeMap<u64, HashMap<MessageKey, Cell<ConfigSnapshot>>>,
 }
 
 /// One version's config and the slices cut from it, each cut once.
