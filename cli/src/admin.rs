@@ -106,7 +106,7 @@ pub async fn cluster(command: ClusterCommand) -> anyhow::Result<()> {
     let (response, output) = match command {
         ClusterCommand::Status { output, connection } => {
             let response = Admin::new(&connection.controlplane)
-                .call(|mut client| async move { client.status(v1::StatusRequest {}).await })
+                .call(|mut client| async move { client.status(v1::StatusRequest::default()).await })
                 .await?;
             (response, output)
         }
@@ -321,7 +321,7 @@ pub async fn delete(args: DeleteArgs) -> anyhow::Result<()> {
 
 pub async fn status(args: StatusArgs) -> anyhow::Result<()> {
     let response = Admin::new(&args.connection.controlplane)
-        .call(|mut client| async move { client.status(v1::StatusRequest {}).await })
+        .call(|mut client| async move { client.status(v1::StatusRequest::default()).await })
         .await?;
     match args.output {
         Some(Format::Json) => println!("{}", serde_json::to_string_pretty(&status_json(&response))?),
@@ -348,21 +348,30 @@ fn status_table(status: &v1::StatusResponse) -> String {
     let mut out = String::new();
     let _ = writeln!(out, "config version {}", status.version);
     out.push_str(&cluster_table(status));
+    if !status.unreachable_nodes.is_empty() {
+        let nodes: Vec<String> = status.unreachable_nodes.iter().map(u64::to_string).collect();
+        let _ = writeln!(
+            out,
+            "nodes {} did not answer: their proxies are not listed",
+            nodes.join(", ")
+        );
+    }
     let _ = writeln!(
         out,
-        "{:<24} {:<16} {:>8} {:>6} {:<12} LAST ERROR",
-        "PROXY", "SHARD", "APPLIED", "SENT", "STATE"
+        "{:<24} {:<16} {:>8} {:>6} {:<12} {:>4} LAST ERROR",
+        "PROXY", "SHARD", "APPLIED", "SENT", "STATE", "NODE"
     );
     for proxy in &status.proxies {
         let state = proxy_state(proxy);
         let _ = writeln!(
             out,
-            "{:<24} {:<16} {:>8} {:>6} {:<12} {}",
+            "{:<24} {:<16} {:>8} {:>6} {:<12} {:>4} {}",
             proxy.proxy_id,
             shard_text(&proxy.shard),
             proxy.applied_version,
             proxy.sent_version,
             state,
+            proxy.node_id,
             proxy.last_error
         );
     }
@@ -413,9 +422,12 @@ fn status_json(status: &v1::StatusResponse) -> serde_json::Value {
                 "proxyId": proxy.proxy_id, "shard": proxy.shard, "appliedVersion": proxy.applied_version,
                 "sentVersion": proxy.sent_version, "healthy": proxy.healthy, "connected": proxy.connected,
                 "lastError": proxy.last_error, "lastSeenUnixMs": proxy.last_seen_unix_ms,
-                "state": proxy_state(proxy),
+                "state": proxy_state(proxy), "nodeId": proxy.node_id,
             })
         })
         .collect();
-    serde_json::json!({ "version": status.version, "cluster": cluster, "proxies": proxies })
+    serde_json::json!({
+        "version": status.version, "cluster": cluster, "proxies": proxies,
+        "unreachableNodes": status.unreachable_nodes,
+    })
 }

@@ -61,17 +61,31 @@ fn voters(node: &str) -> Vec<u64> {
     voters
 }
 
+/// The proxy entries of `id` in `node`'s status, which gathers every member's proxies.
+fn proxy_entries(node: &str, id: &str) -> Vec<Value> {
+    let output = cli(&["status", "-o", "json", "--controlplane", node]);
+    let Ok(status) = serde_json::from_str::<Value>(&stdout(&output)) else {
+        return Vec::new();
+    };
+    status["proxies"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|p| p["proxyId"] == id)
+        .cloned()
+        .collect()
+}
+
 /// Whether `node` says the proxy `id` is connected to it.
 fn serves_proxy(node: &str, id: &str) -> bool {
     let output = cli(&["status", "-o", "json", "--controlplane", node]);
     let Ok(status) = serde_json::from_str::<Value>(&stdout(&output)) else {
         return false;
     };
-    status["proxies"].as_array().is_some_and(|proxies| {
-        proxies
-            .iter()
-            .any(|p| p["proxyId"] == id && p["connected"] == true)
-    })
+    let me = &status["cluster"]["nodeId"];
+    proxy_entries(node, id)
+        .iter()
+        .any(|p| p["connected"] == true && &p["nodeId"] == me)
 }
 
 fn config(listener: u16, upstream: u16, name: &str) -> String {
@@ -149,6 +163,24 @@ fn a_proxy_moves_to_another_node_when_its_node_dies() {
     wait_for("the proxy on another node", TIMEOUT, || {
         survivors.iter().any(|node| serves_proxy(node, "edge-1"))
     });
+    // Any survivor's status lists it once, on the node it moved to, whichever leads.
+    let on = survivors
+        .iter()
+        .position(|node| serves_proxy(node, "edge-1"))
+        .map(|index| survivors[index]);
+    let on_id = on
+        .and_then(|node| nodes.iter().position(|n| n == node))
+        .map(|index| index + 1);
+    for node in &survivors {
+        let entries = proxy_entries(node, "edge-1");
+        assert_eq!(entries.len(), 1, "{entries:?}");
+        assert_eq!(
+            entries[0]["nodeId"].as_u64(),
+            on_id.map(|id| id as u64),
+            "{entries:?}"
+        );
+        assert_eq!(entries[0]["connected"], true);
+    }
 
     // The next version, written through a survivor once a leader is elected, reaches it.
     let path = write_file(dir.path(), "second.yaml", &config(listener, upstream_b, "second"));

@@ -20,6 +20,7 @@ use serde_json::value::RawValue;
 /// An object's kind and name as text, so that an entry or a stored object stays readable by
 /// a build that does not know its kind.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct StoredKey {
     pub kind: String,
     pub name: String,
@@ -59,7 +60,10 @@ impl fmt::Display for StoredKey {
 }
 
 /// The payload of a normal Raft entry: a write the leader has validated, stated as its result.
+/// A field this build does not know fails the entry's decoding loudly: ignoring it could make
+/// this node apply the entry differently from a newer one.
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Write {
     /// The config version the leader validated against; the write applies only on top of it.
     pub base_version: u64,
@@ -102,6 +106,7 @@ impl Rejection {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ObjectChange {
     pub key: StoredKey,
     /// [`Change::as_str`]: kept as text because `Change` is not serializable.

@@ -46,7 +46,11 @@ pub async fn wait_status(
     done: impl Fn(&StatusResponse) -> bool,
 ) -> StatusResponse {
     for _ in 0..150 {
-        let status = client.status(StatusRequest {}).await.unwrap().into_inner();
+        let status = client
+            .status(StatusRequest::default())
+            .await
+            .unwrap()
+            .into_inner();
         if done(&status) {
             return status;
         }

@@ -444,7 +444,7 @@ impl Admin {
                 continue;
             };
             let mut client = AdminClient::new(channel.clone());
-            let Ok(status) = client.status(StatusRequest {}).await else {
+            let Ok(status) = client.status(StatusRequest::default()).await else {
                 continue;
             };
             let Some(cluster) = status.into_inner().cluster else {

@@ -1,5 +1,5 @@
 //! The record of every operation a chaos run made, and the check of what a linearizable
-//! config store must show in it. Each write creates an object of its own, so a read shows
+//! config store must show in it (versions only move forward, for writes and for reads). Each write creates an object of its own, so a read shows
 //! exactly which writes it saw.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -15,6 +15,7 @@ pub struct Write {
 
 pub struct Read {
     pub started: Instant,
+    pub ended: Instant,
     /// The version and the names read; `None` when the read failed.
     pub result: Option<(u64, BTreeSet<String>)>,
 }
@@ -97,6 +98,16 @@ pub fn check(
                     .push(format!("read shows {name}, never written"));
             }
         }
+        // Nor older than a read that ended before it began.
+        for earlier in reads {
+            if let Some((earlier_version, _)) = &earlier.result {
+                if earlier.ended < read.started && earlier_version > version {
+                    report.violations.push(format!(
+                        "read at version {version} began after a read at version {earlier_version} ended"
+                    ));
+                }
+            }
+        }
     }
     // Never two leaders in one term.
     let mut leaders: BTreeMap<u64, BTreeSet<u64>> = BTreeMap::new();
@@ -137,6 +148,7 @@ mod tests {
     fn read(base: Instant, started: u64, version: u64, names: &[&str]) -> Read {
         Read {
             started: at(base, started),
+            ended: at(base, started + 2),
             result: Some((version, names.iter().map(|name| name.to_string()).collect())),
         }
     }
@@ -160,7 +172,11 @@ mod tests {
     fn a_lost_write_a_stale_read_and_two_leaders_are_caught() {
         let base = Instant::now();
         let writes = [write(base, "a", 10, Some(1)), write(base, "b", 30, Some(1))];
-        let reads = [read(base, 15, 0, &[])];
+        let reads = [
+            read(base, 15, 0, &[]),
+            read(base, 40, 2, &["a"]),
+            read(base, 50, 1, &["a"]),
+        ];
         let leadership = [
             Leadership {
                 node: 1,
@@ -185,5 +201,9 @@ mod tests {
         );
         assert!(violations.contains("read at version 0 misses a"), "{violations}");
         assert!(violations.contains("each led term 4"), "{violations}");
+        assert!(
+            violations.contains("read at version 1 began after a read at version 2 ended"),
+            "{violations}"
+        );
     }
 }

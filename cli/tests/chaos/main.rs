@@ -171,7 +171,11 @@ async fn reader(clients: Arc<Clients>, recorder: Arc<Recorder>, stop: Arc<Atomic
     while !stop.load(Ordering::Relaxed) {
         let started = Instant::now();
         let result = clients.read().await;
-        recorder.reads.lock().unwrap().push(Read { started, result });
+        recorder.reads.lock().unwrap().push(Read {
+            started,
+            ended: Instant::now(),
+            result,
+        });
         tokio::time::sleep(pause).await;
     }
 }
@@ -181,8 +185,11 @@ async fn observe_leadership(clients: Arc<Clients>, seen: Arc<Mutex<Vec<Leadershi
     while !stop.load(Ordering::Relaxed) {
         for channel in &clients.channels {
             let mut client = AdminClient::new(channel.clone());
-            let status =
-                tokio::time::timeout(Duration::from_millis(300), client.status(StatusRequest {})).await;
+            let status = tokio::time::timeout(
+                Duration::from_millis(300),
+                client.status(StatusRequest::default()),
+            )
+            .await;
             if let Ok(Ok(status)) = status {
                 if let Some(cluster) = status.into_inner().cluster {
                     seen.lock().unwrap().push(Leadership {
@@ -288,8 +295,11 @@ async fn leader(clients: &Clients) -> Option<usize> {
     let mut named = Vec::new();
     for channel in &clients.channels {
         let mut client = AdminClient::new(channel.clone());
-        if let Ok(Ok(status)) =
-            tokio::time::timeout(Duration::from_millis(500), client.status(StatusRequest {})).await
+        if let Ok(Ok(status)) = tokio::time::timeout(
+            Duration::from_millis(500),
+            client.status(StatusRequest::default()),
+        )
+        .await
         {
             if let Some(leader) = status.into_inner().cluster.and_then(|cluster| cluster.leader_id) {
                 named.push(leader);
@@ -511,6 +521,7 @@ async fn a_node_killed_mid_write_again_and_again_keeps_every_acknowledged_write(
         let read = until_some("the restarted node answering a read", TIMEOUT, || clients.read()).await;
         recorder.reads.lock().unwrap().push(Read {
             started,
+            ended: Instant::now(),
             result: Some(read),
         });
         tokio::time::sleep(Duration::from_millis(50 + dice.below(200))).await;

@@ -7,8 +7,11 @@
 //!   still answers clients as a real minority would (an old leader keeps taking writes it
 //!   cannot commit).
 //!
-//! Needs root and `ip` (iproute2), as on the CI machines; names carry the test's process id,
-//! so stale leftovers of a crashed run never clash with a new one.
+//! Needs root and `ip` (iproute2), as on the CI machines. Labs on one machine take turns
+//! (an exclusive lock on a file under the temporary directory), so a lab may remove what a
+//! killed run left behind without touching a live one. On a host whose firewall filters
+//! bridged traffic (`br_netfilter` with a FORWARD policy of DROP, as Docker sets up), the
+//! nodes cannot reach each other and the test fails waiting for them.
 
 use std::process::Command;
 
@@ -19,6 +22,9 @@ const CLIENT_NET: &str = "10.213.2";
 pub struct Lab {
     tag: String,
     nodes: usize,
+    /// Held while the lab exists: released (by the kernel, also when the run is killed)
+    /// with it.
+    _turn: std::fs::File,
 }
 
 fn ip(args: &[&str]) -> Result<(), String> {
@@ -39,10 +45,15 @@ fn ip(args: &[&str]) -> Result<(), String> {
 
 impl Lab {
     pub fn create(nodes: usize) -> Result<Lab, String> {
+        let path = std::env::temp_dir().join("portcullis-chaos-lab.lock");
+        let turn = std::fs::File::create(&path).map_err(|error| format!("{}: {error}", path.display()))?;
+        turn.lock()
+            .map_err(|error| format!("locking {}: {error}", path.display()))?;
         remove_leftovers();
         let lab = Lab {
             tag: format!("{:x}", std::process::id() % 0xffff),
             nodes,
+            _turn: turn,
         };
         ip(&["link", "add", &lab.bridge(), "type", "bridge"])?;
         ip(&["link", "set", &lab.bridge(), "up"])?;
@@ -123,7 +134,8 @@ impl Lab {
 }
 
 /// Removes what a run that could not clean up (killed mid-way) left: its nodes, and its
-/// links, which would keep the addresses every run uses. Only one lab exists at a time.
+/// links, which would keep the addresses every run uses. Called holding the lab lock, so
+/// whatever it finds belongs to no live lab.
 fn remove_leftovers() {
     let listed = |args: &[&str]| {
         Command::new("ip")

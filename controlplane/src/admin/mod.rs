@@ -11,13 +11,13 @@ use openraft::{BasicNode, ChangeMembers};
 use portcullis_proto::v1::admin_server::Admin;
 use portcullis_proto::v1::{
     AddNodeRequest, ApplyRequest, ApplyResponse, ClusterMember, ClusterStatus, DeleteRequest, GetRequest,
-    GetResponse, ListRequest, ListResponse, ReadConsistency, RemoveNodeRequest, StatusRequest,
+    GetResponse, ListRequest, ListResponse, ProxyStatus, ReadConsistency, RemoveNodeRequest, StatusRequest,
     StatusResponse,
 };
 use tokio::sync::{watch, Mutex};
 use tonic::{Request, Response, Status};
 
-use crate::command::{self, ErrorCode, Rejection, Write};
+use crate::command::{self, Rejection, Write};
 use crate::metrics::Metrics;
 use crate::registry::ProxyRegistry;
 use crate::types::{NodeId, Raft};
@@ -39,7 +39,7 @@ const PLAN_ATTEMPTS: usize = 3;
 async fn with_commit_deadline<T>(write: impl std::future::Future<Output = T>) -> Result<T, Status> {
     tokio::time::timeout(COMMIT_TIMEOUT, write).await.map_err(|_| {
         Status::deadline_exceeded(format!(
-            "no quorum: the write did not commit within {}s",
+            "the write did not commit within {}s (no quorum, or writes queued before it)",
             COMMIT_TIMEOUT.as_secs()
         ))
     })
@@ -91,33 +91,42 @@ impl AdminService {
     }
 
     /// Plans a write on the current config and commits it. A plan overtaken by another
-    /// write is planned again on the newer config, unless the client pinned the version.
+    /// write is planned again on the newer config, unless the client pinned the version. One
+    /// deadline covers the wait for earlier writes, the planning and the commit.
     async fn write(
         &self,
         expected_version: Option<u64>,
         plan: impl Fn(&ConfigView) -> Result<Write, Rejection>,
     ) -> Result<Response<ApplyResponse>, Status> {
-        let _serial = self.writes.lock().await;
-        let mut attempts = 0;
-        loop {
-            attempts += 1;
-            let write = plan(&self.readable_view()?).map_err(wire::rejection)?;
-            let response = with_commit_deadline(self.raft.client_write(write))
-                .await?
-                .map_err(|error| wire::write_error(error, |leader| self.leader_address(leader)))?;
-            match response.data {
-                Ok(applied) => return Ok(Response::new(wire::apply_response(applied))),
-                Err(rejection)
-                    if rejection.code == ErrorCode::FailedPrecondition
-                        && expected_version.is_none()
-                        && attempts < PLAN_ATTEMPTS =>
-                {
-                    // Applied before this write's entry, the newer version is in the view.
-                    tracing::debug!(reason = %rejection.message, "write overtaken; planning again");
+        with_commit_deadline(async {
+            let _serial = self.writes.lock().await;
+            for _ in 0..PLAN_ATTEMPTS {
+                // Planned only on the leader, once it has applied everything committed: a
+                // follower redirects before planning, and a new leader plans on the config
+                // its predecessor committed, not on what it happened to have applied.
+                self.raft
+                    .ensure_linearizable()
+                    .await
+                    .map_err(|error| wire::read_error(error, |leader| self.leader_address(leader)))?;
+                let write = plan(&self.readable_view()?).map_err(wire::rejection)?;
+                let response = self
+                    .raft
+                    .client_write(write)
+                    .await
+                    .map_err(|error| wire::write_error(error, |leader| self.leader_address(leader)))?;
+                match response.data {
+                    Ok(applied) => return Ok(Response::new(wire::apply_response(applied))),
+                    Err(rejection) if expected_version.is_none() => {
+                        tracing::debug!(reason = %rejection.message, "write overtaken; planning again");
+                    }
+                    Err(rejection) => return Err(wire::rejection(rejection)),
                 }
-                Err(rejection) => return Err(wire::rejection(rejection)),
             }
-        }
+            Err(Status::aborted(format!(
+                "the write was overtaken by other writes {PLAN_ATTEMPTS} times; retry"
+            )))
+        })
+        .await?
     }
 
     /// The view to answer a read from, after the wait `consistency` asks for.
@@ -127,13 +136,20 @@ impl AdminService {
         if consistency == ReadConsistency::Linearizable {
             // Returns once this node, confirmed as leader by a quorum, has applied every
             // entry committed before the call: the published view is then current.
-            with_commit_deadline(self.raft.ensure_linearizable())
-                .await?
+            tokio::time::timeout(COMMIT_TIMEOUT, self.raft.ensure_linearizable())
+                .await
+                .map_err(|_| {
+                    Status::deadline_exceeded(format!(
+                        "no quorum confirmed this node's leadership within {}s; retry, or read with local consistency",
+                        COMMIT_TIMEOUT.as_secs()
+                    ))
+                })?
                 .map_err(|error| wire::read_error(error, |leader| self.leader_address(leader)))?;
         }
         Ok((self.readable_view()?, consistency))
     }
 
+    /// This node's view: the cluster as it sees it and the proxies streaming from it.
     fn status(&self) -> StatusResponse {
         let metrics = self.raft.metrics().borrow().clone();
         let membership = metrics.membership_config.membership();
@@ -153,9 +169,83 @@ impl AdminService {
                     })
                     .collect(),
             }),
-            proxies: self.registry.statuses(),
+            proxies: self
+                .registry
+                .statuses()
+                .into_iter()
+                .map(|proxy| ProxyStatus {
+                    node_id: metrics.id,
+                    ..proxy
+                })
+                .collect(),
+            unreachable_nodes: Vec::new(),
         }
     }
+
+    /// This node's status with the proxies of every other member, each asked in parallel.
+    async fn cluster_status(&self) -> StatusResponse {
+        let mut status = self.status();
+        let me = status.cluster.as_ref().map_or(0, |cluster| cluster.node_id);
+        let others: Vec<(NodeId, String)> = status
+            .cluster
+            .iter()
+            .flat_map(|cluster| &cluster.members)
+            .filter(|member| member.node_id != me)
+            .map(|member| (member.node_id, member.address.clone()))
+            .collect();
+        let mut asks = tokio::task::JoinSet::new();
+        for (node_id, address) in others {
+            asks.spawn(async move { (node_id, local_status_of(&address).await) });
+        }
+        while let Some(answer) = asks.join_next().await {
+            match answer {
+                Ok((_, Some(theirs))) => status.proxies.extend(theirs.proxies),
+                Ok((node_id, None)) => status.unreachable_nodes.push(node_id),
+                Err(error) => tracing::warn!(%error, "status task failed"),
+            }
+        }
+        status.unreachable_nodes.sort_unstable();
+        status.proxies = merge_proxies(std::mem::take(&mut status.proxies));
+        status
+    }
+}
+
+/// How long a member has to answer for its proxies.
+const PEER_STATUS_TIMEOUT: Duration = Duration::from_secs(1);
+
+async fn local_status_of(address: &str) -> Option<StatusResponse> {
+    let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{address}"))
+        .ok()?
+        .connect_timeout(PEER_STATUS_TIMEOUT)
+        .timeout(PEER_STATUS_TIMEOUT);
+    let channel = endpoint.connect().await.ok()?;
+    let mut client = portcullis_proto::v1::admin_client::AdminClient::new(channel)
+        .max_decoding_message_size(portcullis_proto::MAX_MESSAGE_BYTES);
+    let request = StatusRequest { local: true };
+    Some(client.status(request).await.ok()?.into_inner())
+}
+
+/// One entry per proxy id: a proxy that moved keeps only the node it is connected to (or,
+/// disconnected everywhere, the node that saw it last); two connected entries both stay,
+/// since two live proxies then share the id.
+fn merge_proxies(entries: Vec<ProxyStatus>) -> Vec<ProxyStatus> {
+    let mut by_id: std::collections::BTreeMap<String, Vec<ProxyStatus>> = Default::default();
+    for entry in entries {
+        by_id.entry(entry.proxy_id.clone()).or_default().push(entry);
+    }
+    by_id
+        .into_values()
+        .flat_map(|mut entries| {
+            if entries.iter().any(|entry| entry.connected) {
+                entries.retain(|entry| entry.connected);
+            } else {
+                entries.sort_by_key(|entry| std::cmp::Reverse(entry.last_seen_unix_ms));
+                entries.truncate(1);
+            }
+            entries.sort_by_key(|entry| entry.node_id);
+            entries
+        })
+        .collect()
 }
 
 #[tonic::async_trait]
@@ -237,8 +327,11 @@ impl Admin for AdminService {
         }))
     }
 
-    async fn status(&self, _request: Request<StatusRequest>) -> Result<Response<StatusResponse>, Status> {
-        Ok(Response::new(self.status()))
+    async fn status(&self, request: Request<StatusRequest>) -> Result<Response<StatusResponse>, Status> {
+        Ok(Response::new(match request.get_ref().local {
+            true => self.status(),
+            false => self.cluster_status().await,
+        }))
     }
 
     async fn add_node(&self, request: Request<AddNodeRequest>) -> Result<Response<StatusResponse>, Status> {
@@ -357,5 +450,34 @@ impl AdminService {
             .await?
             .map_err(|error| wire::write_error(error, leader_address))?;
         Ok(Response::new(self.status()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(proxy_id: &str, node_id: NodeId, connected: bool, last_seen_unix_ms: i64) -> ProxyStatus {
+        ProxyStatus {
+            proxy_id: proxy_id.into(),
+            node_id,
+            connected,
+            last_seen_unix_ms,
+            ..ProxyStatus::default()
+        }
+    }
+
+    #[test]
+    fn a_proxy_that_moved_is_listed_once_where_it_is() {
+        let merged = merge_proxies(vec![
+            entry("moved", 1, false, 100),
+            entry("moved", 2, true, 50),
+            entry("gone", 1, false, 10),
+            entry("gone", 3, false, 20),
+            entry("twin", 1, true, 5),
+            entry("twin", 2, true, 5),
+        ]);
+        let listed: Vec<(&str, NodeId)> = merged.iter().map(|p| (p.proxy_id.as_str(), p.node_id)).collect();
+        assert_eq!(listed, [("gone", 3), ("moved", 2), ("twin", 1), ("twin", 2)]);
     }
 }

@@ -83,7 +83,10 @@ impl AppliedState {
                 }
             }
             Reading::Unreadable(reason) => {
-                tracing::error!(%reason, "this build cannot read the replicated config; serving the last version it could read");
+                // Once when it starts, not once per entry while it lasts.
+                if self.view.unreadable.is_none() {
+                    tracing::error!(%reason, "this build cannot read the replicated config; proxy streams and admin calls are refused until it can");
+                }
                 self.view.unreadable = Some(reason);
             }
         }
