@@ -212,6 +212,20 @@ impl ConfigSet {
         }
     }
 
+    /// What differs from `self` to `next`: the objects created or changed (as in `next`) and
+    /// the keys of those removed. Versions that share objects (one derived from the other)
+    /// compare in time proportional to what differs.
+    pub fn differences<'a>(&'a self, next: &'a ConfigSet) -> (Vec<&'a Object>, Vec<&'a ObjectKey>) {
+        let (mut changed, mut removed) = (Vec::new(), Vec::new());
+        for difference in self.objects.diff(&next.objects) {
+            match difference {
+                DiffItem::Add(_, object) | DiffItem::Update { new: (_, object), .. } => changed.push(object),
+                DiffItem::Remove(key, _) => removed.push(key),
+            }
+        }
+        (changed, removed)
+    }
+
     /// The part of the config a proxy with this selector serves: the shard roots
     /// (Listeners) whose labels match, everything attached to what is in the slice, and
     /// everything used by what is in the slice; attachments to objects outside the slice
@@ -237,6 +251,9 @@ pub struct Slicer {
     attaches: OrdMap<ObjectKey, Vec<ObjectKey>>,
     /// The other way: what is attached to each object.
     attached: OrdMap<ObjectKey, OrdSet<ObjectKey>>,
+    /// Set by [`Slicer::advance`] when the change moved no object into or out of any slice:
+    /// the objects that changed. See [`Slicer::slice_after`].
+    changed_in_place: Option<Vec<ObjectKey>>,
 }
 
 impl Slicer {
@@ -247,6 +264,7 @@ impl Slicer {
             uses: OrdMap::new(),
             attaches: OrdMap::new(),
             attached: OrdMap::new(),
+            changed_in_place: None,
         };
         for object in config.objects.values() {
             slicer.link(object);
@@ -259,20 +277,72 @@ impl Slicer {
     /// that differ are looked at.
     pub fn advance(&self, config: ConfigSet) -> Slicer {
         let mut next = self.clone();
+        // In place: only objects replaced, none a shard root, each with the same edges, so
+        // every slice holds the same objects as before.
+        let mut in_place = Some(Vec::new());
         for change in self.config.objects.diff(&config.objects) {
             match change {
-                DiffItem::Add(_, object) => next.link(object),
-                DiffItem::Remove(key, _) => next.unlink(key),
+                DiffItem::Add(_, object) => {
+                    in_place = None;
+                    next.link(object);
+                }
+                DiffItem::Remove(key, _) => {
+                    in_place = None;
+                    next.unlink(key);
+                }
                 DiffItem::Update {
                     new: (key, object), ..
                 } => {
                     next.unlink(key);
                     next.link(object);
+                    let same_edges = !key.kind.info().shard_root
+                        && self.uses.get(key) == next.uses.get(key)
+                        && self.attaches.get(key) == next.attaches.get(key);
+                    match (&mut in_place, same_edges) {
+                        (Some(changed), true) => changed.push(key.clone()),
+                        _ => in_place = None,
+                    }
                 }
             }
         }
         next.config = config;
+        next.changed_in_place = in_place;
         next
+    }
+
+    /// Whether the change this slicer was advanced by moved nothing into or out of a slice,
+    /// so that [`Slicer::slice_after`] has only the changed objects to look at.
+    pub fn changed_in_place(&self) -> bool {
+        self.changed_in_place.is_some()
+    }
+
+    /// `selector`'s slice, given `previous`: the same selector's slice of the version this
+    /// slicer was advanced from. When the change moved nothing into or out of a slice, only
+    /// the changed objects are looked at, and the result shares the rest with `previous`.
+    pub fn slice_after(&self, previous: &ConfigSet, selector: &ShardSelector) -> ConfigSet {
+        let Some(changed) = self.changed_in_place.as_ref().filter(|_| !selector.is_empty()) else {
+            return self.slice(selector);
+        };
+        let mut next = previous.clone();
+        let keep = |key: &ObjectKey| previous.objects.contains_key(key);
+        for key in changed.iter().filter(|key| keep(key)) {
+            if let Some(object) = self.config.objects.get(key) {
+                next.objects.insert(key.clone(), self.trimmed(key, object, &keep));
+            }
+        }
+        next
+    }
+
+    /// `object` without its attachments to what `keep` leaves out (shared if there are none).
+    fn trimmed(&self, key: &ObjectKey, object: &Object, keep: &dyn Fn(&ObjectKey) -> bool) -> Object {
+        let all_kept = self
+            .attaches
+            .get(key)
+            .is_none_or(|targets| targets.iter().all(keep));
+        match all_kept {
+            true => object.clone(),
+            false => object.with_spec(object.dyn_spec().with_attachments(keep)),
+        }
     }
 
     fn link(&mut self, object: &Object) {
@@ -348,15 +418,7 @@ impl Slicer {
             .iter()
             .filter_map(|key| {
                 let object = self.config.objects.get(*key)?;
-                let all_kept = self
-                    .attaches
-                    .get(*key)
-                    .is_none_or(|targets| targets.iter().all(&keep));
-                let object = match all_kept {
-                    true => object.clone(),
-                    false => object.with_spec(object.dyn_spec().with_attachments(&keep)),
-                };
-                Some(((*key).clone(), object))
+                Some(((*key).clone(), self.trimmed(key, object, &keep)))
             })
             .collect();
         ConfigSet { objects }
@@ -563,17 +625,23 @@ spec: { listeners: [internal], backends: [{ name: admin }] }
             "apiVersion: portcullis.dev/v1alpha1\nkind: Route\nmetadata: {name: ops}\nspec: {listeners: [public], backends: [{name: admin}]}",
             "apiVersion: portcullis.dev/v1alpha1\nkind: Listener\nmetadata: {name: internal, labels: {edge: \"true\"}}\nspec: {port: 8081}",
             "apiVersion: portcullis.dev/v1alpha1\nkind: Route\nmetadata: {name: web}\nspec: {listeners: [internal], backends: [{name: api}]}",
+            // In place: new endpoints, a new header value; nothing joins or leaves a slice.
+            "apiVersion: portcullis.dev/v1alpha1\nkind: Backend\nmetadata: {name: api}\nspec: {endpoints: [\"127.0.0.1:9100\"]}",
+            "apiVersion: portcullis.dev/v1alpha1\nkind: HeaderPolicy\nmetadata: {name: tag}\nspec: {targetRefs: [{kind: Route, name: web}, {kind: Route, name: ops}], request: {set: [{name: x-tag, value: b}]}}",
         ];
         let mut config = base();
         let mut slicer = Slicer::new(config.clone());
+        let mut previous = slicer.slice(&edge);
         for step in steps {
             config = apply_yaml(&config, step).unwrap();
             slicer = slicer.advance(config.clone());
-            assert_eq!(
-                slicer.slice(&edge),
-                Slicer::new(config.clone()).slice(&edge),
-                "after {step}"
-            );
+            let fresh = Slicer::new(config.clone()).slice(&edge);
+            assert_eq!(slicer.slice(&edge), fresh, "after {step}");
+            let after = slicer.slice_after(&previous, &edge);
+            assert_eq!(after, fresh, "after {step}");
+            let in_place = step.contains("kind: Backend") || step.contains("x-tag, value: b");
+            assert_eq!(slicer.changed_in_place.is_some(), in_place, "after {step}");
+            previous = after;
         }
         let policy = ObjectKey::new(Kind::of::<crate::HeaderPolicySpec>(), "tag");
         config = config.delete(&[policy]).unwrap().0;

@@ -464,3 +464,76 @@ async fn a_leader_that_lost_its_quorum_stops_serving() {
     assert!(not_serving, "a leader without quorum kept reporting SERVING");
     leader.shutdown().await.unwrap();
 }
+
+/// A committed write this build cannot read (as a build with looser rules could have made):
+/// the node keeps running, refuses admin calls and proxy streams with the reason, and serves
+/// again once the object is gone.
+#[tokio::test]
+async fn a_config_this_build_cannot_read_is_refused_with_the_reason_until_it_can() {
+    use portcullis_proto::v1::proxy_message::Message;
+    use portcullis_proto::v1::Hello;
+
+    use crate::command::{ObjectChange, StoredKey, Write};
+
+    let dir = tempfile::tempdir().unwrap();
+    let node = start(dir.path(), 1, false).await;
+    let mut client = admin(node.local_addr()).await;
+    wait_for_leader(&mut client).await;
+    client
+        .apply(apply_request(vec![backend("api", "127.0.0.1:9000")], None))
+        .await
+        .unwrap();
+    let key = StoredKey::parse("Backend/future").unwrap();
+    let mut object = backend("future", "127.0.0.1:9001");
+    object["spec"]["fieldOfALaterBuild"] = json!(true);
+    let foreign = Write {
+        base_version: 1,
+        put: vec![(key.clone(), serde_json::value::to_raw_value(&object).unwrap())],
+        delete: Vec::new(),
+        changes: vec![ObjectChange {
+            key: key.clone(),
+            action: "created".into(),
+        }],
+    };
+    node.raft.client_write(foreign).await.unwrap().data.unwrap();
+
+    let refused = client.list(ListRequest::default()).await.unwrap_err();
+    assert_eq!(refused.code(), Code::FailedPrecondition);
+    assert!(
+        refused.message().contains("fieldOfALaterBuild"),
+        "{}",
+        refused.message()
+    );
+    let refused = client
+        .apply(apply_request(vec![backend("db", "127.0.0.1:9002")], None))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::FailedPrecondition);
+    let (tx, mut stream) = subscribe(node.local_addr()).await;
+    let hello = Hello {
+        proxy_id: "edge-1".into(),
+        ..Hello::default()
+    };
+    tx.send(proxy_message(Message::Hello(hello))).await.unwrap();
+    let ended = stream.message().await.unwrap_err();
+    assert_eq!(ended.code(), Code::Unavailable);
+    assert!(
+        ended.message().contains("fieldOfALaterBuild"),
+        "{}",
+        ended.message()
+    );
+
+    let removal = Write {
+        base_version: 2,
+        put: Vec::new(),
+        delete: vec![key.clone()],
+        changes: vec![ObjectChange {
+            key,
+            action: "deleted".into(),
+        }],
+    };
+    node.raft.client_write(removal).await.unwrap().data.unwrap();
+    let listed = client.list(ListRequest::default()).await.unwrap().into_inner();
+    assert_eq!((listed.version, listed.objects.len()), (3, 1));
+    node.shutdown().await.unwrap();
+}

@@ -5,7 +5,7 @@
 //! shard's slice of a version is cut once too, and serves again as the base of the next.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use portcullis_config::{ConfigSet, ShardSelector, Slicer};
 use portcullis_proto::v1::{ConfigSnapshot, ObjectRef};
@@ -46,28 +46,44 @@ struct Version {
     /// The version before it, until its slicer is made: a slicer carried over from the last
     /// version costs what the write changed; a new one costs the whole config.
     previous: Mutex<Option<Arc<Version>>>,
-    slicer: OnceCell<Arc<Slicer>>,
+    /// The slicer, and the version it was carried over from while that one is still kept.
+    slicer: OnceCell<(Arc<Slicer>, Option<Weak<Version>>)>,
     slices: Mutex<HashMap<ShardSelector, Cell<ConfigSet>>>,
 }
 
 impl Version {
+    async fn slicer(&self) -> &(Arc<Slicer>, Option<Weak<Version>>) {
+        self.slicer
+            .get_or_init(|| async {
+                let config = ConfigSet::clone(&self.config);
+                let previous = lock(&self.previous).take();
+                let carried = previous
+                    .as_ref()
+                    .and_then(|previous| Some((previous, previous.slicer.get()?)));
+                match carried {
+                    Some((previous, (slicer, _))) => {
+                        (Arc::new(slicer.advance(config)), Some(Arc::downgrade(previous)))
+                    }
+                    None => (Arc::new(Slicer::new(config)), None),
+                }
+            })
+            .await
+    }
+
+    /// `shard`'s slice: from the previous version's slice when the write changed objects
+    /// in place (only they are looked at), else cut whole.
     async fn slice(&self, shard: &ShardSelector) -> Arc<ConfigSet> {
         let cell = lock(&self.slices).entry(shard.clone()).or_default().clone();
         cell.get_or_init(|| async {
-            let slicer = self
-                .slicer
-                .get_or_init(|| async {
-                    let config = ConfigSet::clone(&self.config);
-                    let previous = lock(&self.previous).take();
-                    Arc::new(
-                        match previous.as_ref().and_then(|previous| previous.slicer.get()) {
-                            Some(slicer) => slicer.advance(config),
-                            None => Slicer::new(config),
-                        },
-                    )
-                })
-                .await;
-            Arc::new(slicer.slice(shard))
+            let (slicer, from) = self.slicer().await;
+            let previous = from
+                .as_ref()
+                .and_then(Weak::upgrade)
+                .filter(|_| slicer.changed_in_place());
+            Arc::new(match previous {
+                Some(previous) => slicer.slice_after(&*Box::pin(previous.slice(shard)).await, shard),
+                None => slicer.slice(shard),
+            })
         })
         .await
         .clone()
@@ -149,20 +165,16 @@ fn whole(slice: &ConfigSet, version: u64) -> ConfigSnapshot {
 }
 
 fn delta(old: &ConfigSet, base_version: u64, new: &ConfigSet, version: u64) -> ConfigSnapshot {
+    let (changed, removed) = old.differences(new);
     ConfigSnapshot {
         version,
-        objects: new
-            .objects()
-            .filter(|object| old.get(&object.key()) != Some(*object))
-            .map(to_wire)
-            .collect(),
+        objects: changed.into_iter().map(to_wire).collect(),
         base_version: Some(base_version),
-        removed: old
-            .objects()
-            .filter(|object| new.get(&object.key()).is_none())
-            .map(|object| ObjectRef {
-                kind: object.kind().to_string(),
-                name: object.name().to_string(),
+        removed: removed
+            .into_iter()
+            .map(|key| ObjectRef {
+                kind: key.kind.to_string(),
+                name: key.name.clone(),
             })
             .collect(),
     }
