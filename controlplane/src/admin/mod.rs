@@ -17,7 +17,7 @@ use portcullis_proto::v1::{
 use tokio::sync::{watch, Mutex};
 use tonic::{Request, Response, Status};
 
-use crate::command::{self, Rejection, Write};
+use crate::command::{self, ErrorCode, Rejection, Write};
 use crate::metrics::Metrics;
 use crate::registry::ProxyRegistry;
 use crate::types::{NodeId, Raft};
@@ -37,12 +37,16 @@ const PLAN_ATTEMPTS: usize = 3;
 /// Runs a Raft write, giving up with DEADLINE_EXCEEDED after [`COMMIT_TIMEOUT`]. The write
 /// may still commit later, once a quorum is back.
 async fn with_commit_deadline<T>(write: impl std::future::Future<Output = T>) -> Result<T, Status> {
-    tokio::time::timeout(COMMIT_TIMEOUT, write).await.map_err(|_| {
-        Status::deadline_exceeded(format!(
-            "the write did not commit within {}s (no quorum, or writes queued before it)",
-            COMMIT_TIMEOUT.as_secs()
-        ))
-    })
+    tokio::time::timeout(COMMIT_TIMEOUT, write)
+        .await
+        .map_err(|_| not_committed())
+}
+
+fn not_committed() -> Status {
+    Status::deadline_exceeded(format!(
+        "no quorum: the write did not commit within {}s (it may still commit once a quorum is back)",
+        COMMIT_TIMEOUT.as_secs()
+    ))
 }
 
 pub struct AdminService {
@@ -92,41 +96,50 @@ impl AdminService {
 
     /// Plans a write on the current config and commits it. A plan overtaken by another
     /// write is planned again on the newer config, unless the client pinned the version. One
-    /// deadline covers the wait for earlier writes, the planning and the commit.
+    /// deadline covers the wait for earlier writes, the planning and the commit; running out
+    /// before the proposal is a clean failure (nothing changed), after it the write may still
+    /// commit.
     async fn write(
         &self,
         expected_version: Option<u64>,
         plan: impl Fn(&ConfigView) -> Result<Write, Rejection>,
     ) -> Result<Response<ApplyResponse>, Status> {
-        with_commit_deadline(async {
-            let _serial = self.writes.lock().await;
-            for _ in 0..PLAN_ATTEMPTS {
-                // Planned only on the leader, once it has applied everything committed: a
-                // follower redirects before planning, and a new leader plans on the config
-                // its predecessor committed, not on what it happened to have applied.
-                self.raft
-                    .ensure_linearizable()
-                    .await
-                    .map_err(|error| wire::read_error(error, |leader| self.leader_address(leader)))?;
-                let write = plan(&self.readable_view()?).map_err(wire::rejection)?;
-                let response = self
-                    .raft
-                    .client_write(write)
-                    .await
-                    .map_err(|error| wire::write_error(error, |leader| self.leader_address(leader)))?;
-                match response.data {
-                    Ok(applied) => return Ok(Response::new(wire::apply_response(applied))),
-                    Err(rejection) if expected_version.is_none() => {
-                        tracing::debug!(reason = %rejection.message, "write overtaken; planning again");
-                    }
-                    Err(rejection) => return Err(wire::rejection(rejection)),
+        let deadline = tokio::time::Instant::now() + COMMIT_TIMEOUT;
+        let not_proposed = || {
+            Status::unavailable(format!(
+                "the write was not proposed within {}s (no quorum, or writes queued before it); nothing changed, retry",
+                COMMIT_TIMEOUT.as_secs()
+            ))
+        };
+        let _serial = tokio::time::timeout_at(deadline, self.writes.lock())
+            .await
+            .map_err(|_| not_proposed())?;
+        for _ in 0..PLAN_ATTEMPTS {
+            // Planned only on the leader, once it has applied everything committed: a
+            // follower redirects before planning, and a new leader plans on the config its
+            // predecessor committed, not on what it happened to have applied.
+            tokio::time::timeout_at(deadline, self.raft.ensure_linearizable())
+                .await
+                .map_err(|_| not_proposed())?
+                .map_err(|error| wire::leadership_error(error, |leader| self.leader_address(leader)))?;
+            let write = plan(&self.readable_view()?).map_err(wire::rejection)?;
+            let response = tokio::time::timeout_at(deadline, self.raft.client_write(write))
+                .await
+                .map_err(|_| not_committed())?
+                .map_err(|error| wire::write_error(error, |leader| self.leader_address(leader)))?;
+            match response.data {
+                Ok(applied) => return Ok(Response::new(wire::apply_response(applied))),
+                Err(rejection)
+                    if rejection.code == ErrorCode::FailedPrecondition && expected_version.is_none() =>
+                {
+                    tracing::debug!(reason = %rejection.message, "write overtaken; planning again");
                 }
+                Err(rejection) => return Err(wire::rejection(rejection)),
             }
-            Err(Status::aborted(format!(
-                "the write was overtaken by other writes {PLAN_ATTEMPTS} times; retry"
-            )))
-        })
-        .await?
+        }
+        Err(Status::aborted(format!(
+            "the write was overtaken by other writes {PLAN_ATTEMPTS} times; retry"
+        )))
     }
 
     /// The view to answer a read from, after the wait `consistency` asks for.
@@ -144,7 +157,7 @@ impl AdminService {
                         COMMIT_TIMEOUT.as_secs()
                     ))
                 })?
-                .map_err(|error| wire::read_error(error, |leader| self.leader_address(leader)))?;
+                .map_err(|error| wire::leadership_error(error, |leader| self.leader_address(leader)))?;
         }
         Ok((self.readable_view()?, consistency))
     }
@@ -193,18 +206,28 @@ impl AdminService {
             .filter(|member| member.node_id != me)
             .map(|member| (member.node_id, member.address.clone()))
             .collect();
+        let mut unanswered: BTreeSet<NodeId> = others.iter().map(|(node_id, _)| *node_id).collect();
         let mut asks = tokio::task::JoinSet::new();
         for (node_id, address) in others {
             asks.spawn(async move { (node_id, local_status_of(&address).await) });
         }
         while let Some(answer) = asks.join_next().await {
-            match answer {
-                Ok((_, Some(theirs))) => status.proxies.extend(theirs.proxies),
-                Ok((node_id, None)) => status.unreachable_nodes.push(node_id),
-                Err(error) => tracing::warn!(%error, "status task failed"),
+            let Ok((asked, Some(theirs))) = answer else {
+                continue;
+            };
+            // An address that reaches another node (or this one) answers for that node.
+            if theirs.cluster.as_ref().map(|cluster| cluster.node_id) != Some(asked) {
+                continue;
             }
+            unanswered.remove(&asked);
+            status
+                .proxies
+                .extend(theirs.proxies.into_iter().map(|proxy| ProxyStatus {
+                    node_id: asked,
+                    ..proxy
+                }));
         }
-        status.unreachable_nodes.sort_unstable();
+        status.unreachable_nodes = unanswered.into_iter().collect();
         status.proxies = merge_proxies(std::mem::take(&mut status.proxies));
         status
     }

@@ -109,15 +109,20 @@ pub fn write_error(error: WriteError, leader_address: impl FnOnce(NodeId) -> Opt
     }
 }
 
-pub type ReadError = RaftError<NodeId, CheckIsLeaderError<NodeId, BasicNode>>;
+pub type LeadershipError = RaftError<NodeId, CheckIsLeaderError<NodeId, BasicNode>>;
 
-/// Maps a failed read-index: a follower redirects to the leader, a leader that cannot
-/// reach a quorum says so.
-pub fn read_error(error: ReadError, leader_address: impl FnOnce(NodeId) -> Option<String>) -> Status {
+/// Maps a failed read-index (before a linearizable read, and before planning a write): a
+/// follower redirects to the leader, a leader that cannot reach a quorum says so.
+pub fn leadership_error(
+    error: LeadershipError,
+    leader_address: impl FnOnce(NodeId) -> Option<String>,
+) -> Status {
     match error {
-        RaftError::APIError(CheckIsLeaderError::ForwardToLeader(forward)) => redirect(forward, leader_address),
+        RaftError::APIError(CheckIsLeaderError::ForwardToLeader(forward)) => {
+            redirect(forward, leader_address)
+        }
         RaftError::APIError(CheckIsLeaderError::QuorumNotEnough(error)) => Status::unavailable(format!(
-            "this node could not confirm its leadership with a quorum ({error}); retry, or read with local consistency"
+            "this node could not confirm its leadership with a quorum ({error}); retry"
         )),
         RaftError::Fatal(error) => Status::unavailable(format!("Raft is not running: {error}")),
     }
