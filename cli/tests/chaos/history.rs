@@ -2,7 +2,7 @@
 //! config store must show in it (versions only move forward, for writes and for reads). Each write creates an object of its own, so a read shows
 //! exactly which writes it saw.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::time::Instant;
 
 pub struct Write {
@@ -78,6 +78,7 @@ pub fn check(
             ));
         }
     }
+    let written: HashSet<&str> = writes.iter().map(|write| write.name.as_str()).collect();
     // No read older than a write acknowledged before it began.
     for read in reads {
         let Some((version, names)) = &read.result else {
@@ -92,7 +93,7 @@ pub fn check(
             }
         }
         for name in names {
-            if !writes.iter().any(|write| &write.name == name) {
+            if !written.contains(name.as_str()) {
                 report
                     .violations
                     .push(format!("read shows {name}, never written"));
