@@ -4,22 +4,14 @@
 #![allow(dead_code)] // each test file uses a different part of the harness
 
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_portcullis");
 
-/// A port nothing listens on right now. Another process could take it before we bind it,
-/// which on a test machine is rare enough; a clash shows up as a clear bind error.
-pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+pub use portcullis_testkit::free_port;
 
 /// A child process killed when dropped; its output goes to a log file kept for failures.
 pub struct Process {

@@ -391,11 +391,7 @@ async fn unreachable_node_is_not_added() {
     let node = start(dir.path(), 1, false).await;
     let mut client = admin(node.local_addr()).await;
     wait_for_leader(&mut client).await;
-    // Bind and drop to get a port nobody listens on.
-    let closed = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap();
+    let closed = std::net::SocketAddr::from(([127, 0, 0, 1], portcullis_testkit::free_port()));
     let add = portcullis_proto::v1::AddNodeRequest {
         node_id: 7,
         address: closed.to_string(),

@@ -50,14 +50,7 @@ where
     address
 }
 
-/// A port nothing listens on (just released by the OS).
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+pub use portcullis_testkit::free_port;
 
 pub fn http1_client() -> Client<HttpConnector, Full<Bytes>> {
     Client::builder(TokioExecutor::new()).build_http()

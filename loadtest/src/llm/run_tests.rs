@@ -194,8 +194,8 @@ async fn ttft_and_itl_come_from_chunk_timings() -> anyhow::Result<()> {
 #[tokio::test]
 async fn failures_are_classified() -> anyhow::Result<()> {
     let base = server().await;
-    // A port that was bound and released: connecting is refused.
-    let refused: SocketAddr = TcpListener::bind("127.0.0.1:0").await?.local_addr()?;
+    // Nothing listens there: connecting is refused.
+    let refused = SocketAddr::from(([127, 0, 0, 1], portcullis_testkit::free_port()));
     let targets = [
         ("fail500", format!("{base}/fail500")),
         ("refused", format!("http://{refused}")),

@@ -105,8 +105,7 @@ async fn new_connection_per_call() -> anyhow::Result<()> {
 
 #[tokio::test]
 async fn a_dead_port_counts_connect_failures() -> anyhow::Result<()> {
-    // Nothing listens on a just-released port.
-    let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+    let port = portcullis_testkit::free_port();
     let targets = [("dead", format!("http://127.0.0.1:{port}/mcp"))];
     let load = "{type: closed_loop, stages: [{clients: 2, duration: 100ms}]}";
     let dir = tempfile::tempdir()?;
