@@ -7,6 +7,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "portcullis/v1/config_stream.proto",
         "portcullis/v1/raft.proto",
         "portcullis/v1/signals.proto",
+        "portcullis/v1/placements.proto",
         "portcullis/guardrail/v1/guardrail.proto",
     ];
     for file in files {

@@ -437,3 +437,87 @@ fn a_client_that_leaves_before_the_answer_gives_its_pod_back_and_policies_still_
     let limited = statuses.contains(&429);
     assert!(limited, "the listener's rate limit applies to /v1/models");
 }
+
+/// Two proxies of one control plane, each serving its own listener (shards `side=a` and
+/// `side=b`) with a route to the same pool of four pods: a prompt family that one proxy
+/// placed goes to the same pod through the other, which learned the placement through the
+/// control plane. Learning nothing, the second proxy would land on the first one's pod by
+/// chance one time in four per family.
+#[test]
+fn a_prompt_family_goes_where_another_proxy_placed_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let pods: Vec<u16> = (0..4).map(|_| free_port()).collect();
+    let _sims: Vec<Process> = pods
+        .iter()
+        .map(|&pod| start_sim(dir.path(), 1, pod, "20"))
+        .collect();
+    let ports = [free_port(), free_port()];
+    let admins = [free_port(), free_port()];
+    let endpoints: Vec<String> = pods.iter().map(|p| format!("'127.0.0.1:{p}'")).collect();
+    let header = "apiVersion: portcullis.dev/v1alpha1";
+    let mut config = format!(
+        "{header}\nkind: InferencePool\nmetadata: {{name: qwen}}\nspec:\n  endpoints: [{}]\n  models: [{{name: Qwen/Qwen3-32B}}]\n  picker: {{staleness: 2s}}\n",
+        endpoints.join(", ")
+    );
+    for (side, port) in ["a", "b"].iter().zip(ports) {
+        config.push_str(&format!(
+            "---\n{header}\nkind: Listener\nmetadata: {{name: {side}, labels: {{side: {side}}}}}\nspec: {{address: 127.0.0.1, port: {port}}}\n\
+             ---\n{header}\nkind: Route\nmetadata: {{name: llm-{side}}}\nspec: {{listeners: [{side}], backends: [{{kind: InferencePool, name: qwen}}], timeout: 60s}}\n"
+        ));
+    }
+    let cp_port = free_port();
+    let controlplane = format!("127.0.0.1:{cp_port}");
+    let _cp = start_controlplane(dir.path(), cp_port);
+    let _proxies: Vec<Process> = ["a", "b"]
+        .iter()
+        .zip(admins)
+        .map(|(side, admin)| {
+            let shard = format!("side={side}");
+            start_proxy(
+                dir.path(),
+                &format!("proxy-{side}"),
+                &controlplane,
+                admin,
+                &["--shard", &shard],
+            )
+        })
+        .collect();
+    apply(dir.path(), "pool.yaml", &config, &controlplane);
+    for admin in admins {
+        wait_for("the pods' signals on both proxies", TIMEOUT, || {
+            let report = pool_report(admin, "qwen");
+            pods.iter()
+                .all(|pod| report["endpoints"][format!("127.0.0.1:{pod}")]["signals"]["fresh"] == true)
+        });
+    }
+    let placements =
+        |admin: u16, what: &str| pool_report(admin, "qwen")["placements"][what].as_u64().unwrap();
+    // The pod that served the one request sent through `port`.
+    let served_one = |port: u16, prompt: &str| {
+        let before = served(&pods);
+        let answer = completion(port, "Qwen/Qwen3-32B", prompt);
+        assert_eq!(answer.status, 200, "{}", answer.body);
+        let gained: Vec<u64> = served(&pods).iter().zip(&before).map(|(a, b)| a - b).collect();
+        gained
+            .iter()
+            .position(|&n| n == 1)
+            .unwrap_or_else(|| panic!("one pod should have served it: {gained:?}"))
+    };
+
+    for family in 0..6 {
+        // Families alternate which proxy places them first.
+        let (first, then) = if family % 2 == 0 { (0, 1) } else { (1, 0) };
+        let system = format!("Family {family}: you answer for team {family} and nobody else. ").repeat(50);
+        let learned = placements(admins[then], "learned");
+        let placed = served_one(ports[first], &format!("{system}First question?"));
+        wait_for("the other proxy to learn the placement", TIMEOUT, || {
+            placements(admins[then], "learned") > learned
+        });
+        let followed = served_one(ports[then], &format!("{system}Second question?"));
+        assert_eq!(
+            followed, placed,
+            "family {family}: the second proxy should send it where the first did"
+        );
+    }
+    assert!(placements(admins[0], "posted") >= 3 && placements(admins[1], "posted") >= 3);
+}

@@ -6,6 +6,7 @@ mod command;
 mod metrics;
 mod network;
 mod node;
+mod placements;
 mod registry;
 mod signals;
 mod store;

@@ -62,6 +62,14 @@ pub struct Metrics {
     signal_write_failures: Counter,
     signal_scrapes: Family<ScrapeLabels, Counter>,
     signal_batches_sent: Counter,
+    placement_batches: Family<PlacementLabels, Counter>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PlacementLabels {
+    /// `received` (from this node's proxies or from another node), `sent` (to a proxy or a
+    /// node) or `dropped` (for a receiver too far behind).
+    event: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -110,6 +118,13 @@ impl Metrics {
 
     pub fn signals_sent(&self) {
         self.signal_batches_sent.inc();
+    }
+
+    /// `count` batches of prefix placements `event` (`received`, `sent` or `dropped`).
+    pub fn placement_batches(&self, event: &'static str, count: u64) {
+        self.placement_batches
+            .get_or_create(&PlacementLabels { event })
+            .inc_by(count);
     }
 
     /// Counts one Admin write by its outcome and hands the outcome back unchanged.
@@ -185,6 +200,11 @@ impl Metrics {
             "portcullis_signals_batches_sent",
             "Signal batches sent to proxies on the signal stream",
             self.signal_batches_sent.clone(),
+        );
+        registry.register(
+            "portcullis_placement_batches",
+            "Batches of prefix placements relayed between proxies, by event",
+            self.placement_batches.clone(),
         );
         registry.register_collector(Box::new(NodeCollector { raft, view, proxies }));
         registry

@@ -21,6 +21,7 @@ use crate::listener::{Limits, RunningListener};
 use crate::llm;
 use crate::normalize::Forwarding;
 use crate::pipeline::Pipeline;
+use crate::placements::Outbox;
 use crate::policy::guardrail::GuardrailIndex;
 use crate::policy::{Policy, PolicyIndex};
 use crate::route::{Route, RouteTable};
@@ -116,10 +117,11 @@ impl ConfigState {
         cache: Option<ConfigCache>,
         drain_grace: Duration,
         telemetry: Arc<Telemetry>,
+        placements: Outbox,
     ) -> ConfigState {
         ConfigState {
             snapshots: Arc::new(ArcSwap::from_pointee(Snapshot::default())),
-            upstream: Arc::new(Upstream::new(telemetry.clone())),
+            upstream: Arc::new(Upstream::new(telemetry.clone(), placements)),
             telemetry,
             listeners: Mutex::new(Listeners::default()),
             cache,

@@ -13,6 +13,7 @@ mod listener;
 mod llm;
 mod normalize;
 mod pipeline;
+mod placements;
 mod policy;
 mod response;
 mod route;
@@ -40,6 +41,7 @@ use crate::admin::AdminHandler;
 use crate::cache::ConfigCache;
 use crate::config_state::ConfigState;
 use crate::listener::{Limits, RunningListener};
+use crate::placements::PlacementExchange;
 use crate::signals::SignalSubscriber;
 use crate::subscription::{run_forever, ControlPlanes, Subscriber};
 use crate::telemetry::Telemetry;
@@ -72,6 +74,7 @@ pub struct Proxy {
     admin_addr: SocketAddr,
     subscription: JoinHandle<()>,
     signals: JoinHandle<()>,
+    placements: JoinHandle<()>,
 }
 
 impl Proxy {
@@ -80,10 +83,12 @@ impl Proxy {
     pub async fn start(config: ProxyConfig) -> anyhow::Result<Proxy> {
         let controlplanes = Arc::new(ControlPlanes::new(&config.controlplanes)?);
         let telemetry = Arc::new(Telemetry::new(config.telemetry)?);
+        let (outbox, placements) = placements::outbox();
         let state = Arc::new(ConfigState::new(
             config.cache_dir.map(ConfigCache::new),
             config.drain_grace,
             telemetry,
+            outbox,
         ));
         let admin_socket = TcpListener::bind(config.admin_listen)
             .await
@@ -101,6 +106,13 @@ impl Proxy {
             proxy_id: config.proxy_id.clone(),
             shard: config.shard.clone(),
         }));
+        let placements = tokio::spawn(run_forever(PlacementExchange {
+            state: state.clone(),
+            controlplanes: controlplanes.clone(),
+            proxy_id: config.proxy_id.clone(),
+            shard: config.shard.clone(),
+            outbox: tokio::sync::Mutex::new(placements),
+        }));
         let subscription = tokio::spawn(run_forever(Subscriber {
             state: state.clone(),
             controlplanes,
@@ -115,6 +127,7 @@ impl Proxy {
             admin_addr,
             subscription,
             signals,
+            placements,
         })
     }
 
@@ -128,6 +141,7 @@ impl Proxy {
         // No new version may start listeners while the old ones drain.
         self.subscription.abort();
         self.signals.abort();
+        self.placements.abort();
         self.state.shutdown().await;
         self.admin.drain().await.context("admin server task failed")?;
         self.state.telemetry().shutdown().await;

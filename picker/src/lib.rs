@@ -13,6 +13,9 @@
 //! weighted scorers (queue, KV-cache use, prefix affinity, LoRA affinity) → best score, random
 //! tie-break, and an ordered fallback list. The chosen endpoint is credited at once (in-flight
 //! count, prefix index), so the next pick sees it without waiting for a signal.
+//! Proxies share where they sent which prompts ([`Picker::learn`], relayed by the control
+//! plane): each proxy's prefix index then holds every proxy's placements, and independent
+//! proxies keep a prompt family on the same endpoints.
 //!
 //! Scorer formulas follow the Inference Extension's (kubernetes-sigs/gateway-api-inference-extension,
 //! `site-src/guides/epp-configuration/config-text.md` and the scorer plugins); the LoRA
@@ -57,6 +60,14 @@ pub struct Pick {
     pub saturated: bool,
     /// Leading prompt blocks the chosen endpoint probably has cached.
     pub prefix_hit_blocks: u32,
+}
+
+impl Pick {
+    /// Whether the chosen endpoint got blocks of the prompt it was not known to hold: only
+    /// such placements are worth telling other proxies about ([`Picker::learn`]).
+    pub fn placed_new_blocks(&self, prompt_hashes: &[u64]) -> bool {
+        (self.prefix_hit_blocks as usize) < prompt_hashes.len()
+    }
 }
 
 /// What a pick was based on; a label for metrics and logs.
@@ -183,6 +194,15 @@ impl Picker {
         self.endpoints[to].started(now);
         self.prefix.remove(from, prompt_hashes);
         self.prefix.insert(to, prompt_hashes);
+    }
+
+    /// Another proxy sent a prompt with these [`block_hashes`] to `endpoint`: the prefix
+    /// index holds them as if this proxy had. No in-flight count moves; that proxy's requests
+    /// show in the endpoint's signals.
+    pub fn learn(&mut self, endpoint: usize, prompt_hashes: &[u64]) {
+        if endpoint < self.endpoints.len() {
+            self.prefix.insert(endpoint, prompt_hashes);
+        }
     }
 
     /// The latest signals of `endpoint`, fresh or not.

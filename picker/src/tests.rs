@@ -54,6 +54,59 @@ fn a_shared_prefix_follows_the_endpoint_that_got_it() {
 }
 
 #[test]
+fn a_prefix_another_proxy_placed_is_followed() {
+    let system = vec![b's'; 6000];
+    // Over many prompts, a proxy that learns nothing lands where the other placed only by
+    // chance (1 in 4); one that learns lands there every time.
+    let mut followed = [0, 0];
+    for (learns, followed) in [false, true].into_iter().zip(&mut followed) {
+        for family in 0..20u8 {
+            let system: Vec<u8> = system.iter().map(|b| b ^ family).collect();
+            let mut longer = system.clone();
+            longer.extend_from_slice(b" and a private question");
+            let mut placed_by = picker(
+                4,
+                PickerConfig {
+                    seed: u64::from(family),
+                    ..PickerConfig::default()
+                },
+            );
+            let mut other = picker(
+                4,
+                PickerConfig {
+                    seed: 100 + u64::from(family),
+                    ..PickerConfig::default()
+                },
+            );
+            let placed = pick(&mut placed_by, MS, &system).unwrap().endpoints[0];
+            if learns {
+                other.learn(placed, &hashes(&system));
+            }
+            for e in 0..4 {
+                other.observe(e, signals(2 * MS, 0, 0.1));
+            }
+            let chosen = pick(&mut other, 3 * MS, &longer).unwrap();
+            if chosen.endpoints[0] == placed {
+                *followed += 1;
+                if learns {
+                    assert_eq!(chosen.prefix_hit_blocks, 23);
+                }
+            }
+        }
+    }
+    assert_eq!(followed[1], 20);
+    assert!(
+        followed[0] < 15,
+        "without learning, {} of 20 followed",
+        followed[0]
+    );
+    // An endpoint the picker does not have is ignored.
+    let mut p = picker(2, PickerConfig::default());
+    p.learn(7, &hashes(&system));
+    assert_eq!(pick(&mut p, MS, &system).unwrap().prefix_hit_blocks, 0);
+}
+
+#[test]
 fn requests_sent_since_the_last_signal_count_as_queued() {
     let mut p = picker(
         3,

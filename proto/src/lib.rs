@@ -17,5 +17,11 @@ pub mod guardrail {
 /// snapshot, a `list`) or a Raft message carrying one travels in one message.
 pub const MAX_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
 
+/// Most placements one PlacementBatch may carry; the control plane refuses larger ones.
+pub const MAX_PLACEMENTS_PER_BATCH: usize = 256;
+
+/// Most prompt hashes one Placement may carry; the control plane refuses longer ones.
+pub const MAX_PROMPT_HASHES: usize = 256;
+
 /// Metadata key a follower sets, on UNAVAILABLE, to the admin address of the current leader.
 pub const LEADER_METADATA_KEY: &str = "x-portcullis-leader";

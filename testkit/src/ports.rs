@@ -54,6 +54,9 @@ fn take_port(counter: &mut File) -> std::io::Result<u16> {
 /// The stored counter; an empty or garbled file (a first run) counts from zero.
 fn read_counter(file: &mut File) -> u16 {
     let mut text = String::new();
+    if file.seek(SeekFrom::Start(0)).is_err() {
+        return 0;
+    }
     match file.read_to_string(&mut text) {
         Ok(_) => text.trim().parse().unwrap_or(0),
         Err(_) => 0,

@@ -11,6 +11,7 @@ use anyhow::Context;
 use openraft::{BasicNode, SnapshotPolicy};
 use portcullis_proto::v1::admin_server::AdminServer;
 use portcullis_proto::v1::config_stream_server::ConfigStreamServer;
+use portcullis_proto::v1::placement_exchange_server::PlacementExchangeServer;
 use portcullis_proto::v1::raft_server::RaftServer;
 use portcullis_proto::v1::signal_stream_server::SignalStreamServer;
 use portcullis_proto::v1::RaftGroup;
@@ -24,6 +25,7 @@ use tonic_health::ServingStatus;
 use crate::admin::AdminService;
 use crate::metrics::{Metrics, MetricsListener, MetricsServer};
 use crate::network::{NetworkFactory, RaftService};
+use crate::placements::{Placements, MAX_REPORT_BYTES};
 use crate::registry::ProxyRegistry;
 use crate::signals::{SignalStreamService, Signals, VOTE_EMBARGO};
 use crate::store::{LogStore, StateMachineStore, Storage};
@@ -62,6 +64,7 @@ pub struct ControlPlane {
     local_addr: SocketAddr,
     raft: Raft,
     signals: Signals,
+    placements: Placements,
     storage: Storage,
     shutdown: watch::Sender<bool>,
     server: JoinHandle<Result<(), tonic::transport::Error>>,
@@ -130,6 +133,7 @@ impl ControlPlane {
         let registry = ProxyRegistry::new(config.forget_proxies_after);
         let metrics = Metrics::default();
         let signals = Signals::start(config.node_id, raft.clone(), view.clone(), metrics.clone()).await?;
+        let placements = Placements::start(config.node_id, raft.clone(), metrics.clone());
         let (reporter, health_service) = tonic_health::server::health_reporter();
         reporter.set_service_status("", ServingStatus::NotServing).await;
         let (standing, sampler) = standing::watch(raft.clone());
@@ -169,6 +173,14 @@ impl ControlPlane {
                 metrics.clone(),
             )))
             .add_service(
+                PlacementExchangeServer::new(placements.service(
+                    view.clone(),
+                    shutdown_rx.clone(),
+                    metrics.clone(),
+                ))
+                .max_decoding_message_size(MAX_REPORT_BYTES),
+            )
+            .add_service(
                 RaftServer::new(RaftService::new(
                     raft.clone(),
                     signals.raft().clone(),
@@ -187,6 +199,7 @@ impl ControlPlane {
             local_addr,
             raft,
             signals,
+            placements,
             storage,
             shutdown,
             server,
@@ -224,6 +237,7 @@ impl ControlPlane {
                 server.abort();
             }
         }
+        self.placements.shutdown();
         self.signals.shutdown().await?;
         self.raft.shutdown().await.context("stopping Raft")?;
         self.storage

@@ -29,6 +29,7 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 
 pub use store::SignalView;
+pub(crate) use stream::pools_in_shard;
 pub use stream::SignalStreamService;
 pub use types::SignalsRaft;
 

@@ -120,7 +120,11 @@ impl Session {
     }
 }
 
-fn pools_in_shard(config: &mut watch::Receiver<ConfigView>, shard: &ShardSelector) -> BTreeSet<String> {
+/// The InferencePools of the config's slice for `shard`.
+pub(crate) fn pools_in_shard(
+    config: &mut watch::Receiver<ConfigView>,
+    shard: &ShardSelector,
+) -> BTreeSet<String> {
     let view = config.borrow_and_update().clone();
     let slice = view.config.slice(shard);
     slice

@@ -23,6 +23,7 @@ pub(crate) use health::{Endpoint, HealthRegistry};
 pub(crate) use retry::RetryPolicy;
 
 use crate::body::{self, Body, BodyStatus, IdleTimeout};
+use crate::placements::Outbox;
 use crate::policy::RequestContext;
 use crate::response;
 use crate::route::Route;
@@ -53,6 +54,9 @@ pub(crate) struct Upstream {
     http2: http2::Connections,
     pub(crate) health: HealthRegistry,
     telemetry: Arc<Telemetry>,
+    /// Where pickers post their placements for the other proxies: like the connections, it
+    /// outlives config versions.
+    pub(crate) placements: Outbox,
 }
 
 enum Failure {
@@ -63,7 +67,7 @@ enum Failure {
 }
 
 impl Upstream {
-    pub(crate) fn new(telemetry: Arc<Telemetry>) -> Upstream {
+    pub(crate) fn new(telemetry: Arc<Telemetry>, placements: Outbox) -> Upstream {
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
         connector.set_connect_timeout(Some(CONNECT_TIMEOUT));
@@ -76,6 +80,7 @@ impl Upstream {
             http2: http2::Connections::default(),
             health: HealthRegistry::default(),
             telemetry,
+            placements,
         }
     }
 

@@ -8,7 +8,7 @@
 //! * [`PickerRouter`]: Portcullis' endpoint picker (`portcullis-picker`, the code every proxy
 //!   runs), fed the way a proxy is: sampled metrics, delivered late, plus its own counts.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::time::Duration;
 
 use portcullis_picker::{block_hashes, PickRequest, Picker, PickerConfig, PrefixConfig, Signals};
@@ -149,7 +149,9 @@ impl Router for Oracle {
 ///
 /// With several proxies, each has its own picker (its own prefix index and in-flight
 /// counts), requests reach them in turn as a layer-4 load balancer would spread them, and
-/// every sample of signals reaches all of them.
+/// every sample of signals reaches all of them. Each proxy's placements reach the others
+/// with the first round of signals sampled after them, i.e. as late as signals arrive: a
+/// pessimistic model, since the control plane relays each batch of placements as it comes.
 pub struct PickerRouter {
     proxies: Vec<Picker>,
     next_proxy: usize,
@@ -157,6 +159,15 @@ pub struct PickerRouter {
     prompt: Vec<u8>,
     /// Request id → (proxy, pod), to report where a finished request ran.
     in_flight: HashMap<u64, (usize, usize)>,
+    /// Placements on their way to the other proxies, oldest first.
+    relayed: VecDeque<Placement>,
+}
+
+struct Placement {
+    at: f64,
+    proxy: usize,
+    pod: usize,
+    prompt_hashes: Vec<u64>,
 }
 
 impl PickerRouter {
@@ -182,6 +193,7 @@ impl PickerRouter {
             next_proxy: 0,
             prompt: Vec::new(),
             in_flight: HashMap::new(),
+            relayed: VecDeque::new(),
         }
     }
 }
@@ -207,11 +219,27 @@ impl Router for PickerRouter {
         );
         let pick = pick.map_err(|refusal| format!("picker refused: {refusal}"))?;
         let pod = pick.endpoints[0].min(pods.len() - 1);
+        if self.proxies.len() > 1 && pick.placed_new_blocks(&hashes) {
+            self.relayed.push_back(Placement {
+                at: now,
+                proxy,
+                pod,
+                prompt_hashes: hashes,
+            });
+        }
         self.in_flight.insert(request.id, (proxy, pod));
         Ok(pod)
     }
 
     fn observe(&mut self, sampled_at: f64, metrics: &[EngineMetrics]) {
+        while let Some(placement) = self.relayed.front().filter(|p| p.at <= sampled_at) {
+            for (proxy, picker) in self.proxies.iter_mut().enumerate() {
+                if proxy != placement.proxy {
+                    picker.learn(placement.pod, &placement.prompt_hashes);
+                }
+            }
+            self.relayed.pop_front();
+        }
         for picker in &mut self.proxies {
             for (pod, m) in metrics.iter().enumerate() {
                 picker.observe(

@@ -132,10 +132,11 @@ fn picker_on_the_llm_d_benchmark() {
     );
 }
 
-/// Proxies that each keep their own prefix index spread a prompt group over several pods: a
-/// picker split over two proxies serves clearly less than one (see the calibration doc).
+/// Proxies that learn only from their own picks spread a prompt group over several pods
+/// (see the calibration doc); sharing placements through the control plane keeps a picker
+/// split over four proxies within 10% of one.
 #[test]
-fn pickers_in_separate_proxies_do_not_share_affinity() {
+fn pickers_in_separate_proxies_share_prefix_affinity() {
     let mut config = VirtualConfig::llm_d_benchmark(Profile::qwen3_32b_tp2_h100().unwrap(), 30.0);
     config.routers = vec![RouterKind::Picker];
     let from = config.load.stages.iter().position(|s| s.rate >= 43.0).unwrap();
@@ -144,9 +145,12 @@ fn pickers_in_separate_proxies_do_not_share_affinity() {
         mean_from(router(&report, "picker"), from, |s| s.requests_per_s)
     };
     let one = rps(&config);
-    config.proxies = 2;
-    let two = rps(&config);
-    assert!(two < 0.8 * one, "one proxy {one:.2} req/s, two proxies {two:.2}");
+    config.proxies = 4;
+    let four = rps(&config);
+    assert!(
+        four >= 0.9 * one,
+        "one proxy {one:.2} req/s, four proxies {four:.2}"
+    );
 }
 
 #[test]

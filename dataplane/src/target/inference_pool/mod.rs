@@ -11,7 +11,7 @@ mod admission;
 
 use std::collections::HashMap;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -28,11 +28,12 @@ use portcullis_picker::{
 use tokio::sync::oneshot;
 
 use admission::Queue;
-use portcullis_proto::v1::PodSignals;
+use portcullis_proto::v1::{Placement, PodSignals};
 
 use super::{ResponseFuture, Target};
 use crate::body::{self, Body, BoxError};
 use crate::llm;
+use crate::placements::Outbox;
 use crate::policy::RequestContext;
 use crate::route::Route;
 use crate::upstream::{Dispatch, Endpoint, Upstream};
@@ -61,6 +62,8 @@ struct PoolState {
     /// The picker counts time from here.
     epoch: Instant,
     admission: Option<Admission>,
+    /// Where picks are posted for the other proxies; `None` for the plain strategies.
+    sharing: Option<Sharing>,
     /// The waiting room: this pool's own (with `admission`), or one inherited from the
     /// pool's previous version that had priority classes, to empty once this version is live.
     room: Option<Arc<WaitingRoom>>,
@@ -77,6 +80,34 @@ struct WaitingRoom {
     dispatcher: Mutex<Weak<PoolState>>,
     /// The room's timer runs ([`WaitingRoom::keep_checking`]).
     ticking: AtomicBool,
+}
+
+/// What a placement names: the pool and its endpoints as the spec writes them, the same in
+/// every proxy.
+struct Sharing {
+    outbox: Outbox,
+    pool: String,
+    endpoints: Vec<String>,
+    /// Placements posted, and learned from other proxies (for `/signals`).
+    posted: AtomicU64,
+    learned: AtomicU64,
+}
+
+impl Sharing {
+    /// Posts that `endpoint` got a prompt with `prompt_hashes`.
+    fn post(&self, endpoint: usize, prompt_hashes: &[u64]) {
+        let Some(address) = self.endpoints.get(endpoint) else {
+            return;
+        };
+        let placement = Placement {
+            pool: self.pool.clone(),
+            endpoint: address.clone(),
+            prompt_hashes: prompt_hashes.to_vec(),
+        };
+        if self.outbox.post(placement) {
+            self.posted.fetch_add(1, Ordering::Relaxed);
+        }
+    }
 }
 
 /// A pool's priority classes and how long and how many requests may wait.
@@ -144,6 +175,13 @@ impl InferencePoolTarget {
         };
         // Signals up to `staleness` old are placed after the epoch.
         let epoch = Instant::now().checked_sub(staleness).unwrap_or_else(Instant::now);
+        let sharing = prefix.map(|_| Sharing {
+            outbox: upstream.placements.clone(),
+            pool: name.to_string(),
+            endpoints: spec.endpoints.clone(),
+            posted: AtomicU64::new(0),
+            learned: AtomicU64::new(0),
+        });
         Ok(InferencePoolTarget {
             name: Arc::from(label),
             spec: spec.clone(),
@@ -161,6 +199,7 @@ impl InferencePoolTarget {
                 picker: Mutex::new(picker),
                 epoch,
                 admission,
+                sharing,
                 room,
             }),
         })
@@ -210,6 +249,24 @@ impl InferencePoolTarget {
         }
     }
 
+    /// Other proxies sent prompts to this pool's endpoints: the picker learns them, under
+    /// one lock. Placements naming an endpoint the pool does not have are skipped.
+    pub(crate) fn learn(&self, placements: &[&Placement]) {
+        let (Some(prefix), Some(sharing)) = (self.prefix, &self.pool.sharing) else {
+            return;
+        };
+        let mut picker = self.pool.picker();
+        for placement in placements {
+            let Some(&index) = self.by_address.get(&placement.endpoint) else {
+                continue;
+            };
+            // No more than this proxy would hash itself, whatever the sender claims.
+            let hashes = &placement.prompt_hashes;
+            picker.learn(index, &hashes[..hashes.len().min(prefix.max_blocks)]);
+            sharing.learned.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
     /// What the picker holds per endpoint, for the admin port's `/signals`.
     pub(crate) fn report(&self) -> serde_json::Value {
         let queued = self.pool.room.as_ref().map(|room| room.queue().len());
@@ -242,7 +299,13 @@ impl InferencePoolTarget {
                 (address.clone(), entry)
             })
             .collect();
-        serde_json::json!({ "endpoints": endpoints, "queued": queued })
+        let placements = self.pool.sharing.as_ref().map(|sharing| {
+            serde_json::json!({
+                "posted": sharing.posted.load(Ordering::Relaxed),
+                "learned": sharing.learned.load(Ordering::Relaxed),
+            })
+        });
+        serde_json::json!({ "endpoints": endpoints, "queued": queued, "placements": placements })
     }
 
     /// The request's priority class (the route's, else the header's, else the default) and
@@ -542,6 +605,11 @@ impl PoolState {
         request: &PickRequest<'_>,
     ) -> Result<(Pick, Credit), Refusal> {
         let pick = picker.pick(self.epoch.elapsed(), request, |index| self.healthy(index))?;
+        if let Some(sharing) = &self.sharing {
+            if pick.placed_new_blocks(request.prompt_hashes) {
+                sharing.post(pick.endpoints[0], request.prompt_hashes);
+            }
+        }
         let credit = Credit {
             pool: self.clone(),
             endpoint: pick.endpoints[0],
@@ -701,6 +769,9 @@ impl Target for InferencePoolTarget {
             if let Some(used) = used.filter(|&used| used != credit.endpoint) {
                 let now = self.pool.epoch.elapsed();
                 self.pool.picker().moved(credit.endpoint, used, now, &hashes);
+                if let Some(sharing) = &self.pool.sharing {
+                    sharing.post(used, &hashes);
+                }
                 credit.endpoint = used;
             }
             let (parts, body) = response.into_parts();
