@@ -7,7 +7,7 @@ pub(crate) mod wire;
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use openraft::{BasicNode, ChangeMembers};
+use openraft::{BasicNode, ChangeMembers, ServerState};
 use portcullis_proto::v1::admin_server::Admin;
 use portcullis_proto::v1::{
     AddNodeRequest, ApplyRequest, ApplyResponse, ClusterMember, ClusterStatus, DeleteRequest, GetRequest,
@@ -86,6 +86,16 @@ impl AdminService {
     }
 
     /// The config this node's build can read, or why it cannot serve one.
+    /// This node leads and has applied every entry of its log, so its config holds
+    /// everything committed so far.
+    fn leads_with_its_log_applied(&self) -> bool {
+        let metrics = self.raft.metrics();
+        let metrics = metrics.borrow();
+        metrics.state == ServerState::Leader
+            && metrics.current_leader == Some(metrics.id)
+            && metrics.last_applied.map(|applied| applied.index) == metrics.last_log_index
+    }
+
     fn readable_view(&self) -> Result<ConfigView, Status> {
         let view = self.view.borrow().clone();
         match &view.unreadable {
@@ -115,14 +125,29 @@ impl AdminService {
             .await
             .map_err(|_| not_proposed())?;
         for _ in 0..PLAN_ATTEMPTS {
-            // Planned only on the leader, once it has applied everything committed: a
-            // follower redirects before planning, and a new leader plans on the config its
-            // predecessor committed, not on what it happened to have applied.
-            tokio::time::timeout_at(deadline, self.raft.ensure_linearizable())
-                .await
-                .map_err(|_| not_proposed())?
-                .map_err(|error| wire::leadership_error(error, |leader| self.leader_address(leader)))?;
-            let write = plan(&self.readable_view()?).map_err(wire::rejection)?;
+            // A leader that has applied its whole log plans on what it holds: a write it
+            // accepts commits only if it still leads, and only on the version it was planned
+            // on, so it needs no confirmation first. Anything else is planned on a config a
+            // read-index confirmed (a follower redirects, a new leader waits for what its
+            // predecessor committed), and so is a refusal, before the client hears it: a
+            // deposed leader that does not know yet must not refuse on a stale config.
+            let planned = if self.leads_with_its_log_applied() {
+                plan(&self.readable_view()?).ok()
+            } else {
+                None
+            };
+            let write = match planned {
+                Some(write) => write,
+                None => {
+                    tokio::time::timeout_at(deadline, self.raft.ensure_linearizable())
+                        .await
+                        .map_err(|_| not_proposed())?
+                        .map_err(|error| {
+                            wire::leadership_error(error, |leader| self.leader_address(leader))
+                        })?;
+                    plan(&self.readable_view()?).map_err(wire::rejection)?
+                }
+            };
             let response = tokio::time::timeout_at(deadline, self.raft.client_write(write))
                 .await
                 .map_err(|_| not_committed())?
