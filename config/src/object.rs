@@ -184,9 +184,9 @@ impl Object {
 }
 
 /// Gathers decoded objects, reporting the problems of every one rather than the first.
-pub fn collect_objects(
-    results: impl IntoIterator<Item = Result<Object, ConfigError>>,
-) -> Result<Vec<Object>, ConfigError> {
+pub fn collect_objects<T>(
+    results: impl IntoIterator<Item = Result<T, ConfigError>>,
+) -> Result<Vec<T>, ConfigError> {
     let mut objects = Vec::new();
     let mut errors = Vec::new();
     for result in results {

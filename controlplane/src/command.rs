@@ -13,9 +13,31 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
 
-use portcullis_config::{collect_objects, Change, ConfigError, ConfigSet, Kind, Object, ObjectKey};
+use portcullis_config::{
+    collect_objects, Change, ConfigError, ConfigSet, FieldError, Kind, Object, ObjectKey,
+};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
+
+/// An object as a client sent it: decoded and checked by this build, stored as the client
+/// wrote it. Stored re-encoded, it would carry whatever fields the leader's build writes (a
+/// newer build's defaults included), which a node on an older build could not read.
+#[derive(Debug, Clone)]
+pub struct Submitted {
+    pub object: Object,
+    pub json: Box<RawValue>,
+}
+
+impl Submitted {
+    /// `location` names the object in errors when its own kind/name cannot be read.
+    pub fn from_json_bytes(bytes: &[u8], location: &str) -> Result<Submitted, ConfigError> {
+        let object = Object::from_json_bytes(bytes, location)?;
+        // Valid JSON: `from_json_bytes` just parsed it.
+        let json = serde_json::from_slice(bytes)
+            .map_err(|error| FieldError::new(location, "", format!("not valid JSON: {error}")))?;
+        Ok(Submitted { object, json })
+    }
+}
 
 /// An object's kind and name as text, so that an entry or a stored object stays readable by
 /// a build that does not know its kind.
@@ -128,17 +150,20 @@ pub type Outcome = Result<Applied, Rejection>;
 pub fn plan_apply(
     config: &ConfigSet,
     version: u64,
-    objects: Vec<Object>,
+    submitted: &[Submitted],
     expected_version: Option<u64>,
 ) -> Result<Write, Rejection> {
     check_expected(version, expected_version)?;
-    let (next, changes) = config.apply(objects).map_err(Rejection::invalid)?;
+    let objects = submitted.iter().map(|s| s.object.clone()).collect();
+    let (_, changes) = config.apply(objects).map_err(Rejection::invalid)?;
+    let json_of: BTreeMap<ObjectKey, &RawValue> =
+        submitted.iter().map(|s| (s.object.key(), &*s.json)).collect();
+    // An apply creates or changes only objects it was given.
     let put = changes
         .iter()
         .filter(|(_, change)| matches!(change, Change::Created | Change::Configured))
-        .filter_map(|(key, _)| Some((StoredKey::from(key), next.get(key)?)))
-        .map(|(key, object)| Ok((key, stored_json(object)?)))
-        .collect::<Result<_, Rejection>>()?;
+        .filter_map(|(key, _)| Some((StoredKey::from(key), (*json_of.get(key)?).to_owned())))
+        .collect();
     Ok(Write {
         base_version: version,
         put,
@@ -177,13 +202,6 @@ pub fn plan_delete(
 }
 
 /// An object's JSON as it is stored and replicated.
-fn stored_json(object: &Object) -> Result<Box<RawValue>, Rejection> {
-    serde_json::value::to_raw_value(&object.to_json()).map_err(|error| Rejection {
-        code: ErrorCode::InvalidArgument,
-        message: format!("{}: cannot be encoded: {error}", object.key()),
-    })
-}
-
 fn check_expected(version: u64, expected_version: Option<u64>) -> Result<(), Rejection> {
     match expected_version {
         Some(expected) if expected != version => Err(Rejection::version_moved(version, expected)),
@@ -314,6 +332,13 @@ pub(crate) mod tests {
         )
     }
 
+    /// `values` as a client would submit them.
+    pub fn submit(values: &[serde_json::Value]) -> Result<Vec<Submitted>, ConfigError> {
+        collect_objects(values.iter().enumerate().map(|(index, value)| {
+            Submitted::from_json_bytes(value.to_string().as_bytes(), &format!("objects[{index}]"))
+        }))
+    }
+
     pub fn backend(name: &str, endpoint: &str) -> serde_json::Value {
         json!({"apiVersion": "portcullis.dev/v1alpha1", "kind": "Backend",
             "metadata": {"name": name}, "spec": {"endpoints": [endpoint]}})
@@ -336,7 +361,7 @@ pub(crate) mod tests {
         plan_apply(
             &config,
             stored.version,
-            decode_objects(&objects).map_err(Rejection::invalid)?,
+            &submit(&objects).map_err(Rejection::invalid)?,
             expected,
         )
     }
@@ -360,8 +385,28 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn objects_are_stored_as_the_client_wrote_them() {
+        let sent = route("web", "gw", "api");
+        let config = vec![
+            json!({"apiVersion": "portcullis.dev/v1alpha1", "kind": "Listener",
+                "metadata": {"name": "gw"}, "spec": {"port": 8080}}),
+            backend("api", "127.0.0.1:1"),
+            sent.clone(),
+        ];
+        let write = put(&StoredConfig::default(), config.clone(), None).unwrap();
+        let stored = |name: &str| -> serde_json::Value {
+            let (_, json) = write.put.iter().find(|(key, _)| key.name == name).unwrap();
+            serde_json::from_str(json.get()).unwrap()
+        };
+        assert_eq!(stored("web"), sent);
+        // This build's own encoding would have written fields the client left out.
+        let encoded = decode_objects(std::slice::from_ref(&sent)).unwrap()[0].to_json();
+        assert_ne!(encoded, sent, "the route's encoding should add defaults");
+    }
+
+    #[test]
     fn expected_version_mismatch_is_a_failed_precondition() {
-        let rejection = plan_apply(&ConfigSet::default(), 7, vec![], Some(5)).unwrap_err();
+        let rejection = plan_apply(&ConfigSet::default(), 7, &[], Some(5)).unwrap_err();
         assert_eq!(rejection.code, ErrorCode::FailedPrecondition);
         assert_eq!(rejection.message, "config is at version 7, expected 5");
     }

@@ -304,7 +304,7 @@ impl Admin for AdminService {
             let objects = wire::decode_objects(&request.objects)?;
             let expected = request.expected_version;
             self.write(expected, |view| {
-                command::plan_apply(&view.config, view.version, objects.clone(), expected)
+                command::plan_apply(&view.config, view.version, &objects, expected)
             })
             .await
         }
@@ -316,7 +316,7 @@ impl Admin for AdminService {
         let request = request.into_inner();
         let objects = wire::decode_objects(&request.objects)?;
         let view = self.readable_view()?;
-        let write = command::plan_apply(&view.config, view.version, objects, request.expected_version)
+        let write = command::plan_apply(&view.config, view.version, &objects, request.expected_version)
             .map_err(wire::rejection)?;
         Ok(Response::new(wire::apply_response(write.applied(view.version))))
     }

@@ -8,7 +8,7 @@ use portcullis_proto::v1;
 use tonic::metadata::{MetadataMap, MetadataValue};
 use tonic::{Code, Status};
 
-use crate::command::{Applied, ErrorCode, Rejection};
+use crate::command::{Applied, ErrorCode, Rejection, Submitted};
 use crate::types::NodeId;
 
 pub fn to_wire(object: &Object) -> v1::Object {
@@ -21,10 +21,11 @@ pub fn to_wire(object: &Object) -> v1::Object {
 
 /// Decodes `objects[i]` from the JSON each carries; `kind`/`name`, when set, must agree
 /// with it. Reports every problem at once.
-pub fn decode_objects(objects: &[v1::Object]) -> Result<Vec<Object>, Status> {
+pub fn decode_objects(objects: &[v1::Object]) -> Result<Vec<Submitted>, Status> {
     collect_objects(objects.iter().enumerate().map(|(index, wire)| {
         let location = format!("objects[{index}]");
-        let object = Object::from_json_bytes(&wire.json, &location)?;
+        let submitted = Submitted::from_json_bytes(&wire.json, &location)?;
+        let object = &submitted.object;
         let kind_differs = !wire.kind.is_empty() && wire.kind != object.kind().as_str();
         let name_differs = !wire.name.is_empty() && wire.name != object.name();
         if kind_differs || name_differs {
@@ -36,7 +37,7 @@ pub fn decode_objects(objects: &[v1::Object]) -> Result<Vec<Object>, Status> {
             );
             return Err(FieldError::new(location, "", message).into());
         }
-        Ok(object)
+        Ok(submitted)
     }))
     .map_err(|error| Status::invalid_argument(error.to_string()))
 }

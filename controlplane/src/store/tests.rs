@@ -7,7 +7,7 @@ use portcullis_config::{Kind, ObjectKey};
 use tempfile::TempDir;
 
 use super::*;
-use crate::command::tests::{backend, decode_objects};
+use crate::command::tests::{backend, submit};
 use crate::command::{self, ErrorCode, Outcome, StoredKey, Write};
 use crate::types::{Entry, LogId, StorageError, TypeConfig};
 
@@ -53,12 +53,7 @@ async fn apply(
     expected: Option<u64>,
 ) -> Outcome {
     let view = sm.subscribe().borrow().clone();
-    let write = command::plan_apply(
-        &view.config,
-        view.version,
-        decode_objects(&objects).unwrap(),
-        expected,
-    )?;
+    let write = command::plan_apply(&view.config, view.version, &submit(&objects).unwrap(), expected)?;
     run(sm, index, write).await
 }
 
@@ -94,7 +89,7 @@ async fn applies_writes_and_versions() {
     let stale = command::plan_apply(
         &portcullis_config::ConfigSet::default(),
         0,
-        decode_objects(&[backend("db", "127.0.0.1:2")]).unwrap(),
+        &submit(&[backend("db", "127.0.0.1:2")]).unwrap(),
         None,
     )
     .unwrap();
