@@ -80,7 +80,8 @@ pub enum ClusterCommand {
         #[command(flatten)]
         connection: Connection,
     },
-    /// Add a node started with `--join`: it joins as a learner, catches up, then votes.
+    /// Add a node started with `--join`: it joins as a learner, catches up, then votes. For a
+    /// member restarted elsewhere on its data directory: move it to its new address.
     Add {
         /// The new node's `--node-id`.
         #[arg(long)]
@@ -91,8 +92,7 @@ pub enum ClusterCommand {
         #[command(flatten)]
         connection: Connection,
     },
-    /// Remove a node (voter or learner). Adding it again under the same id also takes a new
-    /// address.
+    /// Remove a node (voter or learner).
     Remove {
         /// The node's `--node-id`.
         #[arg(long)]

@@ -88,25 +88,14 @@ fn serves_proxy(node: &str, id: &str) -> bool {
         .any(|p| p["connected"] == true && &p["nodeId"] == me)
 }
 
-fn config(listener: u16, upstream: u16, name: &str) -> String {
-    format!(
-        "apiVersion: portcullis.dev/v1alpha1\nkind: Listener\nmetadata: {{name: edge}}\nspec: {{address: 127.0.0.1, port: {listener}}}\n---\n\
-         apiVersion: portcullis.dev/v1alpha1\nkind: Backend\nmetadata: {{name: {name}}}\nspec: {{endpoints: ['127.0.0.1:{upstream}']}}\n---\n\
-         apiVersion: portcullis.dev/v1alpha1\nkind: Route\nmetadata: {{name: all}}\nspec: {{listeners: [edge], backends: [{{name: {name}}}]}}\n"
-    )
-}
-
-#[test]
-fn a_proxy_moves_to_another_node_when_its_node_dies() {
-    let dir = tempfile::tempdir().unwrap();
+/// Three nodes formed from the CLI, through any node: node 3 is added through node 2, a
+/// follower, which redirects the CLI to the leader. The processes and the nodes' addresses.
+fn form_cluster(dir: &Path) -> (Vec<Process>, Vec<String>) {
     let ports = [free_port(), free_port(), free_port()];
     let nodes: Vec<String> = ports.iter().map(|port| format!("127.0.0.1:{port}")).collect();
-    let mut processes: Vec<Process> = (0..3)
-        .map(|index| start_node(dir.path(), index as u64 + 1, ports[index]))
+    let processes: Vec<Process> = (0..3)
+        .map(|index| start_node(dir, index as u64 + 1, ports[index]))
         .collect();
-
-    // Formed from the CLI, through any node: node 3 is added through node 2, a follower,
-    // which redirects the CLI to the leader.
     for (id, address, through) in [(2, &nodes[1], &nodes[0]), (3, &nodes[2], &nodes[1])] {
         let output = cli(&[
             "cluster",
@@ -125,6 +114,30 @@ fn a_proxy_moves_to_another_node_when_its_node_dies() {
             voters(node) == [1, 2, 3]
         });
     }
+    (processes, nodes)
+}
+
+/// The address `node` lists for member `id`.
+fn address_of(node: &str, id: u64) -> Option<String> {
+    cluster_json(node)?["members"]
+        .as_array()?
+        .iter()
+        .find(|member| member["nodeId"].as_u64() == Some(id))
+        .and_then(|member| member["address"].as_str().map(str::to_string))
+}
+
+fn config(listener: u16, upstream: u16, name: &str) -> String {
+    format!(
+        "apiVersion: portcullis.dev/v1alpha1\nkind: Listener\nmetadata: {{name: edge}}\nspec: {{address: 127.0.0.1, port: {listener}}}\n---\n\
+         apiVersion: portcullis.dev/v1alpha1\nkind: Backend\nmetadata: {{name: {name}}}\nspec: {{endpoints: ['127.0.0.1:{upstream}']}}\n---\n\
+         apiVersion: portcullis.dev/v1alpha1\nkind: Route\nmetadata: {{name: all}}\nspec: {{listeners: [edge], backends: [{{name: {name}}}]}}\n"
+    )
+}
+
+#[test]
+fn a_proxy_moves_to_another_node_when_its_node_dies() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut processes, nodes) = form_cluster(dir.path());
 
     let (upstream_a, upstream_b, listener, admin) = (free_port(), free_port(), free_port(), free_port());
     let _echo_a = start_echo(dir.path(), "first", upstream_a);
@@ -303,4 +316,72 @@ fn a_proxy_moves_to_another_node_when_its_node_dies() {
     ]);
     assert!(!output.status.success());
     assert!(stderr(&output).contains("last voter"), "{}", stderr(&output));
+}
+
+/// A node restarted on another address keeps its id and its data: `cluster add` with the new
+/// address moves it in place, once the node answering there says it is that node.
+#[test]
+fn a_node_moves_to_a_new_address_in_place() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut processes, nodes) = form_cluster(dir.path());
+    let upstream = free_port();
+    apply(
+        dir.path(),
+        "first.yaml",
+        &config(free_port(), upstream, "first"),
+        &nodes[0],
+    );
+
+    processes[2].kill();
+    let moved_port = free_port();
+    let moved = format!("127.0.0.1:{moved_port}");
+    processes[2] = start_node(dir.path(), 3, moved_port);
+
+    // Pointing another id at it is refused: two quorums could form.
+    let output = cli(&[
+        "cluster",
+        "add",
+        "--node-id",
+        "2",
+        "--address",
+        &moved,
+        "--controlplane",
+        &nodes[0],
+    ]);
+    assert!(!output.status.success());
+    assert!(
+        stderr(&output).contains("is node 3, not node 2"),
+        "{}",
+        stderr(&output)
+    );
+    assert_eq!(address_of(&nodes[0], 2).as_deref(), Some(nodes[1].as_str()));
+
+    let output = cli(&[
+        "cluster",
+        "add",
+        "--node-id",
+        "3",
+        "--address",
+        &moved,
+        "--controlplane",
+        &nodes[1],
+    ]);
+    assert!(output.status.success(), "cluster add: {}", stderr(&output));
+    for node in [&nodes[0], &nodes[1], &moved] {
+        wait_for("every node lists the new address", TIMEOUT, || {
+            address_of(node, 3).as_deref() == Some(moved.as_str()) && voters(node) == [1, 2, 3]
+        });
+    }
+    // The moved node takes part again: a write reaches its own state.
+    let path = write_file(
+        dir.path(),
+        "second.yaml",
+        &config(free_port(), upstream, "second"),
+    );
+    let output = cli(&["apply", "-f", path.to_str().unwrap(), "--controlplane", &nodes[0]]);
+    assert!(output.status.success(), "apply: {}", stderr(&output));
+    wait_for("the write on the moved node", TIMEOUT, || {
+        let output = cli(&["get", "backends", "--local", "--controlplane", &moved]);
+        stdout(&output).contains("name: second")
+    });
 }

@@ -4,7 +4,7 @@
 
 pub(crate) mod wire;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use openraft::{BasicNode, ChangeMembers, ServerState};
@@ -441,22 +441,26 @@ impl AdminService {
         Ok(Response::new(self.status()))
     }
 
-    /// Adds the node as a learner and makes it a voter once it has caught up.
+    /// Adds the node as a learner and makes it a voter once it has caught up. For a voter,
+    /// moves it to `address` if it has a new one.
     async fn add_and_promote(&self, request: AddNodeRequest) -> Result<Response<StatusResponse>, Status> {
         let AddNodeRequest { node_id, address } = request;
         if address.is_empty() {
             return Err(Status::invalid_argument("address is required"));
         }
-        if self
-            .raft
-            .metrics()
-            .borrow()
-            .membership_config
-            .membership()
-            .voter_ids()
-            .any(|id| id == node_id)
-        {
-            return Ok(Response::new(self.status()));
+        let current = {
+            let metrics = self.raft.metrics();
+            let metrics = metrics.borrow();
+            let membership = metrics.membership_config.membership();
+            membership
+                .voter_ids()
+                .any(|id| id == node_id)
+                .then(|| membership.get_node(&node_id).map(|node| node.addr.clone()))
+        };
+        match current {
+            Some(Some(known)) if known != address => return self.move_node(node_id, address).await,
+            Some(_) => return Ok(Response::new(self.status())),
+            None => {}
         }
         let leader_address = |leader| self.leader_address(leader);
         let added = with_commit_deadline(self.raft.add_learner(
@@ -495,6 +499,37 @@ impl AdminService {
         }
         let promote = ChangeMembers::AddVoterIds(BTreeSet::from([node_id]));
         with_commit_deadline(self.raft.change_membership(promote, false))
+            .await?
+            .map_err(|error| wire::write_error(error, leader_address))?;
+        Ok(Response::new(self.status()))
+    }
+}
+
+impl AdminService {
+    /// Gives voter `node_id` a new address, once the node answering there says it is
+    /// `node_id`: pointing an id at another node's address would let two quorums form
+    /// (openraft's warning on `ChangeMembers::SetNodes`).
+    async fn move_node(&self, node_id: NodeId, address: String) -> Result<Response<StatusResponse>, Status> {
+        let answered = local_status_of(&address)
+            .await
+            .and_then(|status| status.cluster)
+            .map(|cluster| cluster.node_id);
+        match answered {
+            Some(id) if id == node_id => {}
+            Some(other) => {
+                return Err(Status::failed_precondition(format!(
+                    "the node at {address} is node {other}, not node {node_id}: its address was not changed"
+                )))
+            }
+            None => {
+                return Err(Status::unavailable(format!(
+                    "no control-plane node answers at {address}: start node {node_id} there first; its address was not changed"
+                )))
+            }
+        }
+        let leader_address = |leader| self.leader_address(leader);
+        let nodes = BTreeMap::from([(node_id, BasicNode::new(address))]);
+        with_commit_deadline(self.raft.change_membership(ChangeMembers::SetNodes(nodes), false))
             .await?
             .map_err(|error| wire::write_error(error, leader_address))?;
         Ok(Response::new(self.status()))

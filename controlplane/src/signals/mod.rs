@@ -23,7 +23,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use openraft::{BasicNode, RaftMetrics, SnapshotPolicy};
+use openraft::{BasicNode, ChangeMembers, RaftMetrics, SnapshotPolicy};
 use portcullis_proto::v1::RaftGroup;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
@@ -146,6 +146,20 @@ async fn follow_membership(node_id: NodeId, config: Raft, signals: SignalsRaft) 
                     tracing::info!(voters = ?wanted.keys().collect::<Vec<_>>(), "signals group members follow the config group")
                 }
                 Err(error) => tracing::warn!(%error, "could not change the signals group's members"),
+            }
+        } else if signals_leader == Some(node_id) && have != wanted {
+            // The same members, one at a new address (checked when the config group moved it).
+            let moved: BTreeMap<NodeId, BasicNode> = wanted
+                .iter()
+                .filter(|(id, node)| have.get(id) != Some(node))
+                .map(|(id, node)| (*id, node.clone()))
+                .collect();
+            match signals
+                .change_membership(ChangeMembers::SetNodes(moved), false)
+                .await
+            {
+                Ok(_) => tracing::info!("signals group members follow the config group's addresses"),
+                Err(error) => tracing::warn!(%error, "could not change a signals group member's address"),
             }
         } else if signals_leader.is_none()
             && signals_log.is_none()
