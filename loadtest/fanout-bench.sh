@@ -4,12 +4,13 @@
 # then writes that each change one route (open loop, then closed loop). See
 # loadtest/src/fanout.rs for what is measured; the report is JSON.
 #
-#   loadtest/fanout-bench.sh [SUBSCRIBERS] [ROUTES] [REPORT]
+#   loadtest/fanout-bench.sh [SUBSCRIBERS] [ROUTES] [REPORT] [PLOT_DIR]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 subscribers=${1:-1000}
 routes=${2:-10000}
 report=${3:-docs/benchmarks/fanout.json}
+plots=${4:-docs/benchmarks/fanout}
 work=$(mktemp -d)
 pids=()
 cleanup() {
@@ -40,5 +41,5 @@ done
 all=$(IFS=,; echo "${nodes[*]}")
 controlplane_pids=$(IFS=,; echo "${node_pids[*]}")
 "$bin" fanout-bench --controlplane "$all" --pids "$controlplane_pids" \
-    --subscribers "$subscribers" --routes "$routes" --report "$report"
+    --subscribers "$subscribers" --routes "$routes" --report "$report" --plot-dir "$plots"
 echo "report written to $report" >&2

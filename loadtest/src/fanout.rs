@@ -12,7 +12,7 @@
 //! given with `--pids`. `loadtest/fanout-bench.sh` starts the cluster and runs it.
 
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -33,6 +33,7 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::{Channel, Endpoint};
 
+use crate::plot::line_chart;
 use crate::sim::report::Summary;
 
 #[derive(Args, Clone)]
@@ -64,6 +65,10 @@ pub struct FanoutBenchArgs {
     /// Where to write the report as JSON.
     #[arg(long)]
     pub report: Option<PathBuf>,
+    /// Where to write SVG charts of the open loop: each write's commit and fan-out latency
+    /// over time, and both by percentile.
+    #[arg(long)]
+    pub plot_dir: Option<PathBuf>,
 }
 
 /// What the subscribers saw, shared by all of them.
@@ -187,6 +192,9 @@ pub async fn run(args: FanoutBenchArgs) -> anyhow::Result<()> {
 
     let (by_all, by_each) = fan_out_latency(&progress, &commits);
     let commit_ms = Summary::of(commits.iter().map(|(_, _, took)| millis(*took)).collect());
+    if let Some(dir) = &args.plot_dir {
+        plot_open_loop(dir, phase_started, &commits, &by_all, args.subscribers)?;
+    }
 
     // Closed loop: writers as fast as commits come back.
     eprintln!(
@@ -270,6 +278,69 @@ pub async fn run(args: FanoutBenchArgs) -> anyhow::Result<()> {
     println!("{text}");
     if let Some(path) = &args.report {
         std::fs::write(path, &text).with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(())
+}
+
+/// Each write's commit and commit → held by all, against when it was sent, and both sorted
+/// by percentile (where the p50 and p99 targets read off).
+fn plot_open_loop(
+    dir: &Path,
+    started: Instant,
+    commits: &[(u64, Instant, Duration)],
+    by_all: &[f64],
+    subscribers: usize,
+) -> anyhow::Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let held = format!("commit → held by all {subscribers}");
+    let sent_at = |(_, at, took): &(u64, Instant, Duration)| (*at - *took - started).as_secs_f64();
+    let over_time = vec![
+        (
+            "commit".to_string(),
+            commits.iter().map(|c| (sent_at(c), millis(c.2))).collect(),
+        ),
+        (
+            held.clone(),
+            commits
+                .iter()
+                .zip(by_all)
+                .map(|(c, all)| (sent_at(c), *all))
+                .collect(),
+        ),
+    ];
+    let by_percentile = |mut values: Vec<f64>| -> Vec<(f64, f64)> {
+        values.sort_by(f64::total_cmp);
+        let n = values.len().max(1) as f64;
+        values
+            .iter()
+            .enumerate()
+            .map(|(rank, value)| (100.0 * (rank + 1) as f64 / n, *value))
+            .collect()
+    };
+    let percentiles = vec![
+        (
+            "commit".to_string(),
+            by_percentile(commits.iter().map(|c| millis(c.2)).collect()),
+        ),
+        (held, by_percentile(by_all.to_vec())),
+    ];
+    for (file, title, x, lines) in [
+        (
+            "latency_over_time.svg",
+            "Each write, open loop",
+            "sent at (s)",
+            over_time,
+        ),
+        (
+            "latency_by_percentile.svg",
+            "Writes by percentile, open loop",
+            "percentile",
+            percentiles,
+        ),
+    ] {
+        let svg = line_chart(title, x, "latency (ms)", lines)?;
+        let path = dir.join(file);
+        std::fs::write(&path, svg).with_context(|| format!("writing {}", path.display()))?;
     }
     Ok(())
 }
