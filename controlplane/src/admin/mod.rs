@@ -85,7 +85,6 @@ impl AdminService {
             .map(|node| node.addr.clone())
     }
 
-    /// The config this node's build can read, or why it cannot serve one.
     /// This node leads and has applied every entry of its log, so its config holds
     /// everything committed so far.
     fn leads_with_its_log_applied(&self) -> bool {
@@ -96,6 +95,7 @@ impl AdminService {
             && metrics.last_applied.map(|applied| applied.index) == metrics.last_log_index
     }
 
+    /// The config this node's build can read, or why it cannot serve one.
     fn readable_view(&self) -> Result<ConfigView, Status> {
         let view = self.view.borrow().clone();
         match &view.unreadable {
@@ -125,14 +125,14 @@ impl AdminService {
             .await
             .map_err(|_| not_proposed())?;
         for _ in 0..PLAN_ATTEMPTS {
-            // A leader that has applied its whole log plans on what it holds: a write it
-            // accepts commits only if it still leads, and only on the version it was planned
-            // on, so it needs no confirmation first. Anything else is planned on a config a
-            // read-index confirmed (a follower redirects, a new leader waits for what its
-            // predecessor committed), and so is a refusal, before the client hears it: a
-            // deposed leader that does not know yet must not refuse on a stale config.
+            // A leader that has applied its whole log plans on what it holds: the entry names
+            // the version it was planned on and applies only on that version, whoever commits
+            // it, so an accepted plan needs no confirmation first. Anything else is planned
+            // on a config a read-index confirmed (a follower redirects, a new leader waits for
+            // what its predecessor committed), and so is a refusal, before the client hears
+            // it: a deposed leader that does not know yet must not refuse on a stale config.
             let planned = if self.leads_with_its_log_applied() {
-                plan(&self.readable_view()?).ok()
+                self.readable_view().ok().and_then(|view| plan(&view).ok())
             } else {
                 None
             };
@@ -448,19 +448,19 @@ impl AdminService {
         if address.is_empty() {
             return Err(Status::invalid_argument("address is required"));
         }
-        let current = {
+        let (known, voter) = {
             let metrics = self.raft.metrics();
             let metrics = metrics.borrow();
             let membership = metrics.membership_config.membership();
-            membership
-                .voter_ids()
-                .any(|id| id == node_id)
-                .then(|| membership.get_node(&node_id).map(|node| node.addr.clone()))
+            (
+                membership.get_node(&node_id).map(|node| node.addr.clone()),
+                membership.voter_ids().any(|id| id == node_id),
+            )
         };
-        match current {
-            Some(Some(known)) if known != address => return self.move_node(node_id, address).await,
-            Some(_) => return Ok(Response::new(self.status())),
-            None => {}
+        match known {
+            Some(known) if known != address => return self.move_node(node_id, known, address).await,
+            Some(_) if voter => return Ok(Response::new(self.status())),
+            _ => {}
         }
         let leader_address = |leader| self.leader_address(leader);
         let added = with_commit_deadline(self.raft.add_learner(
@@ -506,26 +506,61 @@ impl AdminService {
 }
 
 impl AdminService {
-    /// Gives voter `node_id` a new address, once the node answering there says it is
-    /// `node_id`: pointing an id at another node's address would let two quorums form
+    /// Gives member `node_id` (now at `old`) the address `address`, once the node answering
+    /// there is that member of this cluster, restarted on its data directory, and nothing
+    /// answers as it at `old` any more. Pointing an id at another node, at an empty node
+    /// that took the id, or at a second copy of a live node would let two quorums form
     /// (openraft's warning on `ChangeMembers::SetNodes`).
-    async fn move_node(&self, node_id: NodeId, address: String) -> Result<Response<StatusResponse>, Status> {
-        let answered = local_status_of(&address)
+    async fn move_node(
+        &self,
+        node_id: NodeId,
+        old: String,
+        address: String,
+    ) -> Result<Response<StatusResponse>, Status> {
+        let refuse = |reason: String| {
+            Err(Status::failed_precondition(format!(
+                "{reason}; the address of node {node_id} was not changed"
+            )))
+        };
+        let Some(there) = local_status_of(&address).await.and_then(|status| status.cluster) else {
+            return Err(Status::unavailable(format!(
+                "no control-plane node answers at {address}: start node {node_id} there first, on its data directory; the address of node {node_id} was not changed"
+            )));
+        };
+        if there.node_id != node_id {
+            return refuse(format!(
+                "the node at {address} is node {}, not node {node_id}",
+                there.node_id
+            ));
+        }
+        // What it restarted with: this cluster's membership, with this node where it is.
+        let (me, my_address) = {
+            let metrics = self.raft.metrics();
+            let metrics = metrics.borrow();
+            let address = metrics
+                .membership_config
+                .membership()
+                .get_node(&metrics.id)
+                .map(|node| node.addr.clone());
+            (metrics.id, address)
+        };
+        let knows_me = there
+            .members
+            .iter()
+            .any(|member| member.node_id == me && Some(&member.address) == my_address.as_ref());
+        if there.term == 0 || !knows_me {
+            return refuse(format!(
+                "the node at {address} is not node {node_id} of this cluster restarted on its data directory (it does not hold this cluster's membership)"
+            ));
+        }
+        if local_status_of(&old)
             .await
             .and_then(|status| status.cluster)
-            .map(|cluster| cluster.node_id);
-        match answered {
-            Some(id) if id == node_id => {}
-            Some(other) => {
-                return Err(Status::failed_precondition(format!(
-                    "the node at {address} is node {other}, not node {node_id}: its address was not changed"
-                )))
-            }
-            None => {
-                return Err(Status::unavailable(format!(
-                    "no control-plane node answers at {address}: start node {node_id} there first; its address was not changed"
-                )))
-            }
+            .is_some_and(|cluster| cluster.node_id == node_id)
+        {
+            return refuse(format!(
+                "node {node_id} still answers at {old}: stop it there first"
+            ));
         }
         let leader_address = |leader| self.leader_address(leader);
         let nodes = BTreeMap::from([(node_id, BasicNode::new(address))]);
