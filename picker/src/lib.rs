@@ -205,6 +205,14 @@ impl Picker {
         }
     }
 
+    /// Another proxy's placement of a prompt with these hashes on `endpoint` did not happen
+    /// (the endpoint refused it): the prefix index forgets the prompt's family there.
+    pub fn forget(&mut self, endpoint: usize, prompt_hashes: &[u64]) {
+        if endpoint < self.endpoints.len() {
+            self.prefix.remove(endpoint, prompt_hashes);
+        }
+    }
+
     /// The latest signals of `endpoint`, fresh or not.
     pub fn signals(&self, endpoint: usize) -> Option<&Signals> {
         self.endpoints.get(endpoint)?.signals.as_ref()

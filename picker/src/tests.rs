@@ -100,9 +100,15 @@ fn a_prefix_another_proxy_placed_is_followed() {
         "without learning, {} of 20 followed",
         followed[0]
     );
+    // A placement withdrawn is forgotten.
+    let mut p = picker(4, PickerConfig::default());
+    p.learn(2, &hashes(&system));
+    p.forget(2, &hashes(&system));
+    assert_eq!(pick(&mut p, MS, &system).unwrap().prefix_hit_blocks, 0);
     // An endpoint the picker does not have is ignored.
     let mut p = picker(2, PickerConfig::default());
     p.learn(7, &hashes(&system));
+    p.forget(7, &hashes(&system));
     assert_eq!(pick(&mut p, MS, &system).unwrap().prefix_hit_blocks, 0);
 }
 

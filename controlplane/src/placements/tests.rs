@@ -42,6 +42,7 @@ fn placement(pool: &str, first_hash: u64) -> Placement {
         pool: pool.into(),
         endpoint: "127.0.0.1:9".into(),
         prompt_hashes: vec![first_hash, 2, 3],
+        withdrawn: false,
     }
 }
 

@@ -94,8 +94,9 @@ struct Sharing {
 }
 
 impl Sharing {
-    /// Posts that `endpoint` got a prompt with `prompt_hashes`.
-    fn post(&self, endpoint: usize, prompt_hashes: &[u64]) {
+    /// Posts that `endpoint` got a prompt with `prompt_hashes`, or, `withdrawn`, that it did
+    /// not after all.
+    fn post(&self, endpoint: usize, prompt_hashes: &[u64], withdrawn: bool) {
         let Some(address) = self.endpoints.get(endpoint) else {
             return;
         };
@@ -103,6 +104,7 @@ impl Sharing {
             pool: self.pool.clone(),
             endpoint: address.clone(),
             prompt_hashes: prompt_hashes.to_vec(),
+            withdrawn,
         };
         if self.outbox.post(placement) {
             self.posted.fetch_add(1, Ordering::Relaxed);
@@ -262,8 +264,13 @@ impl InferencePoolTarget {
             };
             // No more than this proxy would hash itself, whatever the sender claims.
             let hashes = &placement.prompt_hashes;
-            picker.learn(index, &hashes[..hashes.len().min(prefix.max_blocks)]);
-            sharing.learned.fetch_add(1, Ordering::Relaxed);
+            let hashes = &hashes[..hashes.len().min(prefix.max_blocks)];
+            if placement.withdrawn {
+                picker.forget(index, hashes);
+            } else {
+                picker.learn(index, hashes);
+                sharing.learned.fetch_add(1, Ordering::Relaxed);
+            }
         }
     }
 
@@ -607,7 +614,7 @@ impl PoolState {
         let pick = picker.pick(self.epoch.elapsed(), request, |index| self.healthy(index))?;
         if let Some(sharing) = &self.sharing {
             if pick.placed_new_blocks(request.prompt_hashes) {
-                sharing.post(pick.endpoints[0], request.prompt_hashes);
+                sharing.post(pick.endpoints[0], request.prompt_hashes, false);
             }
         }
         let credit = Credit {
@@ -770,7 +777,8 @@ impl Target for InferencePoolTarget {
                 let now = self.pool.epoch.elapsed();
                 self.pool.picker().moved(credit.endpoint, used, now, &hashes);
                 if let Some(sharing) = &self.pool.sharing {
-                    sharing.post(used, &hashes);
+                    sharing.post(credit.endpoint, &hashes, true);
+                    sharing.post(used, &hashes, false);
                 }
                 credit.endpoint = used;
             }
