@@ -153,7 +153,11 @@ fn mcp_checks_survive_their_checkers() {
         let stop = stop.clone();
         let session = wire.session.clone();
         std::thread::spawn(move || {
-            let wire = Wire { port, session };
+            let wire = Wire {
+                port,
+                session,
+                authorization: None,
+            };
             let (mut rounds, mut failures) = (0, Vec::new());
             while !stop.load(Ordering::Relaxed) || rounds < 40 {
                 if let Err(failure) = enforced(&wire) {

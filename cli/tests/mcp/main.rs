@@ -319,6 +319,7 @@ fn a_session_opened_on_one_replica_continues_on_another() {
     let on_b = Wire {
         port: port_b,
         session: on_a.session.clone(),
+        authorization: None,
     };
     let (status, sum) = on_b.call("get-sum", json!({"a": 20, "b": 22}));
     assert_eq!(
@@ -331,9 +332,43 @@ fn a_session_opened_on_one_replica_continues_on_another() {
     let forged = Wire {
         port: port_b,
         session: format!("{}x", on_a.session),
+        authorization: None,
     };
     let (status, answer) = forged.call("get-sum", json!({"a": 1, "b": 1}));
     assert_eq!((status, answer["error"]["code"].clone()), (404, json!(-32600)));
+
+    // A session answers only to the caller that opened it: an id that leaks is no use with
+    // other credentials, or none, on any replica.
+    let alice = Wire::initialize_as(port_a, Some("Bearer alice"));
+    let (status, sum) = alice.call("get-sum", json!({"a": 1, "b": 2}));
+    assert_eq!(
+        (status, sum["result"]["content"][0]["text"].clone()),
+        (200, json!("3")),
+        "{sum}"
+    );
+    for (port, authorization) in [
+        (port_a, Some("Bearer mallory")),
+        (port_b, Some("Bearer mallory")),
+        (port_b, None),
+    ] {
+        let stolen = Wire {
+            port,
+            session: alice.session.clone(),
+            authorization: authorization.map(str::to_string),
+        };
+        let (status, answer) = stolen.call("get-sum", json!({"a": 1, "b": 2}));
+        assert_eq!(
+            (status, answer["error"]["code"].clone()),
+            (404, json!(-32600)),
+            "{answer}"
+        );
+    }
+    let on_b_as_alice = Wire {
+        port: port_b,
+        session: alice.session.clone(),
+        authorization: Some("Bearer alice".into()),
+    };
+    assert_eq!(on_b_as_alice.call("get-sum", json!({"a": 2, "b": 2})).0, 200);
 }
 
 #[test]

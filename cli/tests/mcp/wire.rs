@@ -10,29 +10,46 @@ use crate::support::*;
 pub(crate) struct Wire {
     pub(crate) port: u16,
     pub(crate) session: String,
+    /// The `Authorization` header every request of the session carries, if any.
+    pub(crate) authorization: Option<String>,
 }
 
 pub(crate) const ACCEPT_BOTH: (&str, &str) = ("Accept", "application/json, text/event-stream");
 
 impl Wire {
     pub(crate) fn initialize(port: u16) -> Wire {
+        Wire::initialize_as(port, None)
+    }
+
+    /// A session opened with `Authorization: {authorization}`, which its requests carry.
+    pub(crate) fn initialize_as(port: u16, authorization: Option<&str>) -> Wire {
         let body = json!({"jsonrpc": "2.0", "id": 0, "method": "initialize",
             "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "wire", "version": "0"}}});
-        let response =
-            http_request_with(port, "POST", "/mcp", &[ACCEPT_BOTH], Some(&body.to_string())).unwrap();
+        let mut headers = vec![ACCEPT_BOTH];
+        headers.extend(authorization.map(|value| ("Authorization", value)));
+        let response = http_request_with(port, "POST", "/mcp", &headers, Some(&body.to_string())).unwrap();
         assert_eq!(response.status, 200, "{}", response.body);
         let session = header(&response, "mcp-session-id").expect("a session id");
         let answer: Value = serde_json::from_str(&response.body).unwrap();
         assert_eq!(answer["result"]["protocolVersion"], "2025-06-18");
-        Wire { port, session }
+        Wire {
+            port,
+            session,
+            authorization: authorization.map(str::to_string),
+        }
     }
 
     pub(crate) fn post(&self, body: &Value) -> (u16, Value) {
-        let headers = [
+        let mut headers = vec![
             ACCEPT_BOTH,
             ("Mcp-Session-Id", self.session.as_str()),
             ("MCP-Protocol-Version", "2025-06-18"),
         ];
+        headers.extend(
+            self.authorization
+                .as_deref()
+                .map(|value| ("Authorization", value)),
+        );
         let response =
             http_request_with(self.port, "POST", "/mcp", &headers, Some(&body.to_string())).unwrap();
         (response.status, json_or_last_event(&response.body))

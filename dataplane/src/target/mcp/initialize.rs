@@ -10,7 +10,7 @@ use serde_json::{json, Map, Value};
 use super::downstream::LEGACY_VERSIONS;
 use super::reach::{ClientMeta, Reach, BRIDGE_VERSION};
 use super::server::{Failure, Headers, Server, META_CAPABILITIES, MODERN_VERSION, SESSION_ID};
-use super::session::{unix_now, ServerSession, Session};
+use super::session::{caller_digest, unix_now, ServerSession, Session};
 use super::{inject_trace, invalid_params, jsonrpc, upstream_failed, Exchange, McpTarget};
 use crate::body::Body;
 use crate::telemetry::RequestTrace;
@@ -74,6 +74,7 @@ impl McpTarget {
             servers: sessions,
             client: modern.then_some(client),
             issued: unix_now(),
+            caller: caller_digest(&exchange.headers),
         };
         if failure.is_some() || session.servers.is_empty() {
             // Close what was opened: the client gets no session to close it with.

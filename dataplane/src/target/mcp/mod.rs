@@ -359,7 +359,7 @@ impl McpTarget {
     }
 
     /// The session of a request other than `initialize`: 400 without one, 404 for one we
-    /// did not seal (the client must initialize again).
+    /// did not seal, or sealed for another caller (the client must initialize again).
     fn session(&self, exchange: &Exchange<'_>, id: &Value) -> Result<Session, Box<Response<Body>>> {
         let Some(header) = exchange.headers.get(&SESSION_ID) else {
             return Err(Box::new(jsonrpc::error(
@@ -375,6 +375,7 @@ impl McpTarget {
             .to_str()
             .ok()
             .and_then(|sealed| self.sealer.open(sealed))
+            .filter(|session| session.caller == session::caller_digest(&exchange.headers))
             .ok_or_else(|| Box::new(session_not_found(id)))
     }
 

@@ -44,6 +44,21 @@ pub(super) struct Session {
     /// When it was sealed at `initialize`, Unix seconds: the id expires `sessionTtl` later.
     #[serde(rename = "t")]
     pub(super) issued: u64,
+    /// The caller `initialize` came from ([`caller_digest`]): the session answers only to
+    /// requests from the same caller, so an id that leaks is no use to anyone else.
+    #[serde(rename = "a", default, skip_serializing_if = "Option::is_none")]
+    pub(super) caller: Option<String>,
+}
+
+/// Who sends a request, as far as sessions are concerned: a digest of its `Authorization`
+/// header (none without one). MCP's security best practices ask to bind session ids to the
+/// user; the credential is what identifies the user here. The digest is kept, not the
+/// credential: the sealed id is encrypted, but a credential has no business in it.
+pub(super) fn caller_digest(headers: &http::HeaderMap) -> Option<String> {
+    use sha2::Digest;
+    let credential = headers.get(http::header::AUTHORIZATION)?;
+    let digest = sha2::Sha256::digest(credential.as_bytes());
+    Some(URL_SAFE_NO_PAD.encode(&digest[..16]))
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -207,6 +222,7 @@ mod tests {
             }],
             client: None,
             issued: unix_now(),
+            caller: None,
         }
     }
 
