@@ -8,10 +8,12 @@
 //! picked highest class first and tenants in turn as requests finish or signals show room.
 
 mod admission;
+mod picker_config;
+mod sharing;
 
 use std::collections::HashMap;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -22,18 +24,18 @@ use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode};
 use http_body::{Body as HttpBody, Frame, SizeHint};
 use portcullis_config::{EjectionSpec, InferencePoolSpec, PrioritySpec};
 use portcullis_picker::{
-    block_hashes, LoraSignals, Pick, PickRequest, Picker, PickerConfig, PrefixConfig, Refusal, Signals,
-    Strategy, Weights,
+    block_hashes, LoraSignals, Pick, PickRequest, Picker, PrefixConfig, Refusal, Signals, Strategy,
 };
 use tokio::sync::oneshot;
 
 use admission::Queue;
+use picker_config::picker_config;
 use portcullis_proto::v1::{Placement, PodSignals};
+use sharing::Sharing;
 
 use super::{ResponseFuture, Target};
 use crate::body::{self, Body, BoxError};
 use crate::llm;
-use crate::placements::Outbox;
 use crate::policy::RequestContext;
 use crate::route::Route;
 use crate::upstream::{Dispatch, Endpoint, Upstream};
@@ -80,36 +82,6 @@ struct WaitingRoom {
     dispatcher: Mutex<Weak<PoolState>>,
     /// The room's timer runs ([`WaitingRoom::keep_checking`]).
     ticking: AtomicBool,
-}
-
-/// What a placement names: the pool and its endpoints as the spec writes them, the same in
-/// every proxy.
-struct Sharing {
-    outbox: Outbox,
-    pool: String,
-    endpoints: Vec<String>,
-    /// Placements posted, and learned from other proxies (for `/signals`).
-    posted: AtomicU64,
-    learned: AtomicU64,
-}
-
-impl Sharing {
-    /// Posts that `endpoint` got a prompt with `prompt_hashes`, or, `withdrawn`, that it did
-    /// not after all.
-    fn post(&self, endpoint: usize, prompt_hashes: &[u64], withdrawn: bool) {
-        let Some(address) = self.endpoints.get(endpoint) else {
-            return;
-        };
-        let placement = Placement {
-            pool: self.pool.clone(),
-            endpoint: address.clone(),
-            prompt_hashes: prompt_hashes.to_vec(),
-            withdrawn,
-        };
-        if self.outbox.post(placement) {
-            self.posted.fetch_add(1, Ordering::Relaxed);
-        }
-    }
 }
 
 /// A pool's priority classes and how long and how many requests may wait.
@@ -177,12 +149,13 @@ impl InferencePoolTarget {
         };
         // Signals up to `staleness` old are placed after the epoch.
         let epoch = Instant::now().checked_sub(staleness).unwrap_or_else(Instant::now);
-        let sharing = prefix.map(|_| Sharing {
-            outbox: upstream.placements.clone(),
-            pool: name.to_string(),
-            endpoints: spec.endpoints.clone(),
-            posted: AtomicU64::new(0),
-            learned: AtomicU64::new(0),
+        let sharing = prefix.map(|prefix| {
+            Sharing::new(
+                upstream.placements.clone(),
+                name,
+                &spec.endpoints,
+                prefix.max_blocks,
+            )
         });
         Ok(InferencePoolTarget {
             name: Arc::from(label),
@@ -254,23 +227,8 @@ impl InferencePoolTarget {
     /// Other proxies sent prompts to this pool's endpoints: the picker learns them, under
     /// one lock. Placements naming an endpoint the pool does not have are skipped.
     pub(crate) fn learn(&self, placements: &[&Placement]) {
-        let (Some(prefix), Some(sharing)) = (self.prefix, &self.pool.sharing) else {
-            return;
-        };
-        let mut picker = self.pool.picker();
-        for placement in placements {
-            let Some(&index) = self.by_address.get(&placement.endpoint) else {
-                continue;
-            };
-            // No more than this proxy would hash itself, whatever the sender claims.
-            let hashes = &placement.prompt_hashes;
-            let hashes = &hashes[..hashes.len().min(prefix.max_blocks)];
-            if placement.withdrawn {
-                picker.forget(index, hashes);
-            } else {
-                picker.learn(index, hashes);
-                sharing.learned.fetch_add(1, Ordering::Relaxed);
-            }
+        if let Some(sharing) = &self.pool.sharing {
+            sharing.learn(&mut self.pool.picker(), &self.by_address, placements);
         }
     }
 
@@ -306,12 +264,7 @@ impl InferencePoolTarget {
                 (address.clone(), entry)
             })
             .collect();
-        let placements = self.pool.sharing.as_ref().map(|sharing| {
-            serde_json::json!({
-                "posted": sharing.posted.load(Ordering::Relaxed),
-                "learned": sharing.learned.load(Ordering::Relaxed),
-            })
-        });
+        let placements = self.pool.sharing.as_ref().map(Sharing::report);
         serde_json::json!({ "endpoints": endpoints, "queued": queued, "placements": placements })
     }
 
@@ -676,34 +629,6 @@ impl PoolState {
         for (reply, result) in picked {
             let _ = reply.send(Admitted::Picked(result));
         }
-    }
-}
-
-fn picker_config(spec: &InferencePoolSpec) -> PickerConfig {
-    let defaults = PickerConfig::default();
-    let picker = &spec.picker;
-    PickerConfig {
-        strategy: match picker.strategy {
-            portcullis_config::Strategy::Scored => Strategy::Scored,
-            portcullis_config::Strategy::RoundRobin => Strategy::RoundRobin,
-            portcullis_config::Strategy::LeastRequest => Strategy::LeastRequest,
-        },
-        weights: picker.weights.map_or(defaults.weights, |w| Weights {
-            queue: w.queue.unwrap_or(defaults.weights.queue),
-            kv_cache: w.kv_cache.unwrap_or(defaults.weights.kv_cache),
-            prefix: w.prefix.unwrap_or(defaults.weights.prefix),
-            lora: w.lora.unwrap_or(defaults.weights.lora),
-        }),
-        queue_threshold: picker.queue_threshold.unwrap_or(defaults.queue_threshold),
-        kv_cache_threshold: picker.kv_cache_threshold.unwrap_or(defaults.kv_cache_threshold),
-        staleness: picker.staleness(),
-        failure_mode: match spec.failure_mode {
-            portcullis_config::FailureMode::FailOpen => portcullis_picker::FailureMode::FailOpen,
-            portcullis_config::FailureMode::FailClose => portcullis_picker::FailureMode::FailClose,
-        },
-        fallbacks: picker.fallbacks.map_or(defaults.fallbacks, |n| n as usize),
-        seed: rand::random(),
-        ..defaults
     }
 }
 
