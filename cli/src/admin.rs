@@ -375,6 +375,52 @@ fn status_table(status: &v1::StatusResponse) -> String {
             proxy.last_error
         );
     }
+    out.push_str(&drift_table(status));
+    out
+}
+
+/// Tools that are not their pinned selves (McpToolPins), each with the proxies that saw it so.
+fn drift_table(status: &v1::StatusResponse) -> String {
+    use std::fmt::Write as _;
+    // Keyed by backend, server, tool and state.
+    let mut seen: std::collections::BTreeMap<[&str; 4], (&v1::ToolDrift, Vec<&str>)> = Default::default();
+    for proxy in &status.proxies {
+        for drift in &proxy.tool_drift {
+            seen.entry([&drift.mcp_backend, &drift.server, &drift.tool, &drift.state])
+                .or_insert_with(|| (drift, Vec::new()))
+                .1
+                .push(&proxy.proxy_id);
+        }
+    }
+    let mut out = String::new();
+    if seen.is_empty() {
+        return out;
+    }
+    let _ = writeln!(out, "\ntools that do not match their McpToolPins:");
+    let _ = writeln!(
+        out,
+        "{:<16} {:<12} {:<24} {:<9} {:<8} {:<21} {:<21} PROXIES",
+        "MCPBACKEND", "SERVER", "TOOL", "STATE", "ON DRIFT", "PINNED", "NOW"
+    );
+    let short = |digest: &str| match digest.get(..19) {
+        Some(prefix) if digest.len() > 19 => format!("{prefix}…"),
+        _ if digest.is_empty() => "-".to_string(),
+        _ => digest.to_string(),
+    };
+    for (drift, proxies) in seen.values() {
+        let _ = writeln!(
+            out,
+            "{:<16} {:<12} {:<24} {:<9} {:<8} {:<21} {:<21} {}",
+            drift.mcp_backend,
+            drift.server,
+            drift.tool,
+            drift.state,
+            if drift.refused { "refused" } else { "reported" },
+            short(&drift.pinned_digest),
+            short(&drift.live_digest),
+            proxies.join(",")
+        );
+    }
     out
 }
 
@@ -423,6 +469,11 @@ fn status_json(status: &v1::StatusResponse) -> serde_json::Value {
                 "sentVersion": proxy.sent_version, "healthy": proxy.healthy, "connected": proxy.connected,
                 "lastError": proxy.last_error, "lastSeenUnixMs": proxy.last_seen_unix_ms,
                 "state": proxy_state(proxy), "nodeId": proxy.node_id,
+                "toolDrift": proxy.tool_drift.iter().map(|drift| serde_json::json!({
+                    "mcpBackend": drift.mcp_backend, "server": drift.server, "tool": drift.tool,
+                    "pins": drift.pins, "state": drift.state, "pinnedDigest": drift.pinned_digest,
+                    "liveDigest": drift.live_digest, "refused": drift.refused,
+                })).collect::<Vec<_>>(),
             })
         })
         .collect();

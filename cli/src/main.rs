@@ -3,6 +3,7 @@
 
 mod admin;
 mod admin_client;
+mod mcp;
 mod run;
 mod signal;
 mod tools;
@@ -48,6 +49,9 @@ enum Command {
     Cluster(admin::ClusterCommand),
     /// Show the config version, the cluster and what each proxy has applied.
     Status(admin::StatusArgs),
+    /// MCP helpers: `mcp pin` writes McpToolPins from what an McpBackend's servers offer.
+    #[command(subcommand)]
+    Mcp(mcp::McpCommand),
     /// Run the built-in upstream test server (echo, SSE, delays).
     Echo(tools::EchoArgs),
     /// Simulated vLLM fleets.
@@ -91,6 +95,7 @@ fn main() -> ExitCode {
             Command::Get(args) => admin::get(args).await,
             Command::Delete(args) => admin::delete(args).await,
             Command::Status(args) => admin::status(args).await,
+            Command::Mcp(command) => mcp::run(command).await,
             Command::Cluster(command) => admin::cluster(command).await,
             Command::Echo(args) => tools::echo(args).await,
             Command::Sim(command) => tools::sim(command).await,

@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use portcullis_config::ShardSelector;
-use portcullis_proto::v1::ProxyStatus;
+use portcullis_proto::v1::{Findings, ProxyStatus, ToolDrift};
 
 #[derive(Debug, Clone)]
 struct Entry {
@@ -26,6 +26,9 @@ pub struct ProxyRegistry {
     /// Disconnected proxies are forgotten this long after they were last seen.
     forget_after: Duration,
 }
+
+/// Drift entries kept per proxy.
+const MAX_TOOL_DRIFT: usize = 256;
 
 /// How long a departed proxy stays in `portcullis status` unless configured otherwise.
 pub const DEFAULT_FORGET_AFTER: Duration = Duration::from_secs(60 * 60);
@@ -116,6 +119,8 @@ impl ProxyRegistry {
         entry.status.sent_version = 0;
         entry.status.connected = true;
         entry.status.last_seen_unix_ms = now_unix_ms();
+        // A stream starts with the proxy's findings; an earlier stream's may be stale.
+        entry.status.tool_drift.clear();
         Ok(session)
     }
 
@@ -147,6 +152,22 @@ impl ProxyRegistry {
             entry.status.healthy = false;
             entry.status.last_error = format!("version {version}: {reason}");
         });
+    }
+
+    /// What the proxy finds while serving, replacing what it reported before. Capped, so a
+    /// confused proxy cannot grow the status without bound; the count of what was cut is
+    /// kept in the last entry's place.
+    pub fn findings(&self, proxy_id: &str, session: u64, findings: Findings) {
+        let mut tool_drift = findings.tool_drift;
+        if tool_drift.len() > MAX_TOOL_DRIFT {
+            let cut = tool_drift.len() - (MAX_TOOL_DRIFT - 1);
+            tool_drift.truncate(MAX_TOOL_DRIFT - 1);
+            tool_drift.push(ToolDrift {
+                state: format!("{cut} more not shown"),
+                ..ToolDrift::default()
+            });
+        }
+        self.update(proxy_id, session, |entry| entry.status.tool_drift = tool_drift);
     }
 
     pub fn disconnect(&self, proxy_id: &str, session: u64) {

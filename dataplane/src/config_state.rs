@@ -113,6 +113,13 @@ impl Snapshot {
 }
 
 impl ConfigState {
+    /// What the proxy finds while serving (McpToolPins drift), as it changes.
+    pub(crate) fn findings(&self) -> tokio::sync::watch::Receiver<Vec<portcullis_proto::v1::ToolDrift>> {
+        self.upstream.tool_pins.subscribe()
+    }
+}
+
+impl ConfigState {
     pub(crate) fn new(
         cache: Option<ConfigCache>,
         drain_grace: Duration,

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use portcullis_proto::v1::config_stream_client::ConfigStreamClient;
 use portcullis_proto::v1::proxy_message::Message;
-use portcullis_proto::v1::{Ack, Hello, Nack, ProxyMessage};
+use portcullis_proto::v1::{Ack, Findings, Hello, Nack, ProxyMessage};
 use rand::Rng;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -160,8 +160,33 @@ impl Stream for Subscriber {
             .subscribe(ReceiverStream::new(outbound_stream))
             .await?
             .into_inner();
-        while let Some(snapshot) = snapshots.message().await? {
+        // Once the control plane says it takes findings, the stream carries what the proxy has
+        // found, then each change.
+        let mut findings = self.state.findings();
+        findings.mark_changed();
+        let mut report_findings = false;
+        loop {
+            let snapshot = tokio::select! {
+                snapshot = snapshots.message() => match snapshot? {
+                    Some(snapshot) => snapshot,
+                    None => break,
+                },
+                changed = findings.changed(), if report_findings => {
+                    if changed.is_err() {
+                        report_findings = false;
+                        continue;
+                    }
+                    let tool_drift = findings.borrow_and_update().clone();
+                    outbound
+                        .send(ProxyMessage {
+                            message: Some(Message::Findings(Findings { tool_drift })),
+                        })
+                        .await?;
+                    continue;
+                }
+            };
             *received += 1;
+            report_findings |= snapshot.takes_findings;
             let reply = match self.state.apply_wire(&snapshot).await {
                 Ok(()) => Message::Ack(Ack {
                     version: snapshot.version,

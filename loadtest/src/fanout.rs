@@ -646,6 +646,7 @@ mod tests {
             objects: vec![object("a", "1"), object("b", "1")],
             base_version: None,
             removed: Vec::new(),
+            takes_findings: true,
         };
         apply(&mut held, None, &whole).unwrap();
         let delta = ConfigSnapshot {
@@ -656,6 +657,7 @@ mod tests {
                 kind: "Route".into(),
                 name: "b".into(),
             }],
+            takes_findings: true,
         };
         assert!(apply(&mut held, Some(3), &delta).is_err());
         apply(&mut held, Some(1), &delta).unwrap();

@@ -21,5 +21,6 @@ kinds! {
     rate_limit_policy::RateLimitPolicySpec,
     mcp_backend::McpBackendSpec,
     mcp_authorization::McpAuthorizationSpec,
+    mcp_tool_pins::McpToolPinsSpec,
     guardrail::GuardrailSpec,
 }

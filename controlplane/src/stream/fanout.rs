@@ -161,6 +161,7 @@ fn whole(slice: &ConfigSet, version: u64) -> ConfigSnapshot {
         objects: slice.objects().map(to_wire).collect(),
         base_version: None,
         removed: Vec::new(),
+        takes_findings: true,
     }
 }
 
@@ -177,6 +178,7 @@ fn delta(old: &ConfigSet, base_version: u64, new: &ConfigSet, version: u64) -> C
                 name: key.name.clone(),
             })
             .collect(),
+        takes_findings: true,
     }
 }
 

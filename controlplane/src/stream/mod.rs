@@ -278,7 +278,14 @@ impl Session {
                         self.registry.nack(proxy_id, session, nack.version, &nack.reason);
                         self.metrics.nack_received();
                     }
-                    Ok(Some(_)) => return self.fail(Status::invalid_argument("expected Ack or Nack after Hello")),
+                    Ok(Some(ProxyMessage { message: Some(Message::Findings(findings)) })) => {
+                        self.registry.findings(proxy_id, session, findings);
+                    }
+                    Ok(Some(ProxyMessage { message: Some(Message::Hello(_)) })) => {
+                        return self.fail(Status::invalid_argument("Hello is sent once, first"))
+                    }
+                    // A newer proxy's message this build does not know.
+                    Ok(Some(ProxyMessage { message: None })) => {}
                     Ok(None) => return,
                     Err(status) => return self.fail(status),
                 },

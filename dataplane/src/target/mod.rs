@@ -47,6 +47,7 @@ pub(crate) trait Target: Send + Sync {
 }
 
 pub(crate) use inference_pool::InferencePoolTarget;
+pub(crate) use mcp::PinObservations;
 
 /// Every target of a config version.
 #[derive(Default)]
@@ -88,13 +89,18 @@ pub(crate) fn compile(
         );
         targets.pools.insert(metadata.name.clone(), pool);
     }
+    let mut mcp_servers = Vec::new();
     for (metadata, spec) in config.specs::<McpBackendSpec>() {
-        let target = mcp::McpTarget::compile(&metadata.name, spec, config, guardrails)?;
+        let target = mcp::McpTarget::compile(&metadata.name, spec, config, guardrails, &upstream.tool_pins)?;
+        mcp_servers.extend(target.server_keys());
         targets.by_key.insert(
             ObjectKey::new(Kind::of::<McpBackendSpec>(), metadata.name.as_str()),
             Arc::new(target),
         );
     }
+    // Before the version is applied: should a proxy refuse it, what it saw of a removed
+    // McpBackend is gone all the same, and is seen again at its next list.
+    upstream.tool_pins.retain(&mcp_servers);
     Ok(targets)
 }
 

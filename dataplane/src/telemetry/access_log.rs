@@ -284,6 +284,7 @@ impl Serialize for Line<'_> {
                     "server": mcp.server.as_deref(),
                     "name": mcp.name,
                     "error_code": mcp.error_code,
+                    "pin": mcp.pin,
                 }),
             )?;
         }

@@ -96,6 +96,14 @@ struct McpLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ToolDriftLabels {
+    target: Arc<str>,
+    server: Arc<str>,
+    /// `drifted`, `unpinned` or `absent`.
+    state: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct GenAiTokenLabels {
     pool: Arc<str>,
     gen_ai_request_model: Arc<str>,
@@ -115,6 +123,7 @@ pub(super) struct Metrics {
     policy_decisions: Family<PolicyLabels, Counter>,
     gen_ai_requests: Family<GenAiRequestLabels, Counter>,
     mcp_requests: Family<McpLabels, Counter>,
+    mcp_tool_drift: Family<ToolDriftLabels, Gauge>,
     guardrail_checks: Family<GuardrailLabels, Counter>,
     guardrail_check_duration: Family<GuardrailPhaseLabels, DurationHistogram>,
     gen_ai_tokens: Family<GenAiTokenLabels, Counter>,
@@ -139,6 +148,7 @@ impl Metrics {
             policy_decisions: Family::default(),
             gen_ai_requests: Family::default(),
             mcp_requests: Family::default(),
+            mcp_tool_drift: Family::default(),
             guardrail_checks: Family::default(),
             guardrail_check_duration: Family::default(),
             gen_ai_tokens: Family::default(),
@@ -191,6 +201,13 @@ impl Metrics {
             "MCP requests through McpBackends, by target, JSON-RPC method, server and outcome \
              (ok or the gateway's JSON-RPC error code)",
             metrics.mcp_requests.clone(),
+        );
+        registry.register(
+            "mcp_tool_drift",
+            "Tools of McpBackend servers covered by McpToolPins that do not match them, by target, \
+             server and state (drifted: another definition than the pinned one; unpinned: not \
+             pinned; absent: pinned but no longer listed), as last seen",
+            metrics.mcp_tool_drift.clone(),
         );
         registry.register(
             "guardrail_checks",
@@ -316,6 +333,24 @@ impl Metrics {
                     phase: check.phase,
                 })
                 .observe(check.latency);
+        }
+    }
+
+    pub(super) fn tool_drift(
+        &self,
+        target: &Arc<str>,
+        server: &Arc<str>,
+        counts: [(&'static str, usize); 3],
+    ) {
+        for (state, count) in counts {
+            let labels = ToolDriftLabels {
+                target: target.clone(),
+                server: server.clone(),
+                state,
+            };
+            self.mcp_tool_drift
+                .get_or_create(&labels)
+                .set(i64::try_from(count).unwrap_or(i64::MAX));
         }
     }
 

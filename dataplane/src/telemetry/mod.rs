@@ -127,6 +127,9 @@ pub(crate) struct McpRecord {
     pub(crate) name: Option<String>,
     /// The JSON-RPC error code of an error the gateway answered with.
     pub(crate) error_code: Option<i64>,
+    /// How a called tool stands against its McpToolPins (`pinned`, `drifted`, `unpinned`,
+    /// `absent`); `None` when no pins cover its server.
+    pub(crate) pin: Option<&'static str>,
 }
 
 /// What an LLM exchange produced. Times count from when the proxy had the whole request.
@@ -236,6 +239,16 @@ impl Telemetry {
     }
 
     /// The config version now applied: `config_version`, and the last apply succeeded.
+    /// How many tools of one McpBackend server stand in each drift state, now.
+    pub(crate) fn tool_drift(
+        &self,
+        target: &Arc<str>,
+        server: &Arc<str>,
+        counts: [(&'static str, usize); 3],
+    ) {
+        self.metrics.tool_drift(target, server, counts);
+    }
+
     pub(crate) fn config_applied(&self, version: u64) {
         self.metrics.config_applied(version);
     }

@@ -435,6 +435,9 @@ pub(super) fn end_span(mut span: Box<SdkSpan>, record: &RequestRecord) {
             };
             attributes.push(KeyValue::new(key, name.clone()));
         }
+        if let Some(pin) = mcp.pin {
+            attributes.push(KeyValue::new("portcullis.mcp.tool.pin", pin));
+        }
         if let Some(code) = mcp.error_code {
             attributes.push(KeyValue::new("rpc.jsonrpc.error_code", code));
         }

@@ -6,5 +6,5 @@ mod pipeline;
 mod property;
 mod proxying;
 mod subscription;
-mod support;
+pub(crate) mod support;
 mod telemetry;

@@ -57,6 +57,7 @@ fn snapshot(version: u64, objects: &[Object]) -> ConfigSnapshot {
             .collect(),
         base_version: None,
         removed: Vec::new(),
+        takes_findings: false,
     }
 }
 
@@ -66,6 +67,7 @@ fn delta(version: u64, base: u64, removed: &[&str]) -> ConfigSnapshot {
         version,
         objects: Vec::new(),
         base_version: Some(base),
+        takes_findings: false,
         removed: removed
             .iter()
             .map(|key| {

@@ -27,6 +27,7 @@ use crate::placements::Outbox;
 use crate::policy::RequestContext;
 use crate::response;
 use crate::route::Route;
+use crate::target::PinObservations;
 use crate::telemetry::Telemetry;
 
 /// Request bodies up to this size are kept so a failed connect can be retried.
@@ -57,6 +58,8 @@ pub(crate) struct Upstream {
     /// Where pickers post their placements for the other proxies: like the connections, it
     /// outlives config versions.
     pub(crate) placements: Outbox,
+    /// What MCP servers covered by McpToolPins listed, kept across versions.
+    pub(crate) tool_pins: Arc<PinObservations>,
 }
 
 enum Failure {
@@ -79,6 +82,7 @@ impl Upstream {
             http1,
             http2: http2::Connections::default(),
             health: HealthRegistry::default(),
+            tool_pins: Arc::new(PinObservations::new(telemetry.clone())),
             telemetry,
             placements,
         }

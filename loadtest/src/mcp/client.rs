@@ -278,6 +278,12 @@ impl Connection {
         &mut self,
         request: http::Request<Full<Bytes>>,
     ) -> Result<http::Response<hyper::body::Incoming>, Failure> {
+        // The connection takes the next request only once it has finished the last one;
+        // sending before that fails with "connection was not ready".
+        self.sender
+            .ready()
+            .await
+            .map_err(|error| Failure::Io(error.to_string()))?;
         self.sender
             .send_request(request)
             .await

@@ -4,7 +4,8 @@
 //!
 //! `protocol` holds the wire constants and framing both sides share; `server`, `dispatch` and
 //! `tools` are the test server; `client` is one MCP connection (SSE answers go through the
-//! crate's [`crate::sse`] parser) and `caller` the load generator's "next call".
+//! crate's [`crate::sse`] parser; `portcullis mcp pin` lists tools with it too) and `caller`
+//! the load generator's "next call".
 
 mod caller;
 mod client;
@@ -14,7 +15,7 @@ mod server;
 mod tools;
 
 pub use caller::{McpCaller, CORE_FAILURE_KINDS};
-pub use client::Era;
+pub use client::{Connection, Endpoint, Era};
 pub use server::{serve, start, McpServer, McpServerArgs, McpServerConfig, ServedEras, ENDPOINT};
 
 #[cfg(test)]

@@ -18,7 +18,9 @@ use serde_json::{json, Map, Value};
 
 use super::cache;
 use super::reach::Downstream;
-use super::{inject_trace, invalid_params, session_not_found, upstream_failed, Exchange, McpTarget, Problem};
+use super::{
+    inject_trace, invalid_params, pins, session_not_found, upstream_failed, Exchange, McpTarget, Problem,
+};
 use crate::body::Body;
 
 /// The shape of one kind of list.
@@ -107,8 +109,13 @@ impl Page {
 impl McpTarget {
     /// Renames and serializes a server's page, judging its items now if no rule reads the
     /// caller.
-    fn page(&self, index: usize, kind: &ListKind, mut answer: Value) -> Page {
+    /// `first`: the server's first page, so with no next page it is the whole list.
+    fn page(&self, index: usize, kind: &ListKind, mut answer: Value, first: bool) -> Page {
         let server = &self.servers[index].name;
+        let pins = self.pins[index]
+            .as_ref()
+            .filter(|_| kind.judged == Some(ItemKind::Tool));
+        let mut pinned_tools = Vec::new();
         let rules = &self.rules[index];
         let fixed_verdicts = kind.judged.is_none() || rules.is_empty() || !rules.reads_caller();
         // Unread by the rules (checked above): any caller will do.
@@ -125,8 +132,19 @@ impl McpTarget {
             .into_iter()
             .filter_map(|mut item| {
                 let own = item.get(kind.key)?.as_str()?.to_string();
+                let hidden = pins.is_some_and(|pins| {
+                    let live = portcullis_config::tool_digest(
+                        &own,
+                        item.get("description"),
+                        item.get("inputSchema"),
+                    );
+                    let hides = pins.hides(&own, &live);
+                    pinned_tools.push((own.clone(), live));
+                    hides
+                });
                 item[kind.key] = Value::from(self.public_name(server, kind.renamed, &own));
                 let listed = match kind.judged {
+                    _ if hidden => Some(false),
                     None => Some(true),
                     Some(_) if !fixed_verdicts => None,
                     Some(judged) => Some(rules.judge(&nobody, listed_item(judged, server, &own)).permits()),
@@ -138,7 +156,54 @@ impl McpTarget {
                 })
             })
             .collect();
+        if pins.is_some() {
+            let whole: Option<Vec<String>> = (first && next_cursor.is_none())
+                .then(|| pinned_tools.iter().map(|(tool, _)| tool.clone()).collect());
+            self.saw_tools(index, pinned_tools, whole.as_deref());
+        }
         Page { items, next_cursor }
+    }
+
+    /// Reads server `index`'s whole tool list (up to [`pins::MAX_PAGES`] pages) in the
+    /// client's session, so its tools can be judged against their pins.
+    pub(super) async fn list_whole(
+        &self,
+        exchange: &Exchange<'_>,
+        downstream: &Downstream,
+        index: usize,
+    ) -> Result<(), Problem> {
+        let Some(kind) = list_kind("tools/list") else {
+            return Ok(());
+        };
+        let mut cursor: Option<String> = None;
+        let mut names = Vec::new();
+        for _ in 0..pins::MAX_PAGES {
+            let mut params = json!({});
+            if let Some(cursor) = &cursor {
+                params["cursor"] = Value::from(cursor.as_str());
+            }
+            let message = json!({"jsonrpc": "2.0", "id": "portcullis-pin-check", "method": "tools/list", "params": params});
+            // Not in the client's session: its session began before the server was added.
+            let Some((_, answer)) = self
+                .ask_each(exchange, downstream, &[index], |_| message.clone())
+                .await
+                .pop()
+            else {
+                return Err(Problem::SessionGone);
+            };
+            let page = self.page(index, &kind, answer?, cursor.is_none());
+            names.extend(page.items.iter().map(|item| item.own.clone()));
+            match page.next_cursor {
+                Some(next) => cursor = Some(next),
+                None if names.len() == page.items.len() => return Ok(()),
+                None => {
+                    // Page by page, each recorded as it came; now what the whole lacks is gone.
+                    self.saw_tools(index, Vec::new(), Some(&names));
+                    return Ok(());
+                }
+            }
+        }
+        Ok(())
     }
 
     pub(super) async fn list(
@@ -208,7 +273,7 @@ impl McpTarget {
         for (index, outcome) in self.ask_each(exchange, downstream, &indexes, message).await {
             let outcome = outcome.map(|answer| {
                 let reuse = cache::Reuse::of(&answer, self.servers[index].list_ttl);
-                let page = Arc::new(self.page(index, &kind, answer));
+                let page = Arc::new(self.page(index, &kind, answer, cursor_of(index).is_none()));
                 if let Some(reuse) = reuse {
                     self.lists.put(
                         index,

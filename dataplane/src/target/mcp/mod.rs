@@ -15,6 +15,7 @@ mod guarded;
 mod initialize;
 mod jsonrpc;
 mod lists;
+mod pins;
 mod reach;
 mod remap;
 mod server;
@@ -37,6 +38,8 @@ use self::authz::{Judgement, ServerRules};
 use self::downstream::Era;
 use self::guarded::ServerGuards;
 use self::jsonrpc::{accepted, invalid_params, session_not_found, upstream_failed, Message};
+pub(crate) use self::pins::PinObservations;
+use self::pins::ServerPins;
 use self::reach::{Downstream, Reach, Sent};
 use self::server::{Server, SESSION_ID};
 use self::session::{Sealer, Session};
@@ -90,6 +93,9 @@ pub(crate) struct McpTarget {
     multiplexed: bool,
     sealer: Sealer,
     lists: cache::ListCache,
+    /// Parallel to `servers`: the McpToolPins covering each, if any.
+    pins: Vec<Option<ServerPins>>,
+    tool_pins: Arc<PinObservations>,
 }
 
 /// One request being served: what every handler needs.
@@ -106,6 +112,7 @@ impl McpTarget {
         spec: &McpBackendSpec,
         config: &ConfigSet,
         guardrails: &GuardrailIndex,
+        tool_pins: &Arc<PinObservations>,
     ) -> Result<McpTarget, String> {
         let target: Arc<str> = Arc::from(format!("{}/{name}", McpBackendSpec::INFO.name));
         let servers = spec
@@ -128,7 +135,14 @@ impl McpTarget {
                 response: guardrails.mcp(GuardrailPhase::McpResponse, name, &server.name),
             })
             .collect();
-        Ok(McpTarget {
+        let pins = spec
+            .servers
+            .iter()
+            .map(|server| ServerPins::compile(config, name, &server.name))
+            .collect();
+        let target = McpTarget {
+            pins,
+            tool_pins: tool_pins.clone(),
             guards,
             sealer: Sealer::load(&target, &spec.session_keys, spec.session_ttl())?,
             name: target,
@@ -136,7 +150,16 @@ impl McpTarget {
             rules,
             multiplexed: spec.multiplexed(),
             lists: cache::ListCache::default(),
-        })
+        };
+        target.refresh_pins();
+        Ok(target)
+    }
+
+    /// Each of its servers, as [`PinObservations`] keys them.
+    pub(crate) fn server_keys(&self) -> impl Iterator<Item = (Arc<str>, Arc<str>)> + '_ {
+        self.servers
+            .iter()
+            .map(|server| (self.name.clone(), server.name.clone()))
     }
 
     async fn serve(
@@ -456,6 +479,11 @@ impl McpTarget {
         }
         if let Some(denied) = self.authorize(exchange, id, &public, item) {
             return denied;
+        }
+        if kind == ItemKind::Tool {
+            if let Some(refused) = self.hold_to_pins(exchange, downstream, id, index, own).await {
+                return refused;
+            }
         }
         let guards = &self.guards[index];
         let checked = guarded::Item {
