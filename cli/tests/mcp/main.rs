@@ -54,10 +54,12 @@ fn two_servers_behind_one_route_with_the_rmcp_client() {
             names,
             [
                 "math__ask",
+                "math__change",
                 "math__echo",
                 "math__get-sum",
                 "math__traceparent",
                 "web__ask",
+                "web__change",
                 "web__echo",
                 "web__get-sum",
                 "web__traceparent"
@@ -112,6 +114,63 @@ fn two_servers_behind_one_route_with_the_rmcp_client() {
     });
 }
 
+#[test]
+fn a_server_s_list_change_reaches_the_client_on_the_session_stream() {
+    let dir = tempfile::tempdir().unwrap();
+    let runtime = runtime();
+    // JSON answers only: a notification of math's can reach the client on no request's
+    // answer, only on the session's own stream (GET).
+    let math = runtime.block_on(serve("math", true));
+    let web = runtime.block_on(serve("web", true));
+    let port = free_port();
+    let _gateway = start_gateway(dir.path(), &mcp_config(port, &[("math", math), ("web", web)], ""));
+
+    runtime.block_on(async {
+        let (changes, mut changed) = tokio::sync::mpsc::unbounded_channel();
+        let transport = StreamableHttpClientTransport::from_uri(format!("http://127.0.0.1:{port}/mcp"));
+        let client = ChangeListener { changes }
+            .serve_with_lifecycle(transport, ClientLifecycleMode::Initialize)
+            .await
+            .expect("the client initializes through the gateway");
+        let offered = client
+            .peer_info()
+            .and_then(|info| info.capabilities.tools.clone())
+            .and_then(|tools| tools.list_changed);
+        assert_eq!(offered, Some(true), "the servers' listChanged is offered");
+        for server in ["math", "web"] {
+            // The client opens its stream in the background: ask again until it is there.
+            let mut heard = false;
+            for _ in 0..20 {
+                let told = client
+                    .call_tool(CallToolRequestParams::new(format!("{server}__change")))
+                    .await
+                    .expect("the change tool answers");
+                assert_eq!(text_of(&told), "told");
+                if tokio::time::timeout(std::time::Duration::from_millis(500), changed.recv())
+                    .await
+                    .is_ok()
+                {
+                    heard = true;
+                    break;
+                }
+            }
+            assert!(heard, "{server}'s list change reached the client");
+            while changed.try_recv().is_ok() {}
+        }
+        client.cancel().await.unwrap();
+    });
+
+    // On the wire: the stream needs a session, one of ours, and an Accept for events.
+    let wire = Wire::initialize(port);
+    let get = |headers: &[(&str, &str)]| http_request_with(port, "GET", "/mcp", headers, None).unwrap();
+    let no_session = get(&[("Accept", "text/event-stream")]);
+    assert_eq!(no_session.status, 400, "{}", no_session.body);
+    let forged = get(&[("Accept", "text/event-stream"), ("Mcp-Session-Id", "forged")]);
+    assert_eq!(forged.status, 404, "{}", forged.body);
+    let json_only = get(&[("Accept", "application/json"), ("Mcp-Session-Id", &wire.session)]);
+    assert_eq!(json_only.status, 406, "{}", json_only.body);
+}
+
 fn authorization(rules: &str) -> String {
     format!("---\n{HEADER}\nkind: McpAuthorization\nmetadata: {{name: sums}}\nspec:\n  targetRefs: [{{kind: McpBackend, name: tools, sectionName: math}}]\n{rules}")
 }
@@ -136,6 +195,7 @@ fn authorization_lists_what_may_be_called_and_decides_calls_on_their_arguments()
         [
             "math__get-sum",
             "web__ask",
+            "web__change",
             "web__echo",
             "web__get-sum",
             "web__traceparent"
@@ -190,7 +250,7 @@ fn authorization_lists_what_may_be_called_and_decides_calls_on_their_arguments()
     let wire = Wire::initialize(port);
     assert_eq!(
         wire.tools().len(),
-        8,
+        10,
         "every tool may be called with the right arguments"
     );
     assert_eq!(
@@ -562,6 +622,7 @@ fn clients_of_either_revision_reach_servers_of_either_revision_on_one_route() {
                 names,
                 [
                     "dual__ask",
+                    "dual__change",
                     "dual__echo",
                     "dual__get-sum",
                     "dual__traceparent",
@@ -605,7 +666,7 @@ fn lists_are_reused_for_the_configured_time_and_filtered_per_caller() {
     };
     let gateway = start_gateway(dir.path(), &config("listTtl: 60s, "));
     let wire = Wire::initialize(port);
-    assert_eq!(wire.tools().len(), 5, "math's echo, and web's four tools");
+    assert_eq!(wire.tools().len(), 6, "math's echo, and web's five tools");
 
     // The servers go away. Math's page is reused, and still filtered per caller; web's was
     // not kept, so web is left out.
@@ -621,7 +682,7 @@ fn lists_are_reused_for_the_configured_time_and_filtered_per_caller() {
     let answer = json_or_last_event(&response.body);
     assert_eq!(
         answer["result"]["tools"].as_array().map(Vec::len),
-        Some(4),
+        Some(5),
         "{answer}"
     );
 

@@ -28,8 +28,9 @@ pub(crate) struct TextArgs {
     text: String,
 }
 
-/// An rmcp server: `get-sum`, `echo`, and `ask` (asks the client's model through
-/// sampling, a request from the server to the client), each answer naming the server.
+/// An rmcp server: `get-sum`, `echo`, `ask` (asks the client's model through sampling, a
+/// request from the server to the client) and `change` (says its tool list changed), each
+/// answer naming the server.
 #[derive(Clone)]
 pub(crate) struct Tools {
     name: &'static str,
@@ -58,6 +59,16 @@ impl Tools {
             .to_string()
     }
 
+    #[tool(description = "Tells the client its tool list changed (on the session's stream)")]
+    async fn change(&self, context: RequestContext<RoleServer>) -> Result<String, ErrorData> {
+        context
+            .peer
+            .notify_tool_list_changed()
+            .await
+            .map_err(|error| ErrorData::internal_error(error.to_string(), None))?;
+        Ok("told".into())
+    }
+
     #[tool(description = "Asks the client's model and returns its answer")]
     async fn ask(
         &self,
@@ -84,7 +95,12 @@ impl Tools {
 #[tool_handler(router = self.tool_router)]
 impl ServerHandler for Tools {
     fn get_info(&self) -> ServerConfig {
-        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+        ServerConfig::new(
+            ServerCapabilities::builder()
+                .enable_tools()
+                .enable_tool_list_changed()
+                .build(),
+        )
     }
 }
 
@@ -113,6 +129,25 @@ impl ClientHandler for Sampler {
     fn get_info(&self) -> ClientConfig {
         ClientConfig::new(
             ClientCapabilities::builder().enable_sampling().build(),
+            Implementation::new("portcullis-test", "0"),
+        )
+    }
+}
+
+/// A client that tells `changes` each time a server says its tool list changed.
+#[derive(Clone)]
+pub(crate) struct ChangeListener {
+    pub(crate) changes: tokio::sync::mpsc::UnboundedSender<()>,
+}
+
+impl ClientHandler for ChangeListener {
+    async fn on_tool_list_changed(&self, _context: rmcp::service::NotificationContext<RoleClient>) {
+        let _ = self.changes.send(());
+    }
+
+    fn get_info(&self) -> ClientConfig {
+        ClientConfig::new(
+            ClientCapabilities::default(),
             Implementation::new("portcullis-test", "0"),
         )
     }

@@ -27,9 +27,10 @@ struct Key {
     caller: u64,
 }
 
-#[derive(Default)]
+/// Clones share their pages: a server's stream can make them stale ([`ListCache::forget`]).
+#[derive(Default, Clone)]
 pub(super) struct ListCache {
-    pages: Mutex<Pages>,
+    pages: Arc<Mutex<Pages>>,
     hasher: std::hash::RandomState,
 }
 
@@ -98,6 +99,16 @@ impl ListCache {
                 .filter(|(until, _)| *until > now)
                 .map(|(_, page)| page.clone())
         })
+    }
+
+    /// Drops every page of `server`'s lists `methods`, for every caller: the server said
+    /// they changed.
+    pub(super) fn forget(&self, server: usize, methods: &[&str]) {
+        let mut pages = self.lock();
+        pages
+            .by_key
+            .retain(|key, _| key.server != server || !methods.contains(&key.method.as_str()));
+        pages.bytes = pages.by_key.values().map(|(_, page)| page.bytes()).sum();
     }
 
     pub(super) fn put(

@@ -85,7 +85,7 @@ impl McpTarget {
             );
             return upstream_failed(id, &self.name, &error);
         }
-        let mut merged = self.merge_offers(&offers);
+        let mut merged = self.merge_offers(&offers, true);
         merged.insert("protocolVersion".into(), Value::from(*version));
         let mut answer = jsonrpc::result(id, Value::Object(merged));
         if let Ok(sealed) = HeaderValue::from_str(&self.sealer.seal(&session)) {
@@ -118,7 +118,8 @@ impl McpTarget {
                 Err(error) => return upstream_failed(id, &self.name, &error.to_string()),
             }
         }
-        let mut merged = self.merge_offers(&merged_offers);
+        // A 2026-07-28 client has no session stream, and `subscriptions/listen` is not served.
+        let mut merged = self.merge_offers(&merged_offers, false);
         let server_info = merged.remove("serverInfo").unwrap_or(Value::Null);
         merged.insert("supportedVersions".into(), json!([MODERN_VERSION]));
         merged.insert("ttlMs".into(), Value::from(0));
@@ -132,13 +133,21 @@ impl McpTarget {
     }
 
     /// Capabilities, instructions and server info of the servers as one server's.
-    fn merge_offers(&self, offers: &[(&Server, Value)]) -> Map<String, Value> {
+    /// `session_stream`: the client can listen on its session's stream.
+    fn merge_offers(&self, offers: &[(&Server, Value)], session_stream: bool) -> Map<String, Value> {
         let mut capabilities = Map::new();
         let mut instructions = Vec::new();
         for (server, offer) in offers {
+            // A session-based server's list changes reach the client on the session's stream
+            // (`listen`); a 2026-07-28 server keeps no session, so it has no stream.
+            let streams = session_stream
+                && offer
+                    .get("protocolVersion")
+                    .and_then(Value::as_str)
+                    .is_some_and(|version| version != MODERN_VERSION);
             if let Some(Value::Object(offered)) = offer.get("capabilities") {
-                // Only what the gateway delivers: no list-change or resource-update
-                // notifications (no standalone stream yet), no tasks, no extensions.
+                // Only what the gateway delivers: no resource-update notifications (their
+                // URIs would need the server's prefix), no tasks, no extensions.
                 let deliverable = offered
                     .iter()
                     .filter(|(name, _)| DELIVERABLE_CAPABILITIES.contains(&name.as_str()));
@@ -146,7 +155,7 @@ impl McpTarget {
                     let merged = capabilities.entry(name.clone()).or_insert_with(|| json!({}));
                     if let (Value::Object(merged), Value::Object(value)) = (merged, value) {
                         for (flag, on) in value {
-                            if flag == "listChanged" || flag == "subscribe" {
+                            if flag == "subscribe" || (flag == "listChanged" && !streams) {
                                 continue;
                             }
                             if on.as_bool() == Some(true) || !merged.contains_key(flag) {

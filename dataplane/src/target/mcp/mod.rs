@@ -14,6 +14,7 @@ mod downstream;
 mod guarded;
 mod initialize;
 mod jsonrpc;
+mod listen;
 mod lists;
 mod pins;
 mod reach;
@@ -155,6 +156,16 @@ impl McpTarget {
         Ok(target)
     }
 
+    /// What a `list_changed` notification of server `index` makes stale.
+    fn list_watch(&self, index: usize) -> remap::ListWatch {
+        remap::ListWatch {
+            lists: self.lists.clone(),
+            server: index,
+            tool_pins: self.tool_pins.clone(),
+            key: (self.name.clone(), self.servers[index].name.clone()),
+        }
+    }
+
     /// Each of its servers, as [`PinObservations`] keys them.
     pub(crate) fn server_keys(&self) -> impl Iterator<Item = (Arc<str>, Arc<str>)> + '_ {
         self.servers
@@ -179,6 +190,7 @@ impl McpTarget {
         exchange.ctx.mcp = Some(McpRecord {
             method: Arc::from(match parts.method {
                 Method::DELETE => "(end session)",
+                Method::GET => "(stream)",
                 _ => "(none)",
             }),
             ..McpRecord::default()
@@ -186,20 +198,20 @@ impl McpTarget {
         let answer = match parts.method {
             Method::POST => self.post(&mut exchange, body).await,
             Method::DELETE => self.delete(&mut exchange).await,
+            Method::GET => self.listen(&mut exchange).await,
             _ => {
-                // No standalone GET stream yet: the spec lets a server answer 405, and
-                // clients then get server messages on their POST streams only.
                 let mut answer = jsonrpc::error(
                     StatusCode::METHOD_NOT_ALLOWED,
                     &Value::Null,
                     jsonrpc::INVALID_REQUEST,
-                    "Method Not Allowed: this endpoint takes POST (messages) and DELETE (end a session)",
+                    "Method Not Allowed: this endpoint takes POST (messages), GET (the session's stream) \
+                     and DELETE (end a session)",
                     None,
                     "mcp_method_not_allowed",
                 );
                 answer
                     .headers_mut()
-                    .insert(ALLOW, HeaderValue::from_static("POST, DELETE"));
+                    .insert(ALLOW, HeaderValue::from_static("GET, POST, DELETE"));
                 answer
             }
         };
@@ -736,12 +748,16 @@ impl McpTarget {
                 exchange.ctx.upstream_headers = Some(started.elapsed());
                 let streamed = server::is_event_stream(response.headers());
                 let relayed = server::relay(response, exchange.route.body_idle_timeout);
-                // Only a session-based server sends the client requests on its stream.
-                if self.multiplexed && streamed && in_session {
+                // Only a session-based server sends the client requests, and list changes,
+                // on its stream.
+                if streamed && in_session {
                     let (mut parts, inner) = relayed.into_parts();
                     // Events are re-encoded: the server's length no longer holds.
                     parts.headers.remove(http::header::CONTENT_LENGTH);
-                    Response::from_parts(parts, body::boxed(remap::RemapRequests::new(inner, &server.name)))
+                    let events = remap::RemapRequests::new(inner, &server.name)
+                        .remapping(self.multiplexed)
+                        .watching(self.list_watch(index));
+                    Response::from_parts(parts, body::boxed(events))
                 } else {
                     relayed
                 }

@@ -129,6 +129,8 @@ struct Seen {
 
 #[derive(Default)]
 struct ServerSeen {
+    /// The server said its tools changed since they were listed: list again before a call.
+    stale: bool,
     /// Own tool name → its digest and when it was listed.
     tools: HashMap<String, (String, Instant)>,
     /// When the server's whole list was last read: what it lacked is gone.
@@ -156,7 +158,7 @@ impl PinObservations {
 
     fn lookup(&self, key: &ServerKey, tool: &str, max_age: Duration) -> Lookup {
         let seen = self.lock();
-        let Some(server) = seen.servers.get(key) else {
+        let Some(server) = seen.servers.get(key).filter(|server| !server.stale) else {
             return Lookup::Unknown;
         };
         let fresh = |at: &Instant| at.elapsed() < max_age;
@@ -181,6 +183,7 @@ impl PinObservations {
         let now = Instant::now();
         let mut seen = self.lock();
         let server = seen.servers.entry(key.clone()).or_default();
+        server.stale = false;
         for (tool, digest) in listed {
             server.tools.insert(tool, (digest, now));
         }
@@ -189,6 +192,14 @@ impl PinObservations {
             server.whole = Some(now);
         }
         self.find(&mut seen, key, Some(pins));
+    }
+
+    /// The server's tools changed (`notifications/tools/list_changed`): calls wait for a new
+    /// list.
+    pub(super) fn stale(&self, key: &ServerKey) {
+        if let Some(server) = self.lock().servers.get_mut(key) {
+            server.stale = true;
+        }
     }
 
     /// Judges what was seen of `key` against `pins` (a new config version's), or drops it when
@@ -498,6 +509,32 @@ mod tests {
         assert!(matches!(
             observations.lookup(&key, "echo", pins.recheck),
             Lookup::Unknown
+        ));
+    }
+
+    #[test]
+    fn a_list_change_sends_calls_back_to_the_list() {
+        let (observations, pins) = (observations(), pins(true));
+        let key: ServerKey = (Arc::from("McpBackend/tools"), Arc::from("math"));
+        observations.record(
+            &key,
+            &pins,
+            vec![("get-sum".into(), "sha256:a".into())],
+            Some(&["get-sum".into()]),
+        );
+        observations.stale(&key);
+        assert!(matches!(
+            observations.lookup(&key, "get-sum", pins.recheck),
+            Lookup::Unknown
+        ));
+        assert!(matches!(
+            observations.lookup(&key, "echo", pins.recheck),
+            Lookup::Unknown
+        ));
+        observations.record(&key, &pins, vec![("get-sum".into(), "sha256:a".into())], None);
+        assert!(matches!(
+            observations.lookup(&key, "get-sum", pins.recheck),
+            Lookup::Listed(_)
         ));
     }
 }

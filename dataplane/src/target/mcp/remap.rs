@@ -1,9 +1,12 @@
 //! Requests a server sends the client on a multiplexed route (sampling, elicitation, roots)
 //! get ids that name their server, so ids of two servers cannot collide and the client's
-//! answer goes back to the server that asked: `math__7` for the `7` of server `math`.
+//! answer goes back to the server that asked: `math__7` for the `7` of server `math`. On the
+//! way, a server's `list_changed` notifications make what the gateway reuses of its lists
+//! stale ([`ListWatch`]).
 
 use std::collections::VecDeque;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
@@ -11,8 +14,32 @@ use http_body::{Body as HttpBody, Frame};
 use portcullis_config::MCP_NAME_SEPARATOR;
 use serde_json::Value;
 
+use super::cache::ListCache;
+use super::listen::lists_changed;
+use super::pins::{PinObservations, ServerKey};
 use crate::body::{Body, BoxError};
 use crate::sse;
+
+/// What one server's lists are reused as, to drop when the server says they changed.
+pub(super) struct ListWatch {
+    pub(super) lists: ListCache,
+    pub(super) server: usize,
+    pub(super) tool_pins: Arc<PinObservations>,
+    pub(super) key: ServerKey,
+}
+
+impl ListWatch {
+    fn notified(&self, method: &str) {
+        let methods = lists_changed(method);
+        if methods.is_empty() {
+            return;
+        }
+        self.lists.forget(self.server, methods);
+        if methods.contains(&"tools/list") {
+            self.tool_pins.stale(&self.key);
+        }
+    }
+}
 
 /// An SSE event left unfinished beyond this is not an MCP message.
 pub(super) const MAX_PENDING_EVENT_BYTES: usize = 16 * 1024 * 1024;
@@ -27,10 +54,13 @@ pub(super) fn decode_id(id: &Value) -> Option<(&str, Value)> {
     Some((server, serde_json::from_str(original).ok()?))
 }
 
-/// A server's SSE answer with the ids of its requests to the client rewritten.
+/// A server's SSE answer or stream with the ids of its requests to the client rewritten
+/// (when `remap`), and its list changes told to the `watch`.
 pub(super) struct RemapRequests {
     inner: Body,
     server: String,
+    remap: bool,
+    watch: Option<ListWatch>,
     parser: sse::Parser,
     events: Vec<sse::Event>,
     ready: VecDeque<Bytes>,
@@ -42,6 +72,8 @@ impl RemapRequests {
         RemapRequests {
             inner,
             server: server.to_string(),
+            remap: true,
+            watch: None,
             parser: sse::Parser::default(),
             events: Vec::new(),
             ready: VecDeque::new(),
@@ -49,13 +81,33 @@ impl RemapRequests {
         }
     }
 
+    /// Ids are rewritten only when several servers share the route.
+    pub(super) fn remapping(mut self, remap: bool) -> RemapRequests {
+        self.remap = remap;
+        self
+    }
+
+    pub(super) fn watching(mut self, watch: ListWatch) -> RemapRequests {
+        self.watch = Some(watch);
+        self
+    }
+
     fn rewrite(&self, mut event: sse::Event) -> Bytes {
         if let Ok(Value::Object(mut message)) = serde_json::from_str::<Value>(&event.data) {
-            if message.contains_key("method") {
-                if let Some(id) = message.get("id").cloned() {
+            match (
+                message.get("method").and_then(Value::as_str),
+                message.get("id").cloned(),
+            ) {
+                (Some(_), Some(id)) if self.remap => {
                     message.insert("id".into(), encode_id(&self.server, &id));
                     event.data = Value::Object(message).to_string();
                 }
+                (Some(method), None) => {
+                    if let Some(watch) = &self.watch {
+                        watch.notified(method);
+                    }
+                }
+                _ => {}
             }
         }
         event.encode()
@@ -115,6 +167,48 @@ mod tests {
         }
         assert_eq!(decode_id(&Value::from(7)), None);
         assert_eq!(decode_id(&Value::from("math__{")), None);
+    }
+
+    #[tokio::test]
+    async fn a_list_change_drops_the_pages_it_concerns() {
+        let lists = ListCache::default();
+        let reuse = super::super::cache::Reuse {
+            ttl: std::time::Duration::from_secs(60),
+            private: false,
+        };
+        let page = Arc::new(super::super::lists::Page::of_names(&["get-sum"]));
+        for (server, method) in [(0, "tools/list"), (0, "prompts/list"), (1, "tools/list")] {
+            lists.put(server, method, None, 1, reuse, &page);
+        }
+        let telemetry = crate::telemetry::Telemetry::new(crate::tests::support::quiet_telemetry()).unwrap();
+        let watch = ListWatch {
+            lists: lists.clone(),
+            server: 0,
+            tool_pins: Arc::new(PinObservations::new(Arc::new(telemetry))),
+            key: (Arc::from("McpBackend/tools"), Arc::from("math")),
+        };
+        let stream = "event: message\r\ndata: {\"jsonrpc\":\"2.0\",\"method\":\"notifications/tools/list_changed\"}\r\n\r\n";
+        let body = RemapRequests::new(crate::body::full(stream), "math")
+            .remapping(false)
+            .watching(watch);
+        let out = body.collect().await.unwrap().to_bytes();
+        assert!(
+            String::from_utf8_lossy(&out).contains("notifications/tools/list_changed"),
+            "relayed"
+        );
+        assert_eq!(
+            lists.get(0, "tools/list", None, 1),
+            None,
+            "the changed list is asked again"
+        );
+        assert!(
+            lists.get(0, "prompts/list", None, 1).is_some(),
+            "other lists are kept"
+        );
+        assert!(
+            lists.get(1, "tools/list", None, 1).is_some(),
+            "other servers' are kept"
+        );
     }
 
     #[tokio::test]

@@ -130,7 +130,9 @@ impl Server {
             ACCEPT,
             HeaderValue::from_static("application/json, text/event-stream"),
         );
-        map.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        if message.is_some() {
+            map.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        }
         for (name, value) in [
             (&SESSION_ID, headers.session),
             (&PROTOCOL_VERSION, headers.version),
@@ -163,6 +165,16 @@ impl Server {
         message: &Value,
     ) -> Result<Response<Incoming>, Failure> {
         let request = self.request(Method::POST, headers, Some(message))?;
+        self.send(upstream, request, headers.session.is_some()).await
+    }
+
+    /// Opens the stream of the server's session; only its response headers are waited for.
+    pub(super) async fn get(
+        &self,
+        upstream: &Upstream,
+        headers: &Headers<'_>,
+    ) -> Result<Response<Incoming>, Failure> {
+        let request = self.request(Method::GET, headers, None)?;
         self.send(upstream, request, headers.session.is_some()).await
     }
 
