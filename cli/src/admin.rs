@@ -382,14 +382,24 @@ fn status_table(status: &v1::StatusResponse) -> String {
 /// Tools that are not their pinned selves (McpToolPins), each with the proxies that saw it so.
 fn drift_table(status: &v1::StatusResponse) -> String {
     use std::fmt::Write as _;
-    // Keyed by backend, server, tool and state.
-    let mut seen: std::collections::BTreeMap<[&str; 4], (&v1::ToolDrift, Vec<&str>)> = Default::default();
+    // Keyed by backend, server, tool, state, and refused or reported (proxies on two config
+    // versions may differ); the digests are the first proxy's.
+    type Row<'a> = (&'a v1::ToolDrift, Vec<&'a str>);
+    let mut seen: std::collections::BTreeMap<([&str; 4], bool), Row<'_>> = Default::default();
+    let not_shown: u32 = status
+        .proxies
+        .iter()
+        .map(|proxy| proxy.tool_drift_not_shown)
+        .sum();
     for proxy in &status.proxies {
         for drift in &proxy.tool_drift {
-            seen.entry([&drift.mcp_backend, &drift.server, &drift.tool, &drift.state])
-                .or_insert_with(|| (drift, Vec::new()))
-                .1
-                .push(&proxy.proxy_id);
+            seen.entry((
+                [&drift.mcp_backend, &drift.server, &drift.tool, &drift.state],
+                drift.refused,
+            ))
+            .or_insert_with(|| (drift, Vec::new()))
+            .1
+            .push(&proxy.proxy_id);
         }
     }
     let mut out = String::new();
@@ -420,6 +430,9 @@ fn drift_table(status: &v1::StatusResponse) -> String {
             short(&drift.live_digest),
             proxies.join(",")
         );
+    }
+    if not_shown > 0 {
+        let _ = writeln!(out, "… and {not_shown} more findings not shown");
     }
     out
 }
@@ -474,6 +487,7 @@ fn status_json(status: &v1::StatusResponse) -> serde_json::Value {
                     "pins": drift.pins, "state": drift.state, "pinnedDigest": drift.pinned_digest,
                     "liveDigest": drift.live_digest, "refused": drift.refused,
                 })).collect::<Vec<_>>(),
+                "toolDriftNotShown": proxy.tool_drift_not_shown,
             })
         })
         .collect();

@@ -5,7 +5,7 @@ use anyhow::Context as _;
 use clap::{Args, Subcommand, ValueEnum};
 use portcullis_config::{
     tool_digest, KindSpec, McpBackendSpec, McpToolPinsSpec, Metadata, Object, PinEnforcement, PinnedTool,
-    TargetRef,
+    TargetRef, MAX_TOOL_LIST_PAGES,
 };
 use portcullis_loadtest::mcp::{Connection, Endpoint, Era};
 use portcullis_proto::v1;
@@ -41,9 +41,6 @@ pub enum OnDrift {
     Refuse,
     Report,
 }
-
-/// Pages of one server's list followed, at most.
-const MAX_PAGES: usize = 1000;
 
 pub async fn run(command: McpCommand) -> anyhow::Result<()> {
     match command {
@@ -138,7 +135,7 @@ async fn list_tools(url: &str) -> anyhow::Result<Vec<Value>> {
     };
     let mut tools = Vec::new();
     let mut cursor: Option<String> = None;
-    for _ in 0..MAX_PAGES {
+    for _ in 0..MAX_TOOL_LIST_PAGES {
         let params = match &cursor {
             Some(cursor) => json!({"cursor": cursor}),
             None => json!({}),
@@ -156,5 +153,5 @@ async fn list_tools(url: &str) -> anyhow::Result<Vec<Value>> {
             return Ok(tools);
         }
     }
-    anyhow::bail!("more than {MAX_PAGES} pages of tools")
+    anyhow::bail!("more than {MAX_TOOL_LIST_PAGES} pages of tools: proxies could not check them against pins")
 }

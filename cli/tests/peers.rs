@@ -350,7 +350,6 @@ fn tool_pins_hold_when_the_python_sdk_server_changes_a_tool() {
         (200, &serde_json::json!("3")),
         "{sum}"
     );
-    assert!(reported_drift(&cp).is_empty());
 
     // The server changes get-sum's description after the review.
     drop(python_server);

@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use portcullis_config::ShardSelector;
-use portcullis_proto::v1::{Findings, ProxyStatus, ToolDrift};
+use portcullis_proto::v1::{Findings, ProxyStatus};
 
 #[derive(Debug, Clone)]
 struct Entry {
@@ -121,6 +121,7 @@ impl ProxyRegistry {
         entry.status.last_seen_unix_ms = now_unix_ms();
         // A stream starts with the proxy's findings; an earlier stream's may be stale.
         entry.status.tool_drift.clear();
+        entry.status.tool_drift_not_shown = 0;
         Ok(session)
     }
 
@@ -154,20 +155,19 @@ impl ProxyRegistry {
         });
     }
 
-    /// What the proxy finds while serving, replacing what it reported before. Capped, so a
-    /// confused proxy cannot grow the status without bound; the count of what was cut is
-    /// kept in the last entry's place.
+    /// What the proxy finds while serving, replacing what it reported before; capped, so a
+    /// confused proxy cannot grow the status without bound.
     pub fn findings(&self, proxy_id: &str, session: u64, findings: Findings) {
         let mut tool_drift = findings.tool_drift;
-        if tool_drift.len() > MAX_TOOL_DRIFT {
-            let cut = tool_drift.len() - (MAX_TOOL_DRIFT - 1);
-            tool_drift.truncate(MAX_TOOL_DRIFT - 1);
-            tool_drift.push(ToolDrift {
-                state: format!("{cut} more not shown"),
-                ..ToolDrift::default()
-            });
-        }
-        self.update(proxy_id, session, |entry| entry.status.tool_drift = tool_drift);
+        let cut = tool_drift.len().saturating_sub(MAX_TOOL_DRIFT);
+        tool_drift.truncate(MAX_TOOL_DRIFT);
+        let not_shown = findings
+            .tool_drift_not_shown
+            .saturating_add(u32::try_from(cut).unwrap_or(u32::MAX));
+        self.update(proxy_id, session, |entry| {
+            entry.status.tool_drift = tool_drift;
+            entry.status.tool_drift_not_shown = not_shown;
+        });
     }
 
     pub fn disconnect(&self, proxy_id: &str, session: u64) {
@@ -189,6 +189,37 @@ impl ProxyRegistry {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn findings_are_capped_and_a_new_stream_starts_without_them() {
+        use portcullis_proto::v1::ToolDrift;
+        let registry = ProxyRegistry::default();
+        let session = registry.connect("p1", "i", &ShardSelector::new(), 0).unwrap();
+        let drift = |tool: usize| ToolDrift {
+            tool: format!("t{tool}"),
+            state: "drifted".into(),
+            ..ToolDrift::default()
+        };
+        registry.findings(
+            "p1",
+            session,
+            Findings {
+                tool_drift: (0..MAX_TOOL_DRIFT + 3).map(drift).collect(),
+                tool_drift_not_shown: 2,
+            },
+        );
+        let status = &registry.statuses()[0];
+        assert_eq!(
+            (status.tool_drift.len(), status.tool_drift_not_shown),
+            (MAX_TOOL_DRIFT, 5)
+        );
+        // Another stream's findings do not land on this one.
+        registry.findings("p1", session + 1, Findings::default());
+        assert_eq!(registry.statuses()[0].tool_drift.len(), MAX_TOOL_DRIFT);
+        registry.connect("p1", "i", &ShardSelector::new(), 0).unwrap();
+        let status = &registry.statuses()[0];
+        assert_eq!((status.tool_drift.len(), status.tool_drift_not_shown), (0, 0));
+    }
 
     #[test]
     fn nack_stays_unhealthy_until_that_version_or_a_later_one_is_acked() {

@@ -114,7 +114,7 @@ impl Snapshot {
 
 impl ConfigState {
     /// What the proxy finds while serving (McpToolPins drift), as it changes.
-    pub(crate) fn findings(&self) -> tokio::sync::watch::Receiver<Vec<portcullis_proto::v1::ToolDrift>> {
+    pub(crate) fn findings(&self) -> tokio::sync::watch::Receiver<portcullis_proto::v1::Findings> {
         self.upstream.tool_pins.subscribe()
     }
 }
@@ -308,6 +308,7 @@ impl ConfigState {
         let snapshot = Arc::new(snapshot);
         self.snapshots.store(snapshot.clone());
         self.upstream.retain_endpoints(&snapshot.endpoints);
+        snapshot.targets.put_pins_in_force(&self.upstream.tool_pins);
         for entry in &snapshot.listeners {
             if let Some(running) = listeners.running.get(&entry.address) {
                 running.set_limits(entry.limits.clone());

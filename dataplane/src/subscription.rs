@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use portcullis_proto::v1::config_stream_client::ConfigStreamClient;
 use portcullis_proto::v1::proxy_message::Message;
-use portcullis_proto::v1::{Ack, Findings, Hello, Nack, ProxyMessage};
+use portcullis_proto::v1::{Ack, Hello, Nack, ProxyMessage};
 use rand::Rng;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -176,10 +176,10 @@ impl Stream for Subscriber {
                         report_findings = false;
                         continue;
                     }
-                    let tool_drift = findings.borrow_and_update().clone();
+                    let found = findings.borrow_and_update().clone();
                     outbound
                         .send(ProxyMessage {
-                            message: Some(Message::Findings(Findings { tool_drift })),
+                            message: Some(Message::Findings(found)),
                         })
                         .await?;
                     continue;

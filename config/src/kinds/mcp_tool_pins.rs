@@ -65,6 +65,8 @@ impl PinEnforcement {
 }
 
 pub const DEFAULT_PIN_RECHECK: Duration = Duration::from_secs(60);
+/// Pages of a server's tool list read to pin or check it; a longer list cannot be pinned.
+pub const MAX_TOOL_LIST_PAGES: usize = 64;
 const DIGEST_PREFIX: &str = "sha256:";
 
 impl McpToolPinsSpec {
@@ -83,7 +85,8 @@ impl McpToolPinsSpec {
 }
 
 /// The digest a tool is pinned by: SHA-256 over the canonical JSON (keys sorted at every
-/// level, no whitespace) of `{"description", "inputSchema", "name"}`, absent members left
+/// level, no whitespace, strings and numbers as serde_json writes them: only what JSON
+/// requires escaped) of `{"description", "inputSchema", "name"}`, absent members left
 /// out. Only what the model reads and what shapes its arguments is pinned; annotations and
 /// output schemas may change without drift.
 pub fn tool_digest(name: &str, description: Option<&Value>, input_schema: Option<&Value>) -> String {
@@ -311,8 +314,9 @@ spec: {servers: [{name: math, url: 'http://127.0.0.1:9000/mcp'}, {name: web, url
     }
 
     /// Pins outlive releases: the digest must never change for the same definition. This one is
-    /// docs/config.md's example, and what `json.dumps(sort_keys=True, separators=(",", ":"))`
-    /// hashes to in Python.
+    /// docs/config.md's example (what Python's `json.dumps(…, sort_keys=True,
+    /// separators=(",", ":"), ensure_ascii=False)` hashes to for this ASCII, integer-free
+    /// definition).
     #[test]
     fn the_digest_is_stable() {
         let schema = json!({"type": "object", "properties": {"a": {"type": "number"}, "b": {"type": "number"}}});

@@ -56,6 +56,21 @@ pub(crate) struct Targets {
     /// The pools again, typed: LLM routes read their specs, and the next version keeps the
     /// pickers of pools whose spec did not change.
     pub(crate) pools: HashMap<String, Arc<InferencePoolTarget>>,
+    /// The McpBackends again, typed: their pins come into force with the version.
+    mcp: Vec<Arc<mcp::McpTarget>>,
+}
+
+impl Targets {
+    /// Once this version is in force: what was seen of pinned servers is judged against its
+    /// pins, and what was seen of servers it no longer has is forgotten.
+    pub(crate) fn put_pins_in_force(&self, tool_pins: &PinObservations) {
+        let mut servers = Vec::new();
+        for target in &self.mcp {
+            target.refresh_pins();
+            servers.extend(target.server_keys());
+        }
+        tool_pins.retain(&servers);
+    }
 }
 
 /// Compiles every target object of the config, keyed by its object key.
@@ -89,18 +104,20 @@ pub(crate) fn compile(
         );
         targets.pools.insert(metadata.name.clone(), pool);
     }
-    let mut mcp_servers = Vec::new();
     for (metadata, spec) in config.specs::<McpBackendSpec>() {
-        let target = mcp::McpTarget::compile(&metadata.name, spec, config, guardrails, &upstream.tool_pins)?;
-        mcp_servers.extend(target.server_keys());
+        let target = Arc::new(mcp::McpTarget::compile(
+            &metadata.name,
+            spec,
+            config,
+            guardrails,
+            &upstream.tool_pins,
+        )?);
         targets.by_key.insert(
             ObjectKey::new(Kind::of::<McpBackendSpec>(), metadata.name.as_str()),
-            Arc::new(target),
+            target.clone(),
         );
+        targets.mcp.push(target);
     }
-    // Before the version is applied: should a proxy refuse it, what it saw of a removed
-    // McpBackend is gone all the same, and is seen again at its next list.
-    upstream.tool_pins.retain(&mcp_servers);
     Ok(targets)
 }
 

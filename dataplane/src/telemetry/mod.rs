@@ -238,7 +238,6 @@ impl Telemetry {
         self.metrics.upstream_error(route, backend, kind);
     }
 
-    /// The config version now applied: `config_version`, and the last apply succeeded.
     /// How many tools of one McpBackend server stand in each drift state, now.
     pub(crate) fn tool_drift(
         &self,
@@ -249,6 +248,7 @@ impl Telemetry {
         self.metrics.tool_drift(target, server, counts);
     }
 
+    /// The config version now applied: `config_version`, and the last apply succeeded.
     pub(crate) fn config_applied(&self, version: u64) {
         self.metrics.config_applied(version);
     }

@@ -13,14 +13,12 @@ use http::Response;
 use std::sync::Arc;
 
 use portcullis_config::mcp_rules::{Caller, Item, ItemKind};
-use portcullis_config::McpFailureMode;
+use portcullis_config::{McpFailureMode, MAX_TOOL_LIST_PAGES};
 use serde_json::{json, Map, Value};
 
 use super::cache;
 use super::reach::Downstream;
-use super::{
-    inject_trace, invalid_params, pins, session_not_found, upstream_failed, Exchange, McpTarget, Problem,
-};
+use super::{inject_trace, invalid_params, session_not_found, upstream_failed, Exchange, McpTarget, Problem};
 use crate::body::Body;
 
 /// The shape of one kind of list.
@@ -164,7 +162,7 @@ impl McpTarget {
         Page { items, next_cursor }
     }
 
-    /// Reads server `index`'s whole tool list (up to [`pins::MAX_PAGES`] pages) in the
+    /// Reads server `index`'s whole tool list (up to [`MAX_TOOL_LIST_PAGES`] pages) in the
     /// client's session, so its tools can be judged against their pins.
     pub(super) async fn list_whole(
         &self,
@@ -177,12 +175,12 @@ impl McpTarget {
         };
         let mut cursor: Option<String> = None;
         let mut names = Vec::new();
-        for _ in 0..pins::MAX_PAGES {
+        for page_number in 0..MAX_TOOL_LIST_PAGES {
             let mut params = json!({});
             if let Some(cursor) = &cursor {
                 params["cursor"] = Value::from(cursor.as_str());
             }
-            let message = json!({"jsonrpc": "2.0", "id": "portcullis-pin-check", "method": "tools/list", "params": params});
+            let message = json!({"jsonrpc": "2.0", "id": Self::pin_check_id(), "method": "tools/list", "params": params});
             // Not in the client's session: its session began before the server was added.
             let Some((_, answer)) = self
                 .ask_each(exchange, downstream, &[index], |_| message.clone())
@@ -195,7 +193,8 @@ impl McpTarget {
             names.extend(page.items.iter().map(|item| item.own.clone()));
             match page.next_cursor {
                 Some(next) => cursor = Some(next),
-                None if names.len() == page.items.len() => return Ok(()),
+                // One page: `page` recorded it whole.
+                None if page_number == 0 => return Ok(()),
                 None => {
                     // Page by page, each recorded as it came; now what the whole lacks is gone.
                     self.saw_tools(index, Vec::new(), Some(&names));
@@ -203,7 +202,9 @@ impl McpTarget {
                 }
             }
         }
-        Ok(())
+        Err(Problem::Failed(format!(
+            "its tools/list runs beyond {MAX_TOOL_LIST_PAGES} pages"
+        )))
     }
 
     pub(super) async fn list(

@@ -141,7 +141,7 @@ impl McpTarget {
             .iter()
             .map(|server| ServerPins::compile(config, name, &server.name))
             .collect();
-        let target = McpTarget {
+        Ok(McpTarget {
             pins,
             tool_pins: tool_pins.clone(),
             guards,
@@ -151,9 +151,7 @@ impl McpTarget {
             rules,
             multiplexed: spec.multiplexed(),
             lists: cache::ListCache::default(),
-        };
-        target.refresh_pins();
-        Ok(target)
+        })
     }
 
     /// What a `list_changed` notification of server `index` makes stale.
@@ -162,15 +160,13 @@ impl McpTarget {
             lists: self.lists.clone(),
             server: index,
             tool_pins: self.tool_pins.clone(),
-            key: (self.name.clone(), self.servers[index].name.clone()),
+            key: self.pin_key(index),
         }
     }
 
     /// Each of its servers, as [`PinObservations`] keys them.
-    pub(crate) fn server_keys(&self) -> impl Iterator<Item = (Arc<str>, Arc<str>)> + '_ {
-        self.servers
-            .iter()
-            .map(|server| (self.name.clone(), server.name.clone()))
+    pub(crate) fn server_keys(&self) -> impl Iterator<Item = pins::ServerKey> + '_ {
+        (0..self.servers.len()).map(|index| self.pin_key(index))
     }
 
     async fn serve(

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use http::{Response, StatusCode};
 use portcullis_config::{ConfigSet, KindSpec, McpToolPinsSpec, PinEnforcement};
-use portcullis_proto::v1::ToolDrift;
+use portcullis_proto::v1::{Findings, ToolDrift};
 use serde_json::{json, Value};
 use tokio::sync::watch;
 
@@ -27,11 +27,16 @@ use crate::telemetry::Telemetry;
 
 /// Refused: the tool is not the one pinned. In the range MCP leaves to implementations.
 const PIN_REFUSED: i64 = -32014;
-/// Pages of one server's tool list read to check a call; a server with more is judged on them.
-pub(super) const MAX_PAGES: usize = 64;
 
-/// An McpBackend (`McpBackend/name`) and one of its servers.
-pub(crate) type ServerKey = (Arc<str>, Arc<str>);
+/// An McpBackend (`McpBackend/name`), one of its servers, and that server's URL: a server
+/// that moves is another server, judged on its own lists.
+pub(crate) type ServerKey = (Arc<str>, Arc<str>, Arc<str>);
+/// Tools remembered per server; a server listing more is judged on those it listed first.
+const MAX_TOOLS_SEEN: usize = 4096;
+/// Findings a proxy reports in all: the control plane keeps no more.
+const MAX_FINDINGS: usize = 256;
+/// Ids of the proxy's own `tools/list` requests, unique within the proxy.
+static PIN_CHECKS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// The pins covering one server, as a proxy applies them.
 pub(super) struct ServerPins {
@@ -117,7 +122,7 @@ enum Lookup {
 /// config versions.
 pub(crate) struct PinObservations {
     seen: Mutex<Seen>,
-    findings: watch::Sender<Vec<ToolDrift>>,
+    findings: watch::Sender<Findings>,
     telemetry: Arc<Telemetry>,
 }
 
@@ -141,13 +146,13 @@ impl PinObservations {
     pub(crate) fn new(telemetry: Arc<Telemetry>) -> PinObservations {
         PinObservations {
             seen: Mutex::default(),
-            findings: watch::Sender::new(Vec::new()),
+            findings: watch::Sender::new(Findings::default()),
             telemetry,
         }
     }
 
     /// Every drifted, unpinned or absent tool, as it changes.
-    pub(crate) fn subscribe(&self) -> watch::Receiver<Vec<ToolDrift>> {
+    pub(crate) fn subscribe(&self) -> watch::Receiver<Findings> {
         self.findings.subscribe()
     }
 
@@ -185,7 +190,9 @@ impl PinObservations {
         let server = seen.servers.entry(key.clone()).or_default();
         server.stale = false;
         for (tool, digest) in listed {
-            server.tools.insert(tool, (digest, now));
+            if server.tools.len() < MAX_TOOLS_SEEN || server.tools.contains_key(&tool) {
+                server.tools.insert(tool, (digest, now));
+            }
         }
         if let Some(names) = whole {
             server.tools.retain(|tool, _| names.contains(tool));
@@ -248,7 +255,17 @@ impl PinObservations {
         } else {
             seen.findings.insert(key.clone(), found);
         }
-        let all: Vec<ToolDrift> = seen.findings.values().flatten().cloned().collect();
+        let found = seen.findings.values().map(Vec::len).sum::<usize>();
+        let all = Findings {
+            tool_drift: seen
+                .findings
+                .values()
+                .flatten()
+                .take(MAX_FINDINGS)
+                .cloned()
+                .collect(),
+            tool_drift_not_shown: u32::try_from(found.saturating_sub(MAX_FINDINGS)).unwrap_or(u32::MAX),
+        };
         self.findings.send_if_modified(|current| {
             let changed = *current != all;
             if changed {
@@ -302,12 +319,20 @@ fn findings(key: &ServerKey, pins: &ServerPins, server: &ServerSeen) -> Vec<Tool
 }
 
 impl McpTarget {
-    fn pin_key(&self, index: usize) -> ServerKey {
-        (self.name.clone(), self.servers[index].name.clone())
+    pub(super) fn pin_key(&self, index: usize) -> ServerKey {
+        let server = &self.servers[index];
+        (self.name.clone(), server.name.clone(), server.url.clone())
     }
 
-    /// Judges the pinned servers' tools seen so far against this version's pins.
-    pub(super) fn refresh_pins(&self) {
+    /// A unique id for a `tools/list` the proxy sends on its own.
+    pub(super) fn pin_check_id() -> String {
+        let n = PIN_CHECKS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        format!("portcullis-pin-check-{n}")
+    }
+
+    /// Judges the pinned servers' tools seen so far against this version's pins; once the
+    /// version is in force, so what is reported is what is enforced.
+    pub(crate) fn refresh_pins(&self) {
         for (index, pins) in self.pins.iter().enumerate() {
             self.tool_pins.refresh(&self.pin_key(index), pins.as_ref());
         }
@@ -373,6 +398,10 @@ impl McpTarget {
                 short(pinned),
                 short(live)
             ),
+            PinState::Unpinned { live } if live.is_empty() => format!(
+                "tool {own} is not in the tools/list of server {server}, nor pinned: only listed, \
+                 pinned tools are called"
+            ),
             PinState::Unpinned { .. } => {
                 format!("tool {own} of server {server} is not pinned: review it and pin it to use it")
             }
@@ -427,10 +456,17 @@ mod tests {
     #[test]
     fn tools_are_judged_against_their_pins_and_findings_follow_what_was_seen() {
         let (observations, pins) = (observations(), pins(true));
-        let key: ServerKey = (Arc::from("McpBackend/tools"), Arc::from("math"));
+        let key: ServerKey = (
+            Arc::from("McpBackend/tools"),
+            Arc::from("math"),
+            Arc::from("http://127.0.0.1:9000/mcp"),
+        );
         let findings = observations.subscribe();
         observations.record(&key, &pins, vec![("get-sum".into(), "sha256:a".into())], None);
-        assert!(findings.borrow().is_empty(), "a tool as pinned is no finding");
+        assert!(
+            findings.borrow().tool_drift.is_empty(),
+            "a tool as pinned is no finding"
+        );
         assert!(
             matches!(observations.lookup(&key, "get-sum", pins.recheck), Lookup::Listed(digest) if digest == "sha256:a")
         );
@@ -450,6 +486,7 @@ mod tests {
         );
         let found: Vec<(String, String, String)> = findings
             .borrow()
+            .tool_drift
             .iter()
             .map(|drift| (drift.tool.clone(), drift.state.clone(), drift.mcp_backend.clone()))
             .collect();
@@ -481,20 +518,25 @@ mod tests {
         observations.refresh(&key, Some(&repinned));
         let states: Vec<String> = findings
             .borrow()
+            .tool_drift
             .iter()
             .map(|drift| drift.state.clone())
             .collect();
         assert_eq!(states, ["absent", "unpinned"]);
         // Unpinned, then gone from the config: nothing is reported any more.
         observations.retain(&[]);
-        assert!(findings.borrow().is_empty());
+        assert!(findings.borrow().tool_drift.is_empty());
     }
 
     #[test]
     fn a_stale_sighting_is_not_relied_on() {
         let (observations, mut pins) = (observations(), pins(true));
         pins.recheck = Duration::from_millis(1);
-        let key: ServerKey = (Arc::from("McpBackend/tools"), Arc::from("math"));
+        let key: ServerKey = (
+            Arc::from("McpBackend/tools"),
+            Arc::from("math"),
+            Arc::from("http://127.0.0.1:9000/mcp"),
+        );
         observations.record(
             &key,
             &pins,
@@ -515,7 +557,11 @@ mod tests {
     #[test]
     fn a_list_change_sends_calls_back_to_the_list() {
         let (observations, pins) = (observations(), pins(true));
-        let key: ServerKey = (Arc::from("McpBackend/tools"), Arc::from("math"));
+        let key: ServerKey = (
+            Arc::from("McpBackend/tools"),
+            Arc::from("math"),
+            Arc::from("http://127.0.0.1:9000/mcp"),
+        );
         observations.record(
             &key,
             &pins,

@@ -185,7 +185,11 @@ mod tests {
             lists: lists.clone(),
             server: 0,
             tool_pins: Arc::new(PinObservations::new(Arc::new(telemetry))),
-            key: (Arc::from("McpBackend/tools"), Arc::from("math")),
+            key: (
+                Arc::from("McpBackend/tools"),
+                Arc::from("math"),
+                Arc::from("http://127.0.0.1:9000/mcp"),
+            ),
         };
         let stream = "event: message\r\ndata: {\"jsonrpc\":\"2.0\",\"method\":\"notifications/tools/list_changed\"}\r\n\r\n";
         let body = RemapRequests::new(crate::body::full(stream), "math")

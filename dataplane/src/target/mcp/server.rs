@@ -36,6 +36,8 @@ const MAX_ANSWER_BYTES: usize = 16 * 1024 * 1024;
 pub(super) struct Server {
     pub(super) name: Arc<str>,
     pub(super) authority: http::uri::Authority,
+    /// As configured: what tells this server apart from one that took its name.
+    pub(super) url: Arc<str>,
     uri: Uri,
     host: HeaderValue,
     pub(super) timeout: Duration,
@@ -85,6 +87,7 @@ impl Server {
             .map_err(|error| error.to_string())?;
         Ok(Server {
             name: Arc::from(spec.name.as_str()),
+            url: Arc::from(spec.url.as_str()),
             host: HeaderValue::from_str(authority.as_str()).map_err(|error| error.to_string())?,
             authority,
             uri,
