@@ -250,6 +250,48 @@ fn mcp_python_sdk_client_and_server_through_a_multiplexing_mcp_backend() {
     }
 }
 
+#[test]
+fn mcp_python_sdk_listens_for_list_changes_through_a_multiplexing_mcp_backend() {
+    let dir = tempfile::tempdir().unwrap();
+    let (python_port, test_port, port) = (free_port(), free_port(), free_port());
+    let _python_server = PythonPeer::start_with(
+        dir.path(),
+        "mcp_server.py",
+        &[&python_port.to_string()],
+        &[("WITH_CHANGE_TOOL", "1")],
+    );
+    // Portcullis' test server speaks 2026-07-28 but offers no subscriptions: it honors
+    // nothing, and the subscription still stands.
+    let _test_server = Process::start(
+        "mcp",
+        dir.path(),
+        &[
+            "mcp-server",
+            "--listen",
+            &format!("127.0.0.1:{test_port}"),
+            "--tools",
+            "0",
+        ],
+    );
+    for server in [python_port, test_port] {
+        wait_for("MCP servers", TIMEOUT, || {
+            std::net::TcpStream::connect(("127.0.0.1", server)).is_ok()
+        });
+    }
+    let header = "apiVersion: portcullis.dev/v1alpha1";
+    let config = format!(
+        "{header}\nkind: Listener\nmetadata: {{name: gw}}\nspec: {{address: 127.0.0.1, port: {port}}}\n---\n\
+         {header}\nkind: McpBackend\nmetadata: {{name: tools}}\nspec:\n  servers:\n  - {{name: py, url: 'http://127.0.0.1:{python_port}/mcp'}}\n  - {{name: test, url: 'http://127.0.0.1:{test_port}/mcp'}}\n---\n\
+         {header}\nkind: Route\nmetadata: {{name: mcp}}\nspec: {{listeners: [gw], backends: [{{kind: McpBackend, name: tools}}]}}\n"
+    );
+    let _gateway = start_gateway(dir.path(), &config);
+    let output = peer(
+        "mcp_listen.py",
+        &[&format!("http://127.0.0.1:{port}/mcp"), "py__change"],
+    );
+    assert!(output.contains("OK"), "{output}");
+}
+
 /// The drift each proxy reports in `portcullis status`: (tool, state, refused).
 fn reported_drift(controlplane: &str) -> Vec<(String, String, bool)> {
     status_json(controlplane)["proxies"]

@@ -118,7 +118,6 @@ impl McpTarget {
                 Err(error) => return upstream_failed(id, &self.name, &error.to_string()),
             }
         }
-        // A 2026-07-28 client has no session stream, and `subscriptions/listen` is not served.
         let mut merged = self.merge_offers(&merged_offers, false);
         let server_info = merged.remove("serverInfo").unwrap_or(Value::Null);
         merged.insert("supportedVersions".into(), json!([MODERN_VERSION]));
@@ -133,18 +132,26 @@ impl McpTarget {
     }
 
     /// Capabilities, instructions and server info of the servers as one server's.
-    /// `session_stream`: the client can listen on its session's stream.
+    /// `session_stream`: the client listens on its session's stream, not with
+    /// `subscriptions/listen`.
     fn merge_offers(&self, offers: &[(&Server, Value)], session_stream: bool) -> Map<String, Value> {
         let mut capabilities = Map::new();
         let mut instructions = Vec::new();
         for (server, offer) in offers {
-            // A session-based server's list changes reach the client on the session's stream
-            // (`listen`); a 2026-07-28 server keeps no session, so it has no stream.
-            let streams = session_stream
-                && offer
+            // List changes reach a session-based client on its session's stream from servers
+            // that keep sessions, and a 2026-07-28 client on `subscriptions/listen` from
+            // 2026-07-28 servers (those that answered `server/discover`).
+            let streams = if session_stream {
+                offer
                     .get("protocolVersion")
                     .and_then(Value::as_str)
-                    .is_some_and(|version| version != MODERN_VERSION);
+                    .is_some_and(|version| version != MODERN_VERSION)
+            } else {
+                offer
+                    .get("supportedVersions")
+                    .and_then(Value::as_array)
+                    .is_some_and(|versions| versions.iter().any(|version| version == MODERN_VERSION))
+            };
             if let Some(Value::Object(offered)) = offer.get("capabilities") {
                 // Only what the gateway delivers: no resource-update notifications (their
                 // URIs would need the server's prefix), no tasks, no extensions.

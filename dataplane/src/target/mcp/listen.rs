@@ -1,21 +1,29 @@
-//! The standalone GET stream of a session-based client
+//! What servers send outside any request. For a session-based client, the standalone GET stream
 //! (<https://modelcontextprotocol.io/specification/2025-11-25/basic/transports#listening-for-messages-from-the-server>):
 //! one GET to each server of the session that keeps a session of its own, their event
 //! streams merged into one for the client. Servers send on it what belongs to no request:
 //! `list_changed` notifications, which also drop the server's reused list pages and make its
 //! pinned tools be listed again before the next call, and requests to the client, whose ids
-//! name their server when the route multiplexes ([`super::remap`]).
+//! name their server when the route multiplexes ([`super::remap`]). For a 2026-07-28 client,
+//! `subscriptions/listen` (SEP-2575), merged the same way.
+
+use std::sync::Arc;
 
 use futures::stream::select_all;
 use http::header::{ACCEPT, ALLOW, CACHE_CONTROL, CONTENT_TYPE};
 use http::{HeaderValue, Response, StatusCode};
-use http_body_util::{BodyStream, StreamBody};
-use serde_json::Value;
+use http_body_util::{BodyExt, BodyStream, StreamBody};
+use portcullis_config::mcp_rules::{Item, ItemKind};
+use portcullis_config::McpFailureMode;
+use serde_json::{json, Map, Value};
 
-use super::remap::RemapRequests;
+use super::jsonrpc::{invalid_params, upstream_failed};
+use super::reach::{self, ClientMeta, Reach, Sent};
+use super::remap::{RemapRequests, SUBSCRIPTION_ID};
 use super::server::{self, Headers, MODERN_VERSION};
 use super::{jsonrpc, Exchange, McpTarget};
 use crate::body::{self, Body};
+use crate::sse;
 
 /// Which reused lists a server's notification makes stale.
 pub(super) fn lists_changed(method: &str) -> &'static [&'static str] {
@@ -106,4 +114,213 @@ impl McpTarget {
         headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-cache"));
         answer
     }
+}
+
+/// The list flags of a `subscriptions/listen` filter the gateway passes on.
+const LIST_FLAGS: &[&str] = &["toolsListChanged", "promptsListChanged", "resourcesListChanged"];
+
+impl McpTarget {
+    /// `subscriptions/listen` of a 2026-07-28 client: the same filter to every 2026-07-28
+    /// server (a resource subscription to the server the URI names), one acknowledgment of
+    /// what some server honors once all have answered, then their notifications merged, each
+    /// tagged with the client's subscription id. Session-based servers have no such stream
+    /// for a client without a session, and honor nothing here.
+    pub(super) async fn subscribe(
+        &self,
+        exchange: &mut Exchange<'_>,
+        id: &Value,
+        client: &Arc<ClientMeta>,
+        params: Option<Value>,
+    ) -> Response<Body> {
+        let Some(Value::Object(filter)) = params.as_ref().and_then(|params| params.get("notifications"))
+        else {
+            return invalid_params(
+                id,
+                "Invalid params: subscriptions/listen needs params.notifications as an object".into(),
+            );
+        };
+        let flags: Map<String, Value> = filter
+            .iter()
+            .filter(|(name, on)| LIST_FLAGS.contains(&name.as_str()) && on.as_bool() == Some(true))
+            .map(|(name, on)| (name.clone(), on.clone()))
+            .collect();
+        let mut resources: Vec<Vec<String>> = vec![Vec::new(); self.servers.len()];
+        match filter.get("resourceSubscriptions") {
+            None | Some(Value::Null) => {}
+            Some(Value::Array(uris)) => {
+                for uri in uris {
+                    let Some(uri) = uri.as_str() else {
+                        return invalid_params(id, "Invalid params: resourceSubscriptions holds URIs".into());
+                    };
+                    let Some((index, own)) = self.resolve(ItemKind::Resource, uri) else {
+                        return invalid_params(id, format!("Unknown resource: {uri}"));
+                    };
+                    // Hearing of a resource's changes is reading it, as far as rules go.
+                    let item = Item {
+                        kind: ItemKind::Resource,
+                        server: &self.servers[index].name,
+                        name: own,
+                        arguments: None,
+                    };
+                    if let Some(denied) = self.authorize(exchange, id, uri, item) {
+                        return denied;
+                    }
+                    resources[index].push(own.to_string());
+                }
+            }
+            Some(_) => {
+                return invalid_params(
+                    id,
+                    "Invalid params: resourceSubscriptions must be an array".into(),
+                )
+            }
+        }
+        let (upstream, trace) = (exchange.upstream, &exchange.ctx.trace);
+        let opens = self.servers.iter().enumerate().map(|(index, server)| {
+            let mut notifications = flags.clone();
+            if !resources[index].is_empty() {
+                notifications.insert("resourceSubscriptions".into(), json!(resources[index]));
+            }
+            let message = json!({"jsonrpc": "2.0", "id": id, "method": "subscriptions/listen",
+                "params": {"notifications": notifications}});
+            async move {
+                match server.speaks_modern(upstream, trace).await {
+                    Ok(true) => {}
+                    Ok(false) => return (index, None),
+                    Err(failure) => return (index, Some(Err(failure.to_string()))),
+                }
+                let sent =
+                    reach::send(server, &Reach::Modern(client.clone()), message, upstream, trace).await;
+                let opened = match sent {
+                    Ok(Sent::Relay(response))
+                        if response.status() == StatusCode::OK
+                            && server::is_event_stream(response.headers()) =>
+                    {
+                        Ok(response)
+                    }
+                    // An answer without a stream (an error such as -32601): the server offers
+                    // no subscriptions, and honors nothing.
+                    Ok(Sent::Relay(response)) => {
+                        tracing::debug!(server = %server.name, status = %response.status(),
+                            "an MCP server offers no subscriptions");
+                        server.drain(response).await;
+                        return (index, None);
+                    }
+                    Ok(Sent::Answered(_)) => return (index, None),
+                    Err(failure) => Err(failure.to_string()),
+                };
+                (index, Some(opened))
+            }
+        });
+        let mut streams = Vec::new();
+        let mut honored = Map::new();
+        for (index, opened) in futures::future::join_all(opens).await {
+            let server = &self.servers[index];
+            let acknowledged = match opened {
+                None => continue,
+                Some(Ok(response)) => {
+                    let events = RemapRequests::new(body::boxed(response.into_body()), &server.name)
+                        .remapping(self.multiplexed)
+                        .watching(self.list_watch(index))
+                        .for_subscription(id.clone());
+                    acknowledgment(events, server.timeout)
+                        .await
+                        .map_err(|why| format!("server {}: {why}", server.name))
+                }
+                Some(Err(failure)) => Err(failure),
+            };
+            match acknowledged {
+                Ok((server_honors, events)) => {
+                    self.honor(&mut honored, index, &server_honors);
+                    streams.push(BodyStream::new(body::boxed(events)));
+                }
+                Err(failure) if server.failure_mode == McpFailureMode::Omit => {
+                    tracing::warn!(target = %self.name, %failure, "MCP server left out of a subscription");
+                }
+                Err(failure) => return upstream_failed(id, &self.name, &failure),
+            }
+        }
+        let meta = json!({ SUBSCRIPTION_ID: id });
+        let ack = json!({"jsonrpc": "2.0", "method": "notifications/subscriptions/acknowledged",
+            "params": {"notifications": honored, "_meta": meta}});
+        let first = event(&ack);
+        let rest = if streams.is_empty() {
+            // Nothing to listen to: the subscription ends as the spec ends one, with its result.
+            let end =
+                json!({"jsonrpc": "2.0", "id": id, "result": {"_meta": meta, "resultType": "complete"}});
+            body::full(event(&end))
+        } else {
+            body::boxed(StreamBody::new(select_all(streams)))
+        };
+        let mut answer = Response::new(body::prepend(first, rest));
+        let headers = answer.headers_mut();
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+        headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+        headers.insert("x-accel-buffering", HeaderValue::from_static("no"));
+        answer
+    }
+
+    /// Adds what server `index` honors to what the client is told: any server's flag, and
+    /// resources by the names the client uses.
+    fn honor(&self, honored: &mut Map<String, Value>, index: usize, server_honors: &Map<String, Value>) {
+        for flag in LIST_FLAGS {
+            if server_honors.get(*flag).and_then(Value::as_bool) == Some(true) {
+                honored.insert((*flag).into(), Value::Bool(true));
+            }
+        }
+        if let Some(Value::Array(uris)) = server_honors.get("resourceSubscriptions") {
+            let server = &self.servers[index].name;
+            let public = uris
+                .iter()
+                .filter_map(Value::as_str)
+                .map(|own| Value::from(self.public_name(server, ItemKind::Resource, own)));
+            if let Value::Array(all) = honored
+                .entry("resourceSubscriptions")
+                .or_insert_with(|| Value::Array(Vec::new()))
+            {
+                all.extend(public);
+            }
+        }
+    }
+}
+
+/// The server's acknowledgment, the first event of its stream: what it honors, and the rest of
+/// the stream.
+async fn acknowledgment(
+    mut events: RemapRequests,
+    timeout: std::time::Duration,
+) -> Result<(Map<String, Value>, RemapRequests), String> {
+    // Each frame of `events` is one whole event.
+    let frame = match tokio::time::timeout(timeout, events.frame()).await {
+        Err(_) => return Err(format!("no acknowledgment within {timeout:?}")),
+        Ok(None) => return Err("the stream ended before its acknowledgment".into()),
+        Ok(Some(Err(error))) => return Err(format!("the stream failed before its acknowledgment: {error}")),
+        Ok(Some(Ok(frame))) => frame,
+    };
+    let data = frame.into_data().unwrap_or_default();
+    let mut parsed = Vec::new();
+    sse::Parser::default().feed(&data, &mut parsed);
+    let message: Option<Value> = parsed
+        .first()
+        .and_then(|event| serde_json::from_str(&event.data).ok());
+    match message {
+        Some(message) if message["method"] == "notifications/subscriptions/acknowledged" => {
+            let honors = match message.pointer("/params/notifications") {
+                Some(Value::Object(honors)) => honors.clone(),
+                _ => Map::new(),
+            };
+            Ok((honors, events))
+        }
+        _ => Err("its stream did not begin with notifications/subscriptions/acknowledged".into()),
+    }
+}
+
+fn event(message: &Value) -> bytes::Bytes {
+    sse::Event {
+        id: None,
+        event: Some("message".into()),
+        data: message.to_string(),
+        retry: None,
+    }
+    .encode()
 }

@@ -53,7 +53,7 @@ use crate::telemetry::McpRecord;
 use crate::upstream::Upstream;
 
 /// Between a server's name and a resource URI of it: `math+file:///notes`.
-const URI_SEPARATOR: char = '+';
+pub(super) const URI_SEPARATOR: char = '+';
 /// Client notifications sent on to the servers of a session.
 const FORWARDED_NOTIFICATIONS: &[&str] = &[
     "notifications/cancelled",
@@ -327,6 +327,7 @@ impl McpTarget {
         };
         match method.as_str() {
             "server/discover" => self.discover(exchange, &id, &client).await,
+            "subscriptions/listen" => self.subscribe(exchange, &id, &client, params).await,
             "ping" => jsonrpc::result(&id, json!({})),
             _ => {
                 self.request(exchange, &Downstream::Modern(client), &id, &method, params)

@@ -17,6 +17,7 @@ use serde_json::Value;
 use super::cache::ListCache;
 use super::listen::lists_changed;
 use super::pins::{PinObservations, ServerKey};
+use super::URI_SEPARATOR;
 use crate::body::{Body, BoxError};
 use crate::sse;
 
@@ -41,6 +42,9 @@ impl ListWatch {
     }
 }
 
+/// Where a 2026-07-28 notification names the `subscriptions/listen` request it belongs to.
+pub(super) const SUBSCRIPTION_ID: &str = "io.modelcontextprotocol/subscriptionId";
+
 /// An SSE event left unfinished beyond this is not an MCP message.
 pub(super) const MAX_PENDING_EVENT_BYTES: usize = 16 * 1024 * 1024;
 
@@ -61,6 +65,7 @@ pub(super) struct RemapRequests {
     server: String,
     remap: bool,
     watch: Option<ListWatch>,
+    subscription: Option<Value>,
     parser: sse::Parser,
     events: Vec<sse::Event>,
     ready: VecDeque<Bytes>,
@@ -74,6 +79,7 @@ impl RemapRequests {
             server: server.to_string(),
             remap: true,
             watch: None,
+            subscription: None,
             parser: sse::Parser::default(),
             events: Vec::new(),
             ready: VecDeque::new(),
@@ -92,10 +98,20 @@ impl RemapRequests {
         self
     }
 
-    fn rewrite(&self, mut event: sse::Event) -> Bytes {
+    /// A `subscriptions/listen` stream of the client's request `id`: notifications carry it as
+    /// their subscription id, updated resources their prefixed URI (when `remap`), and the
+    /// server's own end of the stream (its result) is left out: the client's stream ends
+    /// only when every server's has.
+    pub(super) fn for_subscription(mut self, id: Value) -> RemapRequests {
+        self.subscription = Some(id);
+        self
+    }
+
+    /// The event as the client gets it; `None` to leave it out.
+    fn rewrite(&self, mut event: sse::Event) -> Option<Bytes> {
         if let Ok(Value::Object(mut message)) = serde_json::from_str::<Value>(&event.data) {
             match (
-                message.get("method").and_then(Value::as_str),
+                message.get("method").and_then(Value::as_str).map(str::to_string),
                 message.get("id").cloned(),
             ) {
                 (Some(_), Some(id)) if self.remap => {
@@ -104,13 +120,37 @@ impl RemapRequests {
                 }
                 (Some(method), None) => {
                     if let Some(watch) = &self.watch {
-                        watch.notified(method);
+                        watch.notified(&method);
+                    }
+                    if let Some(subscription) = &self.subscription {
+                        self.tag(&method, &mut message, subscription);
+                        event.data = Value::Object(message).to_string();
                     }
                 }
+                (None, _) if self.subscription.is_some() => return None,
                 _ => {}
             }
         }
-        event.encode()
+        Some(event.encode())
+    }
+
+    fn tag(&self, method: &str, message: &mut serde_json::Map<String, Value>, subscription: &Value) {
+        let params = message
+            .entry("params")
+            .or_insert_with(|| Value::Object(Default::default()));
+        let Value::Object(params) = params else { return };
+        if self.remap && method == "notifications/resources/updated" {
+            if let Some(uri) = params.get("uri").and_then(Value::as_str) {
+                let prefixed = format!("{}{URI_SEPARATOR}{uri}", self.server);
+                params.insert("uri".into(), Value::from(prefixed));
+            }
+        }
+        let meta = params
+            .entry("_meta")
+            .or_insert_with(|| Value::Object(Default::default()));
+        if let Value::Object(meta) = meta {
+            meta.insert(SUBSCRIPTION_ID.into(), subscription.clone());
+        }
     }
 }
 
@@ -139,8 +179,9 @@ impl HttpBody for RemapRequests {
                     let mut events = std::mem::take(&mut this.events);
                     this.parser.feed(&data, &mut events);
                     for event in events.drain(..) {
-                        let bytes = this.rewrite(event);
-                        this.ready.push_back(bytes);
+                        if let Some(bytes) = this.rewrite(event) {
+                            this.ready.push_back(bytes);
+                        }
                     }
                     this.events = events;
                     if this.parser.pending() > MAX_PENDING_EVENT_BYTES {
