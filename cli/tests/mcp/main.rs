@@ -171,6 +171,49 @@ fn a_server_s_list_change_reaches_the_client_on_the_session_stream() {
     assert_eq!(json_only.status, 406, "{}", json_only.body);
 }
 
+#[test]
+fn sessions_opened_for_a_client_that_left_mid_initialize_are_closed() {
+    let dir = tempfile::tempdir().unwrap();
+    let runtime = runtime();
+    let silent = runtime.block_on(silent_server());
+    let (_server, fast) = era_server(dir.path(), "legacy");
+    let port = free_port();
+    // The silent server holds initialize up for 30 s; the client leaves long before.
+    let config = mcp_config(port, &[("fast", fast), ("slow", silent)], "").replace(
+        &format!("name: slow, url: 'http://{silent}/mcp', timeout: 3s"),
+        &format!("name: slow, url: 'http://{silent}/mcp', timeout: 30s"),
+    );
+    assert!(config.contains("timeout: 30s"), "{config}");
+    let _gateway = start_gateway(dir.path(), &config);
+    let open_sessions =
+        || http_get(fast.port(), "/sessions").and_then(|response| response.body.trim().parse::<usize>().ok());
+    assert_eq!(open_sessions(), Some(0));
+
+    let body = json!({"jsonrpc": "2.0", "id": 0, "method": "initialize",
+        "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "leaver", "version": "0"}}})
+    .to_string();
+    let mut client = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    std::io::Write::write_all(
+        &mut client,
+        format!(
+            "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n\
+             Accept: application/json, text/event-stream\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .as_bytes(),
+    )
+    .unwrap();
+    wait_for("the fast server's session", TIMEOUT, || {
+        open_sessions() == Some(1)
+    });
+    drop(client);
+    wait_for(
+        "the session of the client that left closed",
+        std::time::Duration::from_secs(10),
+        || open_sessions() == Some(0),
+    );
+}
+
 fn authorization(rules: &str) -> String {
     format!("---\n{HEADER}\nkind: McpAuthorization\nmetadata: {{name: sums}}\nspec:\n  targetRefs: [{{kind: McpBackend, name: tools, sectionName: math}}]\n{rules}")
 }

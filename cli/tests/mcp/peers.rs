@@ -246,6 +246,19 @@ pub(crate) fn era_server(dir: &std::path::Path, era: &str) -> (Process, SocketAd
     (process, listen.parse().unwrap())
 }
 
+/// A server that takes connections and never answers.
+pub(crate) async fn silent_server() -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((stream, _)) = listener.accept().await {
+            held.push(stream);
+        }
+    });
+    address
+}
+
 /// A server that answers every request, on a kept-alive connection, with a well-framed
 /// body that is not JSON-RPC.
 pub(crate) async fn garbage_server() -> SocketAddr {

@@ -50,8 +50,11 @@ pub(crate) struct Dispatch<'a> {
 }
 
 /// Upstream connections live as long as the proxy, so pools survive config changes.
+/// The pooled HTTP/1.1 client.
+pub(crate) type Http1 = Client<HttpConnector, Body>;
+
 pub(crate) struct Upstream {
-    http1: Client<HttpConnector, Body>,
+    http1: Http1,
     http2: http2::Connections,
     pub(crate) health: HealthRegistry,
     telemetry: Arc<Telemetry>,
@@ -239,6 +242,11 @@ impl Upstream {
     /// One HTTP/1.1 exchange on the shared pool, for a target that talks to its upstreams
     /// itself (MCP fans out and reads answers): no retries, the caller knows what is safe.
     /// The error says what failed, without the body of anything.
+    /// The pooled HTTP/1.1 client itself, for work that outlives a request.
+    pub(crate) fn http1(&self) -> Http1 {
+        self.http1.clone()
+    }
+
     pub(crate) async fn http1_exchange(&self, request: Request<Body>) -> Result<Response<Incoming>, String> {
         self.http1.request(request).await.map_err(|error| {
             let mut message = if error.is_connect() {

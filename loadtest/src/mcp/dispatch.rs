@@ -115,6 +115,10 @@ impl State {
         }
     }
 
+    pub fn open_sessions(&self) -> usize {
+        self.sessions().len()
+    }
+
     fn sessions(&self) -> std::sync::MutexGuard<'_, HashMap<String, Session>> {
         // A panic while holding the lock cannot leave the map inconsistent (single inserts
         // and removes), so a poisoned lock is still usable.

@@ -26,6 +26,8 @@ use super::protocol::{
 type Body = http_body_util::combinators::BoxBody<Bytes, Infallible>;
 
 pub const ENDPOINT: &str = "/mcp";
+/// `GET` it for the number of open sessions.
+pub const SESSIONS_PATH: &str = "/sessions";
 /// Large enough for any sane tool call, small enough that a bad client cannot exhaust memory.
 const MAX_BODY_BYTES: usize = 4 << 20;
 
@@ -167,6 +169,10 @@ async fn handle(
     state: Arc<State>,
     prefer_sse: bool,
 ) -> Result<Response<Body>, Infallible> {
+    if request.uri().path() == SESSIONS_PATH {
+        // For tests: how many sessions are open, so a leaked one shows.
+        return Ok(plain(StatusCode::OK, &format!("{}\n", state.open_sessions())));
+    }
     if request.uri().path() != ENDPOINT {
         return Ok(plain(
             StatusCode::NOT_FOUND,

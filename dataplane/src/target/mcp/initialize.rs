@@ -2,8 +2,11 @@
 //! into one id) and `server/discover` for 2026-07-28 clients; both merge what the servers
 //! offer.
 
+use std::sync::Mutex;
+use std::time::Duration;
+
 use futures::future::join_all;
-use http::{HeaderValue, Response};
+use http::{HeaderValue, Request, Response};
 use portcullis_config::McpFailureMode;
 use serde_json::{json, Map, Value};
 
@@ -14,7 +17,7 @@ use super::session::{caller_digest, unix_now, ServerSession, Session};
 use super::{inject_trace, invalid_params, jsonrpc, upstream_failed, Exchange, McpTarget};
 use crate::body::Body;
 use crate::telemetry::RequestTrace;
-use crate::upstream::Upstream;
+use crate::upstream::{Http1, Upstream};
 
 /// Server capabilities passed on to clients (their flags filtered further).
 const DELIVERABLE_CAPABILITIES: &[&str] = &["tools", "prompts", "resources", "logging", "completions"];
@@ -47,12 +50,24 @@ impl McpTarget {
         let client = ClientMeta::from_initialize(&upstream_params);
         let message = json!({"jsonrpc": "2.0", "id": id, "method": "initialize", "params": upstream_params});
         let (upstream, trace) = (exchange.upstream, &exchange.ctx.trace);
-        let opened = join_all(
-            self.servers
-                .iter()
-                .map(|server| open_any_session(server, upstream, trace, &message, &client)),
-        )
+        let mut abandoned = Abandoned {
+            client: upstream.http1(),
+            closes: Mutex::default(),
+            armed: true,
+        };
+        let opened = join_all(self.servers.iter().map(|server| {
+            let abandoned = &abandoned;
+            let (message, client) = (&message, &client);
+            async move {
+                let outcome = open_any_session(server, upstream, trace, message, client).await;
+                if let Ok((session, _)) = &outcome {
+                    abandoned.opened(server, session);
+                }
+                outcome
+            }
+        }))
         .await;
+        abandoned.armed = false;
         let mut sessions = Vec::new();
         let mut offers = Vec::new();
         let mut failure = None;
@@ -215,6 +230,59 @@ impl McpTarget {
             })
         });
         join_all(closing).await;
+    }
+}
+
+/// The upstream sessions an `initialize` has opened so far. Should the client leave before
+/// the answer, the request's future is dropped and with it this, which closes them in the
+/// background: the client never got the id it would close them with.
+struct Abandoned {
+    client: Http1,
+    /// Each opened session's DELETE, and the server's timeout.
+    closes: Mutex<Vec<(Request<Body>, Duration)>>,
+    armed: bool,
+}
+
+impl Abandoned {
+    fn opened(&self, server: &Server, session: &ServerSession) {
+        let Some(closing) = session
+            .id
+            .as_deref()
+            .and_then(|id| server.closing(id, &session.version))
+        else {
+            return;
+        };
+        self.closes
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push((closing, server.timeout));
+    }
+}
+
+impl Drop for Abandoned {
+    fn drop(&mut self) {
+        let closes = std::mem::take(
+            self.closes
+                .get_mut()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        );
+        if !self.armed || closes.is_empty() {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let client = self.client.clone();
+        runtime.spawn(async move {
+            for (request, timeout) in closes {
+                if !matches!(
+                    tokio::time::timeout(timeout, client.request(request)).await,
+                    Ok(Ok(_))
+                ) {
+                    tracing::debug!("closing an upstream MCP session of an abandoned initialize failed");
+                }
+            }
+        });
     }
 }
 

@@ -181,6 +181,17 @@ impl Server {
         self.send(upstream, request, headers.session.is_some()).await
     }
 
+    /// The request that ends `session`, to send after the request that opened it is gone.
+    pub(super) fn closing(&self, session: &str, version: &str) -> Option<Request<Body>> {
+        let headers = Headers {
+            session: Some(session),
+            version: Some(version),
+            modern: false,
+            trace: &RequestTrace::default(),
+        };
+        self.request(Method::DELETE, &headers, None).ok()
+    }
+
     /// Ends the server's session (best effort: a server may answer 405).
     pub(super) async fn delete(
         &self,
