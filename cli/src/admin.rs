@@ -44,8 +44,8 @@ pub enum Format {
 
 #[derive(Args)]
 pub struct GetArgs {
-    /// A kind: Listener, Route, Backend, HeaderPolicy, RateLimitPolicy; any case, singular,
-    /// plural or short name (li, rt, be, hp, rlp).
+    /// A kind (Route, McpBackend, McpToolPins, …); any case, singular, plural or short name
+    /// (rt, be, mcp, pins, …).
     pub kind: String,
     /// Omit to list every object of the kind.
     pub name: Option<String>,

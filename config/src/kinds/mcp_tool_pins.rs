@@ -327,6 +327,13 @@ spec: {servers: [{name: math, url: 'http://127.0.0.1:9000/mcp'}, {name: web, url
     }
 
     #[test]
+    fn the_kind_answers_to_every_name_users_type() {
+        for name in ["McpToolPins", "mcptoolpins", "MCPTOOLPINS", "mcppins", "pins"] {
+            assert_eq!(crate::Kind::parse(name).map(crate::Kind::as_str), Some("McpToolPins"), "{name}");
+        }
+    }
+
+    #[test]
     fn pins_that_could_not_be_enforced_as_written_are_refused() {
         let definition = json!({"description": "Add two numbers.", "inputSchema": {"type": "object"}});
         let digest = tool_digest("get-sum", definition.get("description"), definition.get("inputSchema"));
