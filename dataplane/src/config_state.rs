@@ -308,7 +308,7 @@ impl ConfigState {
         let snapshot = Arc::new(snapshot);
         self.snapshots.store(snapshot.clone());
         self.upstream.retain_endpoints(&snapshot.endpoints);
-        snapshot.targets.put_pins_in_force(&self.upstream.tool_pins);
+        snapshot.targets.put_mcp_in_force(&self.upstream);
         for entry in &snapshot.listeners {
             if let Some(running) = listeners.running.get(&entry.address) {
                 running.set_limits(entry.limits.clone());

@@ -137,7 +137,8 @@ fn a_server_s_list_change_reaches_the_client_on_the_session_stream() {
             .and_then(|info| info.capabilities.tools.clone())
             .and_then(|tools| tools.list_changed);
         assert_eq!(offered, Some(true), "the servers' listChanged is offered");
-        for server in ["math", "web"] {
+        // math says its tools changed, web its prompts: each is heard as its own.
+        for (server, list) in [("math", "tools"), ("web", "prompts")] {
             // The client opens its stream in the background: ask again until it is there.
             let mut heard = false;
             for _ in 0..20 {
@@ -146,16 +147,15 @@ fn a_server_s_list_change_reaches_the_client_on_the_session_stream() {
                     .await
                     .expect("the change tool answers");
                 assert_eq!(text_of(&told), "told");
-                if tokio::time::timeout(std::time::Duration::from_millis(500), changed.recv())
-                    .await
-                    .is_ok()
-                {
-                    heard = true;
+                let deadline = tokio::time::Instant::now() + std::time::Duration::from_millis(500);
+                while let Ok(Some(changed)) = tokio::time::timeout_at(deadline, changed.recv()).await {
+                    heard |= changed == list;
+                }
+                if heard {
                     break;
                 }
             }
-            assert!(heard, "{server}'s list change reached the client");
-            while changed.try_recv().is_ok() {}
+            assert!(heard, "{server}'s {list} list change reached the client");
         }
         client.cancel().await.unwrap();
     });

@@ -29,8 +29,9 @@ pub(crate) struct TextArgs {
 }
 
 /// An rmcp server: `get-sum`, `echo`, `ask` (asks the client's model through sampling, a
-/// request from the server to the client) and `change` (says its tool list changed), each
-/// answer naming the server.
+/// request from the server to the client) and `change` (server `math` says its tool list
+/// changed, any other its prompt list, so a client can tell whose it heard), each answer
+/// naming the server. It offers no prompts, only their changes.
 #[derive(Clone)]
 pub(crate) struct Tools {
     name: &'static str,
@@ -59,13 +60,14 @@ impl Tools {
             .to_string()
     }
 
-    #[tool(description = "Tells the client its tool list changed (on the session's stream)")]
+    #[tool(description = "Tells the client a list changed (on the session's stream)")]
     async fn change(&self, context: RequestContext<RoleServer>) -> Result<String, ErrorData> {
-        context
-            .peer
-            .notify_tool_list_changed()
-            .await
-            .map_err(|error| ErrorData::internal_error(error.to_string(), None))?;
+        let told = if self.name == "math" {
+            context.peer.notify_tool_list_changed().await
+        } else {
+            context.peer.notify_prompt_list_changed().await
+        };
+        told.map_err(|error| ErrorData::internal_error(error.to_string(), None))?;
         Ok("told".into())
     }
 
@@ -99,6 +101,8 @@ impl ServerHandler for Tools {
             ServerCapabilities::builder()
                 .enable_tools()
                 .enable_tool_list_changed()
+                .enable_prompts()
+                .enable_prompts_list_changed()
                 .build(),
         )
     }
@@ -134,15 +138,19 @@ impl ClientHandler for Sampler {
     }
 }
 
-/// A client that tells `changes` each time a server says its tool list changed.
+/// A client that tells `changes` which list a server said changed: `tools` or `prompts`.
 #[derive(Clone)]
 pub(crate) struct ChangeListener {
-    pub(crate) changes: tokio::sync::mpsc::UnboundedSender<()>,
+    pub(crate) changes: tokio::sync::mpsc::UnboundedSender<&'static str>,
 }
 
 impl ClientHandler for ChangeListener {
     async fn on_tool_list_changed(&self, _context: rmcp::service::NotificationContext<RoleClient>) {
-        let _ = self.changes.send(());
+        let _ = self.changes.send("tools");
+    }
+
+    async fn on_prompt_list_changed(&self, _context: rmcp::service::NotificationContext<RoleClient>) {
+        let _ = self.changes.send("prompts");
     }
 
     fn get_info(&self) -> ClientConfig {

@@ -47,7 +47,7 @@ pub(crate) trait Target: Send + Sync {
 }
 
 pub(crate) use inference_pool::InferencePoolTarget;
-pub(crate) use mcp::PinObservations;
+pub(crate) use mcp::{ListChanges, PinObservations};
 
 /// Every target of a config version.
 #[derive(Default)]
@@ -62,14 +62,16 @@ pub(crate) struct Targets {
 
 impl Targets {
     /// Once this version is in force: what was seen of pinned servers is judged against its
-    /// pins, and what was seen of servers it no longer has is forgotten.
-    pub(crate) fn put_pins_in_force(&self, tool_pins: &PinObservations) {
+    /// pins, and what was seen of servers it no longer has (their tools, their list changes)
+    /// is forgotten.
+    pub(crate) fn put_mcp_in_force(&self, upstream: &Upstream) {
         let mut servers = Vec::new();
         for target in &self.mcp {
             target.refresh_pins();
             servers.extend(target.server_keys());
         }
-        tool_pins.retain(&servers);
+        upstream.tool_pins.retain(&servers);
+        upstream.list_changes.retain(&servers);
     }
 }
 
@@ -110,7 +112,7 @@ pub(crate) fn compile(
             spec,
             config,
             guardrails,
-            &upstream.tool_pins,
+            upstream,
         )?);
         targets.by_key.insert(
             ObjectKey::new(Kind::of::<McpBackendSpec>(), metadata.name.as_str()),

@@ -27,7 +27,7 @@ use crate::placements::Outbox;
 use crate::policy::RequestContext;
 use crate::response;
 use crate::route::Route;
-use crate::target::PinObservations;
+use crate::target::{ListChanges, PinObservations};
 use crate::telemetry::Telemetry;
 
 /// Request bodies up to this size are kept so a failed connect can be retried.
@@ -63,6 +63,8 @@ pub(crate) struct Upstream {
     pub(crate) placements: Outbox,
     /// What MCP servers covered by McpToolPins listed, kept across versions.
     pub(crate) tool_pins: Arc<PinObservations>,
+    /// How often MCP servers said their lists changed, kept across versions.
+    pub(crate) list_changes: Arc<ListChanges>,
 }
 
 enum Failure {
@@ -86,6 +88,7 @@ impl Upstream {
             http2: http2::Connections::default(),
             health: HealthRegistry::default(),
             tool_pins: Arc::new(PinObservations::new(telemetry.clone())),
+            list_changes: Arc::default(),
             telemetry,
             placements,
         }

@@ -74,8 +74,11 @@ impl McpTarget {
         for (server, outcome) in self.servers.iter().zip(opened) {
             match outcome {
                 Ok((session, offer)) => {
+                    // Its list changes reach the client on the session's stream only if it
+                    // keeps a session to open one in.
+                    let streams = session.id.is_some() && session.version != MODERN_VERSION;
                     sessions.push(session);
-                    offers.push((server, offer));
+                    offers.push((server, offer, streams));
                 }
                 Err(error) if server.failure_mode == McpFailureMode::Omit => {
                     tracing::warn!(target = %self.name, %error, "MCP server left out of a new session");
@@ -100,7 +103,7 @@ impl McpTarget {
             );
             return upstream_failed(id, &self.name, &error);
         }
-        let mut merged = self.merge_offers(&offers, true);
+        let mut merged = self.merge_offers(&offers);
         merged.insert("protocolVersion".into(), Value::from(*version));
         let mut answer = jsonrpc::result(id, Value::Object(merged));
         if let Ok(sealed) = HeaderValue::from_str(&self.sealer.seal(&session)) {
@@ -126,14 +129,22 @@ impl McpTarget {
         let mut merged_offers = Vec::new();
         for (server, outcome) in self.servers.iter().zip(offers) {
             match outcome {
-                Ok(offer) => merged_offers.push((server, offer)),
+                Ok(offer) => {
+                    // Its list changes reach the client on `subscriptions/listen` only if it
+                    // speaks 2026-07-28 (answered `server/discover` listing it).
+                    let streams = offer
+                        .get("supportedVersions")
+                        .and_then(Value::as_array)
+                        .is_some_and(|versions| versions.iter().any(|version| version == MODERN_VERSION));
+                    merged_offers.push((server, offer, streams));
+                }
                 Err(error) if server.failure_mode == McpFailureMode::Omit => {
                     tracing::warn!(target = %self.name, %error, "MCP server left out of server/discover");
                 }
                 Err(error) => return upstream_failed(id, &self.name, &error.to_string()),
             }
         }
-        let mut merged = self.merge_offers(&merged_offers, false);
+        let mut merged = self.merge_offers(&merged_offers);
         let server_info = merged.remove("serverInfo").unwrap_or(Value::Null);
         merged.insert("supportedVersions".into(), json!([MODERN_VERSION]));
         merged.insert("ttlMs".into(), Value::from(0));
@@ -146,27 +157,13 @@ impl McpTarget {
         jsonrpc::result(id, Value::Object(merged))
     }
 
-    /// Capabilities, instructions and server info of the servers as one server's.
-    /// `session_stream`: the client listens on its session's stream, not with
-    /// `subscriptions/listen`.
-    fn merge_offers(&self, offers: &[(&Server, Value)], session_stream: bool) -> Map<String, Value> {
+    /// Capabilities, instructions and server info of the servers as one server's. Each offer
+    /// comes with whether the server's list changes can reach the client: `listChanged` is
+    /// offered only for those.
+    fn merge_offers(&self, offers: &[(&Server, Value, bool)]) -> Map<String, Value> {
         let mut capabilities = Map::new();
         let mut instructions = Vec::new();
-        for (server, offer) in offers {
-            // List changes reach a session-based client on its session's stream from servers
-            // that keep sessions, and a 2026-07-28 client on `subscriptions/listen` from
-            // 2026-07-28 servers (those that answered `server/discover`).
-            let streams = if session_stream {
-                offer
-                    .get("protocolVersion")
-                    .and_then(Value::as_str)
-                    .is_some_and(|version| version != MODERN_VERSION)
-            } else {
-                offer
-                    .get("supportedVersions")
-                    .and_then(Value::as_array)
-                    .is_some_and(|versions| versions.iter().any(|version| version == MODERN_VERSION))
-            };
+        for (server, offer, streams) in offers {
             if let Some(Value::Object(offered)) = offer.get("capabilities") {
                 // Only what the gateway delivers: no resource-update notifications (their
                 // URIs would need the server's prefix), no tasks, no extensions.
@@ -177,7 +174,7 @@ impl McpTarget {
                     let merged = capabilities.entry(name.clone()).or_insert_with(|| json!({}));
                     if let (Value::Object(merged), Value::Object(value)) = (merged, value) {
                         for (flag, on) in value {
-                            if flag == "subscribe" || (flag == "listChanged" && !streams) {
+                            if flag == "subscribe" || (flag == "listChanged" && !*streams) {
                                 continue;
                             }
                             if on.as_bool() == Some(true) || !merged.contains_key(flag) {
@@ -193,7 +190,7 @@ impl McpTarget {
         }
         let mut merged = Map::new();
         merged.insert("capabilities".into(), Value::Object(capabilities));
-        if let ([(_, offer)], false) = (offers, self.multiplexed) {
+        if let ([(_, offer, _)], false) = (offers, self.multiplexed) {
             // One server: its own name and instructions, as if the gateway were not there.
             for field in ["instructions", "serverInfo"] {
                 if let Some(value) = offer.get(field) {

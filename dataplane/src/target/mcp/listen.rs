@@ -8,10 +8,13 @@
 //! `subscriptions/listen` (SEP-2575), merged the same way.
 
 use std::sync::Arc;
+use std::time::Duration;
 
-use futures::stream::select_all;
+use bytes::Bytes;
+use futures::stream::{select_all, StreamExt};
 use http::header::{ACCEPT, ALLOW, CACHE_CONTROL, CONTENT_TYPE};
 use http::{HeaderValue, Response, StatusCode};
+use http_body::Frame;
 use http_body_util::{BodyExt, BodyStream, StreamBody};
 use portcullis_config::mcp_rules::{Item, ItemKind};
 use portcullis_config::McpFailureMode;
@@ -24,6 +27,10 @@ use super::server::{self, Headers, MODERN_VERSION};
 use super::{jsonrpc, Exchange, McpTarget};
 use crate::body::{self, Body};
 use crate::sse;
+
+/// How long a merged stream may stay silent before the gateway sends a comment, so idle
+/// timeouts of proxies and load balancers between it and the client do not close it.
+const KEEPALIVE: Duration = Duration::from_secs(15);
 
 /// Which reused lists a server's notification makes stale.
 pub(super) fn lists_changed(method: &str) -> &'static [&'static str] {
@@ -73,6 +80,7 @@ impl McpTarget {
             })
         });
         let mut streams = Vec::new();
+        let mut failed = false;
         for (index, opened) in futures::future::join_all(opens).await {
             let server = &self.servers[index];
             match opened {
@@ -82,17 +90,36 @@ impl McpTarget {
                     let events = RemapRequests::new(body::boxed(response.into_body()), &server.name)
                         .remapping(self.multiplexed)
                         .watching(self.list_watch(index));
-                    streams.push(BodyStream::new(body::boxed(events)));
+                    streams.push((server.name.clone(), events));
                 }
-                // 405: the server offers no stream; the client still gets the others'.
+                Ok(response) if response.status() == StatusCode::METHOD_NOT_ALLOWED => {
+                    tracing::debug!(server = %server.name, "an MCP server offers no stream");
+                }
+                // Anything else, a 404 included, is a stream that could not be opened: the
+                // session's requests, not its stream, say when a session is gone.
                 Ok(response) => {
-                    tracing::debug!(server = %server.name, status = %response.status(), "an MCP server offers no stream")
+                    failed = true;
+                    tracing::warn!(server = %server.name, status = %response.status(),
+                        "an MCP server's stream could not be opened");
                 }
-                Err(failure) if failure.session_gone => return jsonrpc::session_not_found(&Value::Null),
                 Err(failure) => {
-                    tracing::warn!(server = %server.name, %failure, "an MCP server's stream could not be opened")
+                    failed = true;
+                    tracing::warn!(server = %server.name, %failure, "an MCP server's stream could not be opened");
                 }
             }
+        }
+        if streams.is_empty() && failed {
+            return jsonrpc::error(
+                StatusCode::BAD_GATEWAY,
+                &Value::Null,
+                jsonrpc::UPSTREAM_FAILED,
+                format!(
+                    "{}: no stream of this session's servers could be opened",
+                    self.name
+                ),
+                None,
+                "mcp_upstream_failed",
+            );
         }
         if streams.is_empty() {
             let mut answer = jsonrpc::error(
@@ -105,15 +132,52 @@ impl McpTarget {
             );
             answer
                 .headers_mut()
-                .insert(ALLOW, HeaderValue::from_static("GET, POST, DELETE"));
+                .insert(ALLOW, HeaderValue::from_static("POST, DELETE"));
             return answer;
         }
-        let mut answer = Response::new(body::boxed(StreamBody::new(select_all(streams))));
-        let headers = answer.headers_mut();
-        headers.insert(CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
-        headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-        answer
+        event_stream(merged(streams))
     }
+}
+
+/// A `text/event-stream` answer.
+fn event_stream(body: Body) -> Response<Body> {
+    let mut answer = Response::new(body);
+    let headers = answer.headers_mut();
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+    headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    headers.insert("x-accel-buffering", HeaderValue::from_static("no"));
+    answer
+}
+
+/// Servers' streams merged into one for the client: a server's stream that fails ends alone
+/// (the others go on), and a comment goes out after [`KEEPALIVE`] of silence. It ends when
+/// every server's stream has ended.
+fn merged(streams: Vec<(Arc<str>, RemapRequests)>) -> Body {
+    let servers = select_all(streams.into_iter().map(|(server, events)| {
+        BodyStream::new(events.merged()).scan((), move |(), frame| {
+            std::future::ready(match frame {
+                Ok(frame) => Some(Ok(frame)),
+                Err(error) => {
+                    tracing::warn!(%server, %error, "an MCP server's stream failed; the others go on");
+                    None
+                }
+            })
+        })
+    }));
+    let silence = tokio::time::sleep(KEEPALIVE);
+    let frames = futures::stream::unfold(
+        (servers, Box::pin(silence)),
+        |(mut servers, mut silence)| async move {
+            let frame: Result<Frame<Bytes>, body::BoxError> = tokio::select! {
+                biased;
+                frame = servers.next() => frame?,
+                () = &mut silence => Ok(Frame::data(Bytes::from_static(b": keepalive\n\n"))),
+            };
+            silence.as_mut().reset(tokio::time::Instant::now() + KEEPALIVE);
+            Some((frame, (servers, silence)))
+        },
+    );
+    body::boxed(StreamBody::new(frames))
 }
 
 /// The list flags of a `subscriptions/listen` filter the gateway passes on.
@@ -232,7 +296,7 @@ impl McpTarget {
             match acknowledged {
                 Ok((server_honors, events)) => {
                     self.honor(&mut honored, index, &server_honors);
-                    streams.push(BodyStream::new(body::boxed(events)));
+                    streams.push((server.name.clone(), events));
                 }
                 Err(failure) if server.failure_mode == McpFailureMode::Omit => {
                     tracing::warn!(target = %self.name, %failure, "MCP server left out of a subscription");
@@ -250,14 +314,9 @@ impl McpTarget {
                 json!({"jsonrpc": "2.0", "id": id, "result": {"_meta": meta, "resultType": "complete"}});
             body::full(event(&end))
         } else {
-            body::boxed(StreamBody::new(select_all(streams)))
+            merged(streams)
         };
-        let mut answer = Response::new(body::prepend(first, rest));
-        let headers = answer.headers_mut();
-        headers.insert(CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
-        headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-        headers.insert("x-accel-buffering", HeaderValue::from_static("no"));
-        answer
+        event_stream(body::prepend(first, rest))
     }
 
     /// Adds what server `index` honors to what the client is told: any server's flag, and
@@ -323,4 +382,65 @@ fn event(message: &Value) -> bytes::Bytes {
         retry: None,
     }
     .encode()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn event(data: &str) -> Result<Frame<Bytes>, body::BoxError> {
+        Ok(Frame::data(Bytes::from(format!(
+            "event: message\nid: 7\nretry: 1000\ndata: {data}\n\n"
+        ))))
+    }
+
+    fn text(frame: Option<Result<Frame<Bytes>, body::BoxError>>) -> String {
+        let data = frame
+            .expect("a frame")
+            .expect("no error")
+            .into_data()
+            .expect("data");
+        String::from_utf8(data.to_vec()).expect("UTF-8")
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failed_stream_ends_alone_silence_gets_a_comment_and_ids_are_left_out() {
+        let failing = futures::stream::iter([
+            event(r#"{"jsonrpc":"2.0","method":"notifications/tools/list_changed"}"#),
+            Err("connection reset".into()),
+        ]);
+        let (open, rest) = tokio::sync::mpsc::unbounded_channel();
+        let lasting = tokio_stream::wrappers::UnboundedReceiverStream::new(rest);
+        let streams = vec![
+            (
+                Arc::from("math"),
+                RemapRequests::new(body::boxed(StreamBody::new(failing)), "math"),
+            ),
+            (
+                Arc::from("web"),
+                RemapRequests::new(body::boxed(StreamBody::new(lasting)), "web"),
+            ),
+        ];
+        let mut merged = merged(streams);
+        let first = text(merged.frame().await);
+        assert!(first.contains("list_changed"), "{first}");
+        assert!(
+            !first.contains("id:") && !first.contains("retry:"),
+            "no server's event ids: {first}"
+        );
+        open.send(event(
+            r#"{"jsonrpc":"2.0","method":"notifications/prompts/list_changed"}"#,
+        ))
+        .unwrap();
+        let second = text(merged.frame().await);
+        assert!(
+            second.contains("prompts/list_changed"),
+            "web's stream goes on: {second}"
+        );
+        let started = tokio::time::Instant::now();
+        assert_eq!(text(merged.frame().await), ": keepalive\n\n");
+        assert_eq!(started.elapsed(), KEEPALIVE);
+        drop(open);
+        assert!(merged.frame().await.is_none(), "it ends once every stream has");
+    }
 }

@@ -16,7 +16,7 @@ use portcullis_config::mcp_rules::{Caller, Item, ItemKind};
 use portcullis_config::{McpFailureMode, MAX_TOOL_LIST_PAGES};
 use serde_json::{json, Map, Value};
 
-use super::cache;
+use super::cache::{self, PageRef};
 use super::reach::Downstream;
 use super::{inject_trace, invalid_params, session_not_found, upstream_failed, Exchange, McpTarget, Problem};
 use crate::body::Body;
@@ -108,7 +108,8 @@ impl McpTarget {
     /// Renames and serializes a server's page, judging its items now if no rule reads the
     /// caller.
     /// `first`: the server's first page, so with no next page it is the whole list.
-    fn page(&self, index: usize, kind: &ListKind, mut answer: Value, first: bool) -> Page {
+    /// `changes`: what [`cache::ListCache::changes`] said before the page was asked for.
+    fn page(&self, index: usize, kind: &ListKind, mut answer: Value, first: bool, changes: u64) -> Page {
         let server = &self.servers[index].name;
         let pins = self.pins[index]
             .as_ref()
@@ -157,7 +158,8 @@ impl McpTarget {
         if pins.is_some() {
             let whole: Option<Vec<String>> = (first && next_cursor.is_none())
                 .then(|| pinned_tools.iter().map(|(tool, _)| tool.clone()).collect());
-            self.saw_tools(index, pinned_tools, whole.as_deref());
+            let current = changes == self.lists.changes(index, "tools/list");
+            self.saw_tools(index, pinned_tools, whole.as_deref(), current);
         }
         Page { items, next_cursor }
     }
@@ -175,6 +177,7 @@ impl McpTarget {
         };
         let mut cursor: Option<String> = None;
         let mut names = Vec::new();
+        let changes = self.lists.changes(index, "tools/list");
         for page_number in 0..MAX_TOOL_LIST_PAGES {
             let mut params = json!({});
             if let Some(cursor) = &cursor {
@@ -189,7 +192,7 @@ impl McpTarget {
             else {
                 return Err(Problem::SessionGone);
             };
-            let page = self.page(index, &kind, answer?, cursor.is_none());
+            let page = self.page(index, &kind, answer?, cursor.is_none(), changes);
             names.extend(page.items.iter().map(|item| item.own.clone()));
             match page.next_cursor {
                 Some(next) => cursor = Some(next),
@@ -197,7 +200,8 @@ impl McpTarget {
                 None if page_number == 0 => return Ok(()),
                 None => {
                     // Page by page, each recorded as it came; now what the whole lacks is gone.
-                    self.saw_tools(index, Vec::new(), Some(&names));
+                    let current = changes == self.lists.changes(index, "tools/list");
+                    self.saw_tools(index, Vec::new(), Some(&names), current);
                     return Ok(());
                 }
             }
@@ -256,14 +260,21 @@ impl McpTarget {
             .filter(|name| in_session(name))
             .filter_map(|name| self.server_index(name))
         {
-            match self
-                .lists
-                .get(index, method, cursor_of(index).as_deref(), caller_key)
-            {
+            let cursor = cursor_of(index);
+            let at = PageRef {
+                server: index,
+                method,
+                cursor: cursor.as_deref(),
+            };
+            match self.lists.get(at, caller_key) {
                 Some(page) => pages.push((index, Ok(page))),
                 None => indexes.push(index),
             }
         }
+        // Read before asking: a change the server tells while its page is on the way wins.
+        let changes: Vec<u64> = (0..self.servers.len())
+            .map(|index| self.lists.changes(index, method))
+            .collect();
         let message = |index: usize| {
             let mut params = base.clone();
             if let Some(cursor) = cursor_of(index) {
@@ -274,16 +285,15 @@ impl McpTarget {
         for (index, outcome) in self.ask_each(exchange, downstream, &indexes, message).await {
             let outcome = outcome.map(|answer| {
                 let reuse = cache::Reuse::of(&answer, self.servers[index].list_ttl);
-                let page = Arc::new(self.page(index, &kind, answer, cursor_of(index).is_none()));
+                let cursor = cursor_of(index);
+                let page = Arc::new(self.page(index, &kind, answer, cursor.is_none(), changes[index]));
                 if let Some(reuse) = reuse {
-                    self.lists.put(
-                        index,
+                    let at = PageRef {
+                        server: index,
                         method,
-                        cursor_of(index).as_deref(),
-                        caller_key,
-                        reuse,
-                        &page,
-                    );
+                        cursor: cursor.as_deref(),
+                    };
+                    self.lists.put(at, caller_key, changes[index], reuse, &page);
                 }
                 page
             });

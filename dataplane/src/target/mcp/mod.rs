@@ -36,6 +36,7 @@ use portcullis_config::{
 use serde_json::{json, Map, Value};
 
 use self::authz::{Judgement, ServerRules};
+pub(crate) use self::cache::ListChanges;
 use self::downstream::Era;
 use self::guarded::ServerGuards;
 use self::jsonrpc::{accepted, invalid_params, session_not_found, upstream_failed, Message};
@@ -113,7 +114,7 @@ impl McpTarget {
         spec: &McpBackendSpec,
         config: &ConfigSet,
         guardrails: &GuardrailIndex,
-        tool_pins: &Arc<PinObservations>,
+        upstream: &Upstream,
     ) -> Result<McpTarget, String> {
         let target: Arc<str> = Arc::from(format!("{}/{name}", McpBackendSpec::INFO.name));
         let servers = spec
@@ -141,16 +142,20 @@ impl McpTarget {
             .iter()
             .map(|server| ServerPins::compile(config, name, &server.name))
             .collect();
+        let keys = servers
+            .iter()
+            .map(|server| (target.clone(), server.name.clone(), server.url.clone()))
+            .collect();
         Ok(McpTarget {
             pins,
-            tool_pins: tool_pins.clone(),
+            tool_pins: upstream.tool_pins.clone(),
+            lists: cache::ListCache::new(upstream.list_changes.clone(), keys),
             guards,
             sealer: Sealer::load(&target, &spec.session_keys, spec.session_ttl())?,
             name: target,
             servers,
             rules,
             multiplexed: spec.multiplexed(),
-            lists: cache::ListCache::default(),
         })
     }
 

@@ -184,11 +184,15 @@ impl PinObservations {
         pins: &ServerPins,
         listed: Vec<(String, String)>,
         whole: Option<&[String]>,
+        current: bool,
     ) {
         let now = Instant::now();
         let mut seen = self.lock();
         let server = seen.servers.entry(key.clone()).or_default();
-        server.stale = false;
+        // A list asked for before the server said its tools changed does not end the wait.
+        if current {
+            server.stale = false;
+        }
         for (tool, digest) in listed {
             if server.tools.len() < MAX_TOOLS_SEEN || server.tools.contains_key(&tool) {
                 server.tools.insert(tool, (digest, now));
@@ -339,9 +343,16 @@ impl McpTarget {
     }
 
     /// Records the tools of a page server `index` listed; see [`PinObservations::record`].
-    pub(super) fn saw_tools(&self, index: usize, listed: Vec<(String, String)>, whole: Option<&[String]>) {
+    pub(super) fn saw_tools(
+        &self,
+        index: usize,
+        listed: Vec<(String, String)>,
+        whole: Option<&[String]>,
+        current: bool,
+    ) {
         if let Some(pins) = &self.pins[index] {
-            self.tool_pins.record(&self.pin_key(index), pins, listed, whole);
+            self.tool_pins
+                .record(&self.pin_key(index), pins, listed, whole, current);
         }
     }
 
@@ -462,7 +473,13 @@ mod tests {
             Arc::from("http://127.0.0.1:9000/mcp"),
         );
         let findings = observations.subscribe();
-        observations.record(&key, &pins, vec![("get-sum".into(), "sha256:a".into())], None);
+        observations.record(
+            &key,
+            &pins,
+            vec![("get-sum".into(), "sha256:a".into())],
+            None,
+            true,
+        );
         assert!(
             findings.borrow().tool_drift.is_empty(),
             "a tool as pinned is no finding"
@@ -483,6 +500,7 @@ mod tests {
                 ("mail".into(), "sha256:m".into()),
             ],
             Some(&["get-sum".to_string(), "mail".to_string()]),
+            true,
         );
         let found: Vec<(String, String, String)> = findings
             .borrow()
@@ -542,6 +560,7 @@ mod tests {
             &pins,
             vec![("get-sum".into(), "sha256:a".into())],
             Some(&["get-sum".into()]),
+            true,
         );
         std::thread::sleep(Duration::from_millis(5));
         assert!(matches!(
@@ -567,6 +586,7 @@ mod tests {
             &pins,
             vec![("get-sum".into(), "sha256:a".into())],
             Some(&["get-sum".into()]),
+            true,
         );
         observations.stale(&key);
         assert!(matches!(
@@ -577,7 +597,25 @@ mod tests {
             observations.lookup(&key, "echo", pins.recheck),
             Lookup::Unknown
         ));
-        observations.record(&key, &pins, vec![("get-sum".into(), "sha256:a".into())], None);
+        // A list asked for before the change still says nothing of the tools now.
+        observations.record(
+            &key,
+            &pins,
+            vec![("get-sum".into(), "sha256:a".into())],
+            None,
+            false,
+        );
+        assert!(matches!(
+            observations.lookup(&key, "get-sum", pins.recheck),
+            Lookup::Unknown
+        ));
+        observations.record(
+            &key,
+            &pins,
+            vec![("get-sum".into(), "sha256:a".into())],
+            None,
+            true,
+        );
         assert!(matches!(
             observations.lookup(&key, "get-sum", pins.recheck),
             Lookup::Listed(_)

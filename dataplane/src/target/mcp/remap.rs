@@ -66,6 +66,7 @@ pub(super) struct RemapRequests {
     remap: bool,
     watch: Option<ListWatch>,
     subscription: Option<Value>,
+    merged: bool,
     parser: sse::Parser,
     events: Vec<sse::Event>,
     ready: VecDeque<Bytes>,
@@ -80,6 +81,7 @@ impl RemapRequests {
             remap: true,
             watch: None,
             subscription: None,
+            merged: false,
             parser: sse::Parser::default(),
             events: Vec::new(),
             ready: VecDeque::new(),
@@ -107,8 +109,20 @@ impl RemapRequests {
         self
     }
 
+    /// One of several streams merged into one: event ids and retry hints are left out. Ids of
+    /// two servers may collide, and the gateway resumes no stream, so a `Last-Event-ID`
+    /// would be a promise nobody keeps.
+    pub(super) fn merged(mut self) -> RemapRequests {
+        self.merged = true;
+        self
+    }
+
     /// The event as the client gets it; `None` to leave it out.
     fn rewrite(&self, mut event: sse::Event) -> Option<Bytes> {
+        if self.merged {
+            event.id = None;
+            event.retry = None;
+        }
         if let Ok(Value::Object(mut message)) = serde_json::from_str::<Value>(&event.data) {
             match (
                 message.get("method").and_then(Value::as_str).map(str::to_string),
@@ -197,6 +211,7 @@ impl HttpBody for RemapRequests {
 
 #[cfg(test)]
 mod tests {
+    use super::super::cache::PageRef;
     use super::*;
     use http_body_util::BodyExt;
 
@@ -212,25 +227,33 @@ mod tests {
 
     #[tokio::test]
     async fn a_list_change_drops_the_pages_it_concerns() {
-        let lists = ListCache::default();
+        let key = |server: &str| -> ServerKey {
+            (
+                Arc::from("McpBackend/tools"),
+                Arc::from(server),
+                Arc::from(format!("http://127.0.0.1:9000/{server}")),
+            )
+        };
+        let lists = ListCache::new(Arc::default(), vec![key("math"), key("web")]);
         let reuse = super::super::cache::Reuse {
             ttl: std::time::Duration::from_secs(60),
             private: false,
         };
         let page = Arc::new(super::super::lists::Page::of_names(&["get-sum"]));
+        let at = |server, method| PageRef {
+            server,
+            method,
+            cursor: None,
+        };
         for (server, method) in [(0, "tools/list"), (0, "prompts/list"), (1, "tools/list")] {
-            lists.put(server, method, None, 1, reuse, &page);
+            lists.put(at(server, method), 1, 0, reuse, &page);
         }
         let telemetry = crate::telemetry::Telemetry::new(crate::tests::support::quiet_telemetry()).unwrap();
         let watch = ListWatch {
             lists: lists.clone(),
             server: 0,
             tool_pins: Arc::new(PinObservations::new(Arc::new(telemetry))),
-            key: (
-                Arc::from("McpBackend/tools"),
-                Arc::from("math"),
-                Arc::from("http://127.0.0.1:9000/mcp"),
-            ),
+            key: key("math"),
         };
         let stream = "event: message\r\ndata: {\"jsonrpc\":\"2.0\",\"method\":\"notifications/tools/list_changed\"}\r\n\r\n";
         let body = RemapRequests::new(crate::body::full(stream), "math")
@@ -242,16 +265,16 @@ mod tests {
             "relayed"
         );
         assert_eq!(
-            lists.get(0, "tools/list", None, 1),
+            lists.get(at(0, "tools/list"), 1),
             None,
             "the changed list is asked again"
         );
         assert!(
-            lists.get(0, "prompts/list", None, 1).is_some(),
+            lists.get(at(0, "prompts/list"), 1).is_some(),
             "other lists are kept"
         );
         assert!(
-            lists.get(1, "tools/list", None, 1).is_some(),
+            lists.get(at(1, "tools/list"), 1).is_some(),
             "other servers' are kept"
         );
     }
