@@ -80,9 +80,10 @@ impl McpTarget {
             })
         });
         let mut streams = Vec::new();
-        let mut failed = false;
+        let (mut failed, mut tried, mut gone) = (false, 0, 0);
         for (index, opened) in futures::future::join_all(opens).await {
             let server = &self.servers[index];
+            tried += 1;
             match opened {
                 Ok(response)
                     if response.status() == StatusCode::OK && server::is_event_stream(response.headers()) =>
@@ -95,8 +96,13 @@ impl McpTarget {
                 Ok(response) if response.status() == StatusCode::METHOD_NOT_ALLOWED => {
                     tracing::debug!(server = %server.name, "an MCP server offers no stream");
                 }
-                // Anything else, a 404 included, is a stream that could not be opened: the
-                // session's requests, not its stream, say when a session is gone.
+                // Anything else is a stream that could not be opened. A 404 is a server that
+                // lost the session; only when all did is the client's session gone.
+                Err(failure) if failure.session_gone => {
+                    gone += 1;
+                    failed = true;
+                    tracing::warn!(server = %server.name, "an MCP server no longer knows the session");
+                }
                 Ok(response) => {
                     failed = true;
                     tracing::warn!(server = %server.name, status = %response.status(),
@@ -107,6 +113,9 @@ impl McpTarget {
                     tracing::warn!(server = %server.name, %failure, "an MCP server's stream could not be opened");
                 }
             }
+        }
+        if tried > 0 && gone == tried {
+            return jsonrpc::session_not_found(&Value::Null);
         }
         if streams.is_empty() && failed {
             return jsonrpc::error(
@@ -178,6 +187,11 @@ fn merged(streams: Vec<(Arc<str>, RemapRequests)>) -> Body {
         },
     );
     body::boxed(StreamBody::new(frames))
+}
+
+fn append(body: Body, last: Bytes) -> Body {
+    let last = futures::stream::once(async move { Ok(Frame::data(last)) });
+    body::boxed(StreamBody::new(BodyStream::new(body).chain(last)))
 }
 
 /// The list flags of a `subscriptions/listen` filter the gateway passes on.
@@ -308,13 +322,13 @@ impl McpTarget {
         let ack = json!({"jsonrpc": "2.0", "method": "notifications/subscriptions/acknowledged",
             "params": {"notifications": honored, "_meta": meta}});
         let first = event(&ack);
+        // The subscription ends as the spec ends one, with its result: at once when there is
+        // nothing to listen to, else once every server's stream has ended.
+        let end = json!({"jsonrpc": "2.0", "id": id, "result": {"_meta": meta, "resultType": "complete"}});
         let rest = if streams.is_empty() {
-            // Nothing to listen to: the subscription ends as the spec ends one, with its result.
-            let end =
-                json!({"jsonrpc": "2.0", "id": id, "result": {"_meta": meta, "resultType": "complete"}});
             body::full(event(&end))
         } else {
-            merged(streams)
+            append(merged(streams), event(&end))
         };
         event_stream(body::prepend(first, rest))
     }

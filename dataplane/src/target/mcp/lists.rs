@@ -158,7 +158,7 @@ impl McpTarget {
         if pins.is_some() {
             let whole: Option<Vec<String>> = (first && next_cursor.is_none())
                 .then(|| pinned_tools.iter().map(|(tool, _)| tool.clone()).collect());
-            let current = changes == self.lists.changes(index, "tools/list");
+            let current = || changes == self.lists.changes(index, "tools/list");
             self.saw_tools(index, pinned_tools, whole.as_deref(), current);
         }
         Page { items, next_cursor }
@@ -200,7 +200,7 @@ impl McpTarget {
                 None if page_number == 0 => return Ok(()),
                 None => {
                     // Page by page, each recorded as it came; now what the whole lacks is gone.
-                    let current = changes == self.lists.changes(index, "tools/list");
+                    let current = || changes == self.lists.changes(index, "tools/list");
                     self.saw_tools(index, Vec::new(), Some(&names), current);
                     return Ok(());
                 }

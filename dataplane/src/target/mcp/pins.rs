@@ -184,15 +184,17 @@ impl PinObservations {
         pins: &ServerPins,
         listed: Vec<(String, String)>,
         whole: Option<&[String]>,
-        current: bool,
+        current: impl FnOnce() -> bool,
     ) {
         let now = Instant::now();
         let mut seen = self.lock();
-        let server = seen.servers.entry(key.clone()).or_default();
-        // A list asked for before the server said its tools changed does not end the wait.
-        if current {
-            server.stale = false;
+        // A list asked for before the server said its tools changed says nothing of them now.
+        // Asked under the lock: a change counted after this is marked stale after this.
+        if !current() {
+            return;
         }
+        let server = seen.servers.entry(key.clone()).or_default();
+        server.stale = false;
         for (tool, digest) in listed {
             if server.tools.len() < MAX_TOOLS_SEEN || server.tools.contains_key(&tool) {
                 server.tools.insert(tool, (digest, now));
@@ -348,7 +350,7 @@ impl McpTarget {
         index: usize,
         listed: Vec<(String, String)>,
         whole: Option<&[String]>,
-        current: bool,
+        current: impl FnOnce() -> bool,
     ) {
         if let Some(pins) = &self.pins[index] {
             self.tool_pins
@@ -478,7 +480,7 @@ mod tests {
             &pins,
             vec![("get-sum".into(), "sha256:a".into())],
             None,
-            true,
+            || true,
         );
         assert!(
             findings.borrow().tool_drift.is_empty(),
@@ -500,7 +502,7 @@ mod tests {
                 ("mail".into(), "sha256:m".into()),
             ],
             Some(&["get-sum".to_string(), "mail".to_string()]),
-            true,
+            || true,
         );
         let found: Vec<(String, String, String)> = findings
             .borrow()
@@ -560,7 +562,7 @@ mod tests {
             &pins,
             vec![("get-sum".into(), "sha256:a".into())],
             Some(&["get-sum".into()]),
-            true,
+            || true,
         );
         std::thread::sleep(Duration::from_millis(5));
         assert!(matches!(
@@ -586,7 +588,7 @@ mod tests {
             &pins,
             vec![("get-sum".into(), "sha256:a".into())],
             Some(&["get-sum".into()]),
-            true,
+            || true,
         );
         observations.stale(&key);
         assert!(matches!(
@@ -603,7 +605,7 @@ mod tests {
             &pins,
             vec![("get-sum".into(), "sha256:a".into())],
             None,
-            false,
+            || false,
         );
         assert!(matches!(
             observations.lookup(&key, "get-sum", pins.recheck),
@@ -614,7 +616,7 @@ mod tests {
             &pins,
             vec![("get-sum".into(), "sha256:a".into())],
             None,
-            true,
+            || true,
         );
         assert!(matches!(
             observations.lookup(&key, "get-sum", pins.recheck),

@@ -120,6 +120,10 @@ impl RemapRequests {
     /// The event as the client gets it; `None` to leave it out.
     fn rewrite(&self, mut event: sse::Event) -> Option<Bytes> {
         if self.merged {
+            // An event that only set an id or a retry hint (a priming event) says nothing now.
+            if event.data.is_empty() {
+                return None;
+            }
             event.id = None;
             event.retry = None;
         }
