@@ -79,6 +79,15 @@ pub(crate) fn prepend(start: Bytes, rest: Body) -> Body {
     )))
 }
 
+/// A body followed by `last`: a stream that ends with a closing message.
+pub(crate) fn append(body: Body, last: Bytes) -> Body {
+    let last = futures::stream::once(async move { Ok(Frame::data(last)) });
+    boxed(StreamBody::new(futures::StreamExt::chain(
+        BodyStream::new(body),
+        last,
+    )))
+}
+
 /// A body that went quiet for longer than allowed.
 #[derive(Debug, thiserror::Error)]
 #[error("no body data for {0:?}")]

@@ -189,11 +189,6 @@ fn merged(streams: Vec<(Arc<str>, RemapRequests)>) -> Body {
     body::boxed(StreamBody::new(frames))
 }
 
-fn append(body: Body, last: Bytes) -> Body {
-    let last = futures::stream::once(async move { Ok(Frame::data(last)) });
-    body::boxed(StreamBody::new(BodyStream::new(body).chain(last)))
-}
-
 /// The list flags of a `subscriptions/listen` filter the gateway passes on.
 const LIST_FLAGS: &[&str] = &["toolsListChanged", "promptsListChanged", "resourcesListChanged"];
 
@@ -328,7 +323,7 @@ impl McpTarget {
         let rest = if streams.is_empty() {
             body::full(event(&end))
         } else {
-            append(merged(streams), event(&end))
+            body::append(merged(streams), event(&end))
         };
         event_stream(body::prepend(first, rest))
     }
