@@ -292,6 +292,47 @@ fn mcp_python_sdk_listens_for_list_changes_through_a_multiplexing_mcp_backend() 
     assert!(output.contains("OK"), "{output}");
 }
 
+/// A server's questions cross revisions: the Python SDK's `ask-sum` elicits a confirmation,
+/// behind one McpBackend, from a session-based-only server (`old`) and a 2026-07-28-only one
+/// (`new`); the SDK client of each revision answers both: as requests mid-call in a session,
+/// as `input_required` rounds in 2026-07-28, whichever the server itself speaks.
+#[test]
+fn server_questions_reach_python_sdk_clients_of_either_revision_through_a_multiplexing_mcp_backend() {
+    let dir = tempfile::tempdir().unwrap();
+    let (old_port, new_port, port) = (free_port(), free_port(), free_port());
+    let _old = PythonPeer::start_with(
+        dir.path(),
+        "mcp_server.py",
+        &[&old_port.to_string()],
+        &[("WITH_ASK_TOOL", "1"), ("ONLY_ERA", "legacy")],
+    );
+    let _new = PythonPeer::start_with(
+        dir.path(),
+        "mcp_server.py",
+        &[&new_port.to_string()],
+        &[("WITH_ASK_TOOL", "1"), ("ONLY_ERA", "2026-07-28")],
+    );
+    for server in [old_port, new_port] {
+        wait_for("MCP servers", TIMEOUT, || {
+            std::net::TcpStream::connect(("127.0.0.1", server)).is_ok()
+        });
+    }
+    let header = "apiVersion: portcullis.dev/v1alpha1";
+    let config = format!(
+        "{header}\nkind: Listener\nmetadata: {{name: gw}}\nspec: {{address: 127.0.0.1, port: {port}}}\n---\n\
+         {header}\nkind: McpBackend\nmetadata: {{name: tools}}\nspec:\n  servers:\n  - {{name: old, url: 'http://127.0.0.1:{old_port}/mcp'}}\n  - {{name: new, url: 'http://127.0.0.1:{new_port}/mcp'}}\n---\n\
+         {header}\nkind: Route\nmetadata: {{name: mcp}}\nspec: {{listeners: [gw], backends: [{{kind: McpBackend, name: tools}}]}}\n"
+    );
+    let _gateway = start_gateway(dir.path(), &config);
+    let url = format!("http://127.0.0.1:{port}/mcp");
+    for mode in ["legacy", "2026-07-28"] {
+        for server in ["old__", "new__"] {
+            let output = peer("mcp_ask.py", &[&url, mode, server]);
+            assert!(output.contains("OK"), "{mode} client, {server}: {output}");
+        }
+    }
+}
+
 /// The drift each proxy reports in `portcullis status`: (tool, state, refused).
 fn reported_drift(controlplane: &str) -> Vec<(String, String, bool)> {
     status_json(controlplane)["proxies"]

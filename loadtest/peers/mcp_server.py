@@ -7,13 +7,28 @@ sessions on, SSE answers: the SDK's defaults). `GET_SUM_DESCRIPTION` in the envi
 replaces get-sum's description: a server that changes a tool after it was reviewed.
 With `WITH_CHANGE_TOOL` set it also serves `change`, which tells `subscriptions/listen`
 subscribers (2026-07-28) that its tool list changed.
+With `WITH_ASK_TOOL` set it also serves `ask-sum(a, b)`, which asks the client to confirm
+(elicitation) before it adds: mid-call in a session-based revision, as an `input_required`
+round in 2026-07-28 (the SDK picks by the revision the client speaks).
+`ONLY_ERA=legacy` or `ONLY_ERA=2026-07-28` serves one revision only, as a server that
+predates 2026-07-28 or one that dropped the handshake: the other revision's requests get the
+error such a server gives them.
 """
 
+import json
 import os
 import sys
+from typing import Annotated
+
+import uvicorn
+from pydantic import BaseModel
 
 from mcp.server import MCPServer
 from mcp.server.mcpserver import Context
+from mcp.server.mcpserver.exceptions import ToolError
+from mcp.server.mcpserver.resolve import Elicit, Resolve
+
+MODERN = "2026-07-28"
 
 server = MCPServer("PythonPeer")
 
@@ -39,8 +54,74 @@ if os.environ.get("WITH_CHANGE_TOOL"):
         return "told"
 
 
+if os.environ.get("WITH_ASK_TOOL"):
+
+    class Confirmation(BaseModel):
+        ok: bool
+
+    def confirm(a: int, b: int) -> Elicit[Confirmation]:
+        return Elicit(f"Add {a} and {b}?", Confirmation)
+
+    @server.tool(name="ask-sum")
+    def ask_sum(a: int, b: int, confirmation: Annotated[Confirmation, Resolve(confirm)]) -> int:
+        """Add two integers once the user confirms."""
+        if not confirmation.ok:
+            raise ToolError("the user did not confirm")
+        return a + b
+
+
+def only(era: str, app):
+    """An ASGI wrapper that refuses the other revision as a one-revision server would."""
+
+    async def refuse(send, status: int, code: int, message: str, request_id) -> None:
+        body = json.dumps({"jsonrpc": "2.0", "id": request_id, "error": {"code": code, "message": message}})
+        await send({"type": "http.response.start", "status": status,
+                    "headers": [(b"content-type", b"application/json")]})
+        await send({"type": "http.response.body", "body": body.encode()})
+
+    async def wrapped(scope, receive, send):
+        if scope["type"] != "http" or scope["method"] != "POST":
+            return await app(scope, receive, send)
+        chunks, more = [], True
+        while more:
+            event = await receive()
+            chunks.append(event.get("body", b""))
+            more = event.get("more_body", False)
+        body = b"".join(chunks)
+        try:
+            message = json.loads(body)
+        except ValueError:
+            message = {}
+        method = message.get("method") if isinstance(message, dict) else None
+        request_id = message.get("id") if isinstance(message, dict) else None
+        headers = dict(scope["headers"])
+        modern = headers.get(b"mcp-protocol-version") == MODERN.encode() or method == "server/discover"
+        if era == "legacy" and modern:
+            # A pre-2026 server: no session, no service.
+            return await refuse(send, 400, -32600, "Bad Request: Missing session ID", request_id)
+        if era == MODERN and method == "initialize":
+            return await refuse(send, 404, -32601, "Method not found: initialize", request_id)
+
+        replayed = False
+
+        async def replay():
+            nonlocal replayed
+            if replayed:
+                return await receive()
+            replayed = True
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        return await app(scope, replay, send)
+
+    return wrapped
+
+
 if __name__ == "__main__":
     if len(sys.argv) != 2:
         print(__doc__, file=sys.stderr)
         sys.exit(2)
-    server.run("streamable-http", host="127.0.0.1", port=int(sys.argv[1]))
+    app = server.streamable_http_app()
+    era = os.environ.get("ONLY_ERA")
+    if era:
+        app = only(era, app)
+    uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="warning")

@@ -491,8 +491,15 @@ fn bad_input_gets_the_protocol_error_and_reaches_no_server() {
     let wire = Wire::initialize(port);
     let session = ("Mcp-Session-Id", wire.session.as_str());
 
-    let cases: [Case; 10] = [
+    let cases: [Case; 11] = [
         (&[ACCEPT_BOTH, session], "{not json", 400, -32700),
+        // An answer to a question no call of this proxy asked.
+        (
+            &[ACCEPT_BOTH, session],
+            r#"{"jsonrpc":"2.0","id":"portcullis:input:0","result":{"action":"accept"}}"#,
+            400,
+            -32600,
+        ),
         (
             &[ACCEPT_BOTH, session],
             r#"{"jsonrpc":"1.0","id":1,"method":"ping"}"#,

@@ -63,7 +63,7 @@ impl Target for BackendTarget {
         &'a self,
         ctx: &'a mut RequestContext,
         route: &'a Route,
-        upstream: &'a Upstream,
+        upstream: &'a Arc<Upstream>,
         request: Request<Body>,
     ) -> ResponseFuture<'a> {
         let dispatch = Dispatch {

@@ -38,7 +38,7 @@ pub(crate) trait Target: Send + Sync {
         &'a self,
         ctx: &'a mut RequestContext,
         route: &'a Route,
-        upstream: &'a Upstream,
+        upstream: &'a Arc<Upstream>,
         request: Request<Body>,
     ) -> ResponseFuture<'a>;
 
@@ -47,7 +47,7 @@ pub(crate) trait Target: Send + Sync {
 }
 
 pub(crate) use inference_pool::InferencePoolTarget;
-pub(crate) use mcp::{ListChanges, PinObservations};
+pub(crate) use mcp::{InputWaits, ListChanges, PinObservations};
 
 /// Every target of a config version.
 #[derive(Default)]
@@ -205,7 +205,7 @@ mod tests {
             &'a self,
             _ctx: &'a mut RequestContext,
             _route: &'a Route,
-            _upstream: &'a Upstream,
+            _upstream: &'a Arc<Upstream>,
             _request: Request<Body>,
         ) -> ResponseFuture<'a> {
             Box::pin(async { Response::new(crate::body::empty()) })

@@ -210,6 +210,17 @@ impl RequestTrace {
         self.tracestate.as_ref()
     }
 
+    /// The same context without the span, for work that outlives the request's handler
+    /// (a response body that sends more requests upstream): their headers continue the
+    /// trace, the span ends with the handler.
+    pub(crate) fn detached(&self) -> RequestTrace {
+        RequestTrace {
+            ids: self.ids,
+            tracestate: self.tracestate.clone(),
+            span: None,
+        }
+    }
+
     /// The trace id as 32 lowercase hex digits, for the access log.
     pub(crate) fn trace_id(&self) -> Option<String> {
         let mut hex = [0u8; 32];

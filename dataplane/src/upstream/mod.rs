@@ -27,7 +27,7 @@ use crate::placements::Outbox;
 use crate::policy::RequestContext;
 use crate::response;
 use crate::route::Route;
-use crate::target::{ListChanges, PinObservations};
+use crate::target::{InputWaits, ListChanges, PinObservations};
 use crate::telemetry::Telemetry;
 
 /// Request bodies up to this size are kept so a failed connect can be retried.
@@ -65,6 +65,9 @@ pub(crate) struct Upstream {
     pub(crate) tool_pins: Arc<PinObservations>,
     /// How often MCP servers said their lists changed, kept across versions.
     pub(crate) list_changes: Arc<ListChanges>,
+    /// Session-based MCP clients' answers to questions of 2026-07-28 servers, awaited by
+    /// calls that may have begun in an earlier version.
+    pub(crate) input_waits: Arc<InputWaits>,
 }
 
 enum Failure {
@@ -89,6 +92,7 @@ impl Upstream {
             health: HealthRegistry::default(),
             tool_pins: Arc::new(PinObservations::new(telemetry.clone())),
             list_changes: Arc::default(),
+            input_waits: Arc::default(),
             telemetry,
             placements,
         }

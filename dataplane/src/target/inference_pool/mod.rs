@@ -641,7 +641,7 @@ impl Target for InferencePoolTarget {
         &'a self,
         ctx: &'a mut RequestContext,
         route: &'a Route,
-        upstream: &'a Upstream,
+        upstream: &'a Arc<Upstream>,
         request: Request<Body>,
     ) -> ResponseFuture<'a> {
         Box::pin(async move {

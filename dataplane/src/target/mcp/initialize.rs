@@ -2,7 +2,7 @@
 //! into one id) and `server/discover` for 2026-07-28 clients; both merge what the servers
 //! offer.
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::future::join_all;
@@ -160,7 +160,7 @@ impl McpTarget {
     /// Capabilities, instructions and server info of the servers as one server's. Each offer
     /// comes with whether the server's list changes can reach the client: `listChanged` is
     /// offered only for those.
-    fn merge_offers(&self, offers: &[(&Server, Value, bool)]) -> Map<String, Value> {
+    fn merge_offers(&self, offers: &[(&Arc<Server>, Value, bool)]) -> Map<String, Value> {
         let mut capabilities = Map::new();
         let mut instructions = Vec::new();
         for (server, offer, streams) in offers {

@@ -21,6 +21,10 @@ pub(super) const GUARDRAIL_DENIED: i64 = -32012;
 /// Implementation-defined: a FailClosed Guardrail could not get a verdict, so the request
 /// (or its result) was not let through. Not a denial: trying again later may succeed.
 pub(super) const GUARDRAIL_UNAVAILABLE: i64 = -32013;
+/// Implementation-defined: the client did not answer a server's question (sampling,
+/// elicitation, roots) that the gateway passed on across revisions, so the call could not
+/// go on.
+pub(super) const INPUT_UNANSWERED: i64 = -32015;
 /// MCP 2026-07-28 `UnsupportedProtocolVersionError`.
 pub(super) const UNSUPPORTED_PROTOCOL_VERSION: i64 = -32022;
 

@@ -13,6 +13,7 @@ mod cache;
 mod downstream;
 mod guarded;
 mod initialize;
+mod input;
 mod jsonrpc;
 mod listen;
 mod lists;
@@ -39,6 +40,7 @@ use self::authz::{Judgement, ServerRules};
 pub(crate) use self::cache::ListChanges;
 use self::downstream::Era;
 use self::guarded::ServerGuards;
+pub(crate) use self::input::InputWaits;
 use self::jsonrpc::{accepted, invalid_params, session_not_found, upstream_failed, Message};
 pub(crate) use self::pins::PinObservations;
 use self::pins::ServerPins;
@@ -87,7 +89,7 @@ const KNOWN_METHODS: &[&str] = &[
 
 pub(crate) struct McpTarget {
     name: Arc<str>,
-    servers: Vec<Server>,
+    servers: Vec<Arc<Server>>,
     /// Parallel to `servers`.
     rules: Vec<ServerRules>,
     /// Parallel to `servers`.
@@ -104,7 +106,7 @@ pub(crate) struct McpTarget {
 struct Exchange<'a> {
     ctx: &'a mut RequestContext,
     route: &'a Route,
-    upstream: &'a Upstream,
+    upstream: &'a Arc<Upstream>,
     headers: http::HeaderMap,
 }
 
@@ -121,7 +123,9 @@ impl McpTarget {
             .servers
             .iter()
             .map(|server| {
-                Server::compile(server).map_err(|error| format!("{target}: server {}: {error}", server.name))
+                Server::compile(server)
+                    .map(Arc::new)
+                    .map_err(|error| format!("{target}: server {}: {error}", server.name))
             })
             .collect::<Result<Vec<_>, _>>()?;
         let rules = spec
@@ -178,7 +182,7 @@ impl McpTarget {
         &self,
         ctx: &mut RequestContext,
         route: &Route,
-        upstream: &Upstream,
+        upstream: &Arc<Upstream>,
         request: Request<Body>,
     ) -> Response<Body> {
         let (parts, body) = request.into_parts();
@@ -277,7 +281,23 @@ impl McpTarget {
             Message::Notification { method, params } => {
                 self.notify(exchange, &downstream, &method, params).await
             }
-            Message::Response { id, mut message } => {
+            Message::Response { id, message } => {
+                let session = session_header(&exchange.headers).unwrap_or_default();
+                let mut message =
+                    match exchange.upstream.input_waits.deliver(&id, session, message) {
+                        input::Delivery::NotOurs(message) => message,
+                        input::Delivery::Delivered => return accepted(),
+                        input::Delivery::NotWaiting => return jsonrpc::error(
+                            StatusCode::BAD_REQUEST,
+                            &Value::Null,
+                            jsonrpc::INVALID_REQUEST,
+                            "Invalid Request: no call on this proxy awaits this response (it was answered, \
+                             timed out, or the call is held by another replica: a session's requests must \
+                             reach one replica while a server waits for the client's input)",
+                            None,
+                            "mcp_invalid_message",
+                        ),
+                    };
                 let (index, own_id) = if self.multiplexed {
                     match remap::decode_id(&id)
                         .and_then(|(server, own)| Some((self.server_index(server)?, own)))
@@ -724,13 +744,32 @@ impl McpTarget {
         }
         let started = std::time::Instant::now();
         let (upstream, trace) = (exchange.upstream, &exchange.ctx.trace);
+        let mut translated = None;
         let sent = match reach::reach(server, downstream, upstream, trace).await {
             // A server added to the McpBackend after this session began is not in it: the
             // client initializes again and gets it.
             Ok(None) => return session_not_found(&id),
-            Ok(Some(how)) => reach::send(server, &how, message, upstream, trace)
-                .await
-                .map(|sent| (sent, matches!(how, Reach::Session { .. }))),
+            Ok(Some(how)) => {
+                // A 2026-07-28 server's questions reach a session-based client as requests.
+                if let (Downstream::Legacy(_), Reach::Modern(client)) = (downstream, &how) {
+                    let method = message.get("method").and_then(Value::as_str).unwrap_or_default();
+                    if input::INTERACTIVE.contains(&method) {
+                        translated = Some(input::Call {
+                            target: self.name.clone(),
+                            server: server.clone(),
+                            upstream: upstream.clone(),
+                            client: client.clone(),
+                            trace: trace.detached(),
+                            session: session_header(&exchange.headers).unwrap_or_default().to_string(),
+                            message: message.clone(),
+                            idle: exchange.route.body_idle_timeout,
+                        });
+                    }
+                }
+                reach::send(server, &how, message, upstream, trace)
+                    .await
+                    .map(|sent| (sent, matches!(how, Reach::Session { .. })))
+            }
             Err(error) => Err(error),
         };
         match sent {
@@ -748,6 +787,9 @@ impl McpTarget {
             }
             Ok((Sent::Relay(response), in_session)) => {
                 exchange.ctx.upstream_headers = Some(started.elapsed());
+                if let Some(call) = translated {
+                    return input::relay(call, response).await;
+                }
                 let streamed = server::is_event_stream(response.headers());
                 let relayed = server::relay(response, exchange.route.body_idle_timeout);
                 // Only a session-based server sends the client requests, and list changes,
@@ -783,6 +825,11 @@ impl From<server::Failure> for Problem {
             Problem::Failed(failure.to_string())
         }
     }
+}
+
+/// The client's `Mcp-Session-Id` as it sent it.
+fn session_header(headers: &http::HeaderMap) -> Option<&str> {
+    headers.get(&SESSION_ID).and_then(|value| value.to_str().ok())
 }
 
 fn caller(exchange: &Exchange<'_>) -> Caller {
@@ -830,7 +877,7 @@ impl Target for McpTarget {
         &'a self,
         ctx: &'a mut RequestContext,
         route: &'a Route,
-        upstream: &'a Upstream,
+        upstream: &'a Arc<Upstream>,
         request: Request<Body>,
     ) -> ResponseFuture<'a> {
         Box::pin(self.serve(ctx, route, upstream, request))

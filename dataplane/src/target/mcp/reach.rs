@@ -7,7 +7,8 @@
 //! | 2026-07-28        | a session opened for this one request  | passed through                |
 //!
 //! A server that speaks both is spoken to in the client's revision, so nothing is lost in
-//! translation (a legacy client keeps server-to-client requests).
+//! translation (a legacy client keeps server-to-client requests). Where the revisions
+//! differ, the server's questions to the client are translated ([`super::input`]).
 
 use std::sync::Arc;
 
@@ -16,8 +17,11 @@ use hyper::body::Incoming;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 
+use super::input::Answers;
+use super::jsonrpc;
 use super::server::{
-    Answer, Failure, Headers, Server, META_CAPABILITIES, META_CLIENT_INFO, META_VERSION, MODERN_VERSION,
+    Answer, Asked, Failure, Headers, Server, META_CAPABILITIES, META_CLIENT_INFO, META_VERSION,
+    MODERN_VERSION,
 };
 use super::session::Session;
 use crate::telemetry::RequestTrace;
@@ -185,8 +189,8 @@ pub(super) async fn ask(
 }
 
 /// One request to a session-based server for a 2026-07-28 client: initialize, send, read
-/// the answer, end the session. Requests the server sends the client meanwhile cannot be
-/// delivered (that revision has no server-to-client requests) and are dropped.
+/// the answer, end the session. The server's questions to the client become an
+/// `input_required` result, answered in the next round ([`Answers`]).
 async fn bridge(
     server: &Server,
     client: &ClientMeta,
@@ -194,6 +198,19 @@ async fn bridge(
     upstream: &Upstream,
     trace: &RequestTrace,
 ) -> Result<Answer, Failure> {
+    let mut message = message.clone();
+    let mut answers = match Answers::take(&mut message) {
+        Ok(answers) => answers,
+        Err(problem) => {
+            let id = message.get("id").cloned().unwrap_or(Value::Null);
+            return Ok(Answer {
+                message: json!({"jsonrpc": "2.0", "id": id, "error": {
+                    "code": jsonrpc::INVALID_PARAMS, "message": problem,
+                }}),
+                session: None,
+            });
+        }
+    };
     let mut params = json!({"protocolVersion": BRIDGE_VERSION, "capabilities": client.capabilities});
     if let Some(info) = &client.info {
         params["clientInfo"] = info.clone();
@@ -209,11 +226,22 @@ async fn bridge(
         modern: false,
         trace,
     };
-    let answer = server.call(upstream, &headers, message).await;
+    let asked = &mut |method: &str, params: &Value| answers.reply(method, params);
+    let answer = server.call_asked(upstream, &headers, &message, asked).await;
     if session.id.is_some() {
+        // Also how a call stopped at a question is cancelled.
         if let Err(error) = server.delete(upstream, &headers).await {
             tracing::debug!(%error, "closing a bridged MCP session failed");
         }
     }
-    answer
+    match answer? {
+        Asked::Answered(answer) => Ok(answer),
+        Asked::Stopped => {
+            let id = message.get("id").cloned().unwrap_or(Value::Null);
+            Ok(Answer {
+                message: answers.input_required(&id),
+                session: None,
+            })
+        }
+    }
 }

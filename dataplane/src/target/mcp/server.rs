@@ -31,7 +31,7 @@ pub(super) const META_CLIENT_INFO: &str = "io.modelcontextprotocol/clientInfo";
 const TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
 const TRACESTATE: HeaderName = HeaderName::from_static("tracestate");
 /// An answer the gateway reads whole (a list, an initialize result) may be this large.
-const MAX_ANSWER_BYTES: usize = 16 * 1024 * 1024;
+pub(super) const MAX_ANSWER_BYTES: usize = 16 * 1024 * 1024;
 
 pub(super) struct Server {
     pub(super) name: Arc<str>,
@@ -264,25 +264,49 @@ impl Server {
     }
 
     /// Sends a request and reads its JSON-RPC response, from a JSON body or from the SSE
-    /// stream the server may answer with (what else comes on that stream is dropped: the
-    /// gateway only calls this for requests it answers itself, such as lists).
+    /// stream the server may answer with. The gateway calls this for requests it answers
+    /// itself (lists, `initialize`), with no client to ask: a request the server sends the
+    /// client meanwhile is refused, so the server does not wait for an answer in vain.
     pub(super) async fn call(
         &self,
         upstream: &Upstream,
         headers: &Headers<'_>,
         message: &Value,
     ) -> Result<Answer, Failure> {
+        let refuse = &mut |_: &str, _: &Value| Reply::Refuse;
+        match self.call_asked(upstream, headers, message, refuse).await? {
+            Asked::Answered(answer) => Ok(answer),
+            Asked::Stopped => Err(self.failure("stopped reading its answer")),
+        }
+    }
+
+    /// [`Server::call`], with `asked` deciding what becomes of each request the server
+    /// sends the client while it answers (`ping` is answered here).
+    pub(super) async fn call_asked(
+        &self,
+        upstream: &Upstream,
+        headers: &Headers<'_>,
+        message: &Value,
+        asked: &mut (dyn FnMut(&str, &Value) -> Reply + Send),
+    ) -> Result<Asked, Failure> {
         let id = message.get("id").cloned().unwrap_or(Value::Null);
         let exchange = async {
             let response = self.post(upstream, headers, message).await?;
-            self.read_answer(response, &id).await
+            self.read_answer(upstream, headers, response, &id, asked).await
         };
         tokio::time::timeout(self.timeout, exchange)
             .await
             .unwrap_or_else(|_| Err(self.failure(format!("no answer within {:?}", self.timeout))))
     }
 
-    async fn read_answer(&self, response: Response<Incoming>, id: &Value) -> Result<Answer, Failure> {
+    async fn read_answer(
+        &self,
+        upstream: &Upstream,
+        headers: &Headers<'_>,
+        response: Response<Incoming>,
+        id: &Value,
+        asked: &mut (dyn FnMut(&str, &Value) -> Reply + Send),
+    ) -> Result<Asked, Failure> {
         let status = response.status();
         let session = response
             .headers()
@@ -298,7 +322,7 @@ impl Server {
                 .map_err(|error| self.failure(format!("reading the answer: {error}")))?
                 .to_bytes();
             let message = self.message(&bytes, status)?;
-            return Ok(Answer { message, session });
+            return Ok(Asked::Answered(Answer { message, session }));
         }
         let mut parser = sse::Parser::default();
         let mut events = Vec::new();
@@ -310,13 +334,36 @@ impl Server {
             };
             let Ok(data) = frame.into_data() else { continue };
             parser.feed(&data, &mut events);
-            for event in events.drain(..) {
+            for event in std::mem::take(&mut events) {
                 let Ok(message) = serde_json::from_str::<Value>(&event.data) else {
                     continue;
                 };
-                if message.get("id") == Some(id) && message.get("method").is_none() {
-                    return Ok(Answer { message, session });
-                }
+                let (Some(method), Some(request)) =
+                    (message.get("method").and_then(Value::as_str), message.get("id"))
+                else {
+                    if message.get("id") == Some(id) && message.get("method").is_none() {
+                        return Ok(Asked::Answered(Answer { message, session }));
+                    }
+                    continue;
+                };
+                let params = message.get("params").unwrap_or(&Value::Null);
+                let reply = if method == "ping" {
+                    Reply::Result(serde_json::json!({}))
+                } else {
+                    asked(method, params)
+                };
+                let reply = match reply {
+                    Reply::Stop => return Ok(Asked::Stopped),
+                    Reply::Result(result) => {
+                        serde_json::json!({"jsonrpc": "2.0", "id": request, "result": result})
+                    }
+                    Reply::Refuse => serde_json::json!({"jsonrpc": "2.0", "id": request, "error": {
+                        "code": super::jsonrpc::METHOD_NOT_FOUND,
+                        "message": format!("{method} cannot reach the client through the gateway here"),
+                    }}),
+                };
+                let replied = self.post(upstream, headers, &reply).await?;
+                self.drain(replied).await;
             }
         }
     }
@@ -340,6 +387,23 @@ pub(super) fn is_event_stream(headers: &http::HeaderMap) -> bool {
         .get(CONTENT_TYPE)
         .and_then(|value| value.to_str().ok())
         .is_some_and(|value| value.trim_start().starts_with("text/event-stream"))
+}
+
+/// What becomes of a request a server sends the client while it answers.
+pub(super) enum Reply {
+    /// Answered with this result.
+    Result(Value),
+    /// Answered with an error: there is no client to ask.
+    Refuse,
+    /// Not answered: the gateway stops reading (and the caller ends the exchange).
+    Stop,
+}
+
+/// How [`Server::call_asked`] ended.
+pub(super) enum Asked {
+    Answered(Answer),
+    /// A request to the client was met with [`Reply::Stop`].
+    Stopped,
 }
 
 /// A server's JSON-RPC response, with the session id its HTTP response carried.
