@@ -15,7 +15,7 @@ mod wire;
 use std::net::SocketAddr;
 
 use peers::*;
-use rmcp::model::{CallToolRequestParams, ProtocolVersion};
+use rmcp::model::{CallToolRequestParams, ProtocolVersion, SubscribeRequestParams};
 use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::{ClientLifecycleMode, ClientServiceExt};
 use serde_json::{json, Value};
@@ -115,7 +115,7 @@ fn two_servers_behind_one_route_with_the_rmcp_client() {
 }
 
 #[test]
-fn a_server_s_list_change_reaches_the_client_on_the_session_stream() {
+fn a_server_s_list_changes_and_resource_updates_reach_the_client_on_the_session_stream() {
     let dir = tempfile::tempdir().unwrap();
     let runtime = runtime();
     // JSON answers only: a notification of math's can reach the client on no request's
@@ -137,8 +137,23 @@ fn a_server_s_list_change_reaches_the_client_on_the_session_stream() {
             .and_then(|info| info.capabilities.tools.clone())
             .and_then(|tools| tools.list_changed);
         assert_eq!(offered, Some(true), "the servers' listChanged is offered");
-        // math says its tools changed, web its prompts: each is heard as its own.
-        for (server, list) in [("math", "tools"), ("web", "prompts")] {
+        let subscribable = client
+            .peer_info()
+            .and_then(|info| info.capabilities.resources.clone())
+            .and_then(|resources| resources.subscribe);
+        assert_eq!(subscribable, Some(true), "resource subscriptions are offered");
+        #[allow(deprecated)] // the session-based way, which this client speaks
+        client
+            .subscribe(SubscribeRequestParams::new("math+mem://note"))
+            .await
+            .expect("a subscription to math's resource, by the URI the client knows");
+        // math says its tools changed (and its resource was updated), web its prompts: each
+        // is heard as its own.
+        for (server, list) in [
+            ("math", "tools"),
+            ("math", "updated math+mem://note"),
+            ("web", "prompts"),
+        ] {
             // The client opens its stream in the background: ask again until it is there.
             let mut heard = false;
             for _ in 0..20 {

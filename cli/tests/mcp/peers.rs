@@ -30,8 +30,9 @@ pub(crate) struct TextArgs {
 
 /// An rmcp server: `get-sum`, `echo`, `ask` (asks the client's model through sampling, a
 /// request from the server to the client) and `change` (server `math` says its tool list
-/// changed, any other its prompt list, so a client can tell whose it heard), each answer
-/// naming the server. It offers no prompts, only their changes.
+/// changed and its resource `mem://note` was updated, any other its prompt list, so a client
+/// can tell whose it heard), each answer naming the server. It offers no prompts, only their
+/// changes, and takes subscriptions to resources it does not list.
 #[derive(Clone)]
 pub(crate) struct Tools {
     name: &'static str,
@@ -63,6 +64,11 @@ impl Tools {
     #[tool(description = "Tells the client a list changed (on the session's stream)")]
     async fn change(&self, context: RequestContext<RoleServer>) -> Result<String, ErrorData> {
         let told = if self.name == "math" {
+            context
+                .peer
+                .notify_resource_updated(ResourceUpdatedNotificationParam::new("mem://note"))
+                .await
+                .map_err(|error| ErrorData::internal_error(error.to_string(), None))?;
             context.peer.notify_tool_list_changed().await
         } else {
             context.peer.notify_prompt_list_changed().await
@@ -103,8 +109,19 @@ impl ServerHandler for Tools {
                 .enable_tool_list_changed()
                 .enable_prompts()
                 .enable_prompts_list_changed()
+                .enable_resources()
+                .enable_resources_subscribe()
                 .build(),
         )
+    }
+
+    #[allow(deprecated)] // resources/subscribe is what session-based clients have
+    async fn subscribe(
+        &self,
+        _request: SubscribeRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        Ok(())
     }
 }
 
@@ -141,16 +158,24 @@ impl ClientHandler for Sampler {
 /// A client that tells `changes` which list a server said changed: `tools` or `prompts`.
 #[derive(Clone)]
 pub(crate) struct ChangeListener {
-    pub(crate) changes: tokio::sync::mpsc::UnboundedSender<&'static str>,
+    pub(crate) changes: tokio::sync::mpsc::UnboundedSender<String>,
 }
 
 impl ClientHandler for ChangeListener {
     async fn on_tool_list_changed(&self, _context: rmcp::service::NotificationContext<RoleClient>) {
-        let _ = self.changes.send("tools");
+        let _ = self.changes.send("tools".into());
     }
 
     async fn on_prompt_list_changed(&self, _context: rmcp::service::NotificationContext<RoleClient>) {
-        let _ = self.changes.send("prompts");
+        let _ = self.changes.send("prompts".into());
+    }
+
+    async fn on_resource_updated(
+        &self,
+        params: ResourceUpdatedNotificationParam,
+        _context: rmcp::service::NotificationContext<RoleClient>,
+    ) {
+        let _ = self.changes.send(format!("updated {}", params.uri));
     }
 
     fn get_info(&self) -> ClientConfig {

@@ -243,11 +243,29 @@ async fn handle(
     };
     let sse = accept.sse && (prefer_sse || !accept.json);
     if let (false, ReplyBody::Message { delay, .. }) = (sse, &reply.body) {
-        if !delay.is_zero() {
-            tokio::time::sleep(*delay).await;
-        }
+        process(*delay).await;
     }
     Ok(render(reply, sse))
+}
+
+/// Waits out a tool's processing time to within a fraction of a millisecond. Tokio's timer
+/// fires on millisecond ticks, so a 10 ms sleep lasts 10 to 11 ms depending on when in the
+/// tick the request came: a hop in front of the server would shift that phase and read as
+/// added latency. The last stretch is slept on a blocking thread, whose timer is precise.
+async fn process(delay: Duration) {
+    const TICKS: Duration = Duration::from_millis(2);
+    if delay.is_zero() {
+        return;
+    }
+    let deadline = std::time::Instant::now() + delay;
+    if let Some(coarse) = delay.checked_sub(TICKS) {
+        tokio::time::sleep(coarse).await;
+    }
+    let rest = deadline.saturating_duration_since(std::time::Instant::now());
+    if !rest.is_zero() {
+        // A failed blocking task only cuts the wait short.
+        let _ = tokio::task::spawn_blocking(move || std::thread::sleep(rest)).await;
+    }
 }
 
 fn render(reply: Reply, sse: bool) -> Response<Body> {
@@ -265,9 +283,7 @@ fn render(reply: Reply, sse: bool) -> Response<Body> {
             // Headers go out at once and the event after the processing delay, like a real
             // server that commits to a stream before its tool finishes.
             let event = futures::stream::once(async move {
-                if !delay.is_zero() {
-                    tokio::time::sleep(delay).await;
-                }
+                process(delay).await;
                 Ok::<_, Infallible>(Frame::data(Bytes::from(sse_event(&message))))
             });
             sse_response(reply.status, BodyExt::boxed(StreamBody::new(event)))

@@ -158,15 +158,14 @@ impl McpTarget {
     }
 
     /// Capabilities, instructions and server info of the servers as one server's. Each offer
-    /// comes with whether the server's list changes can reach the client: `listChanged` is
-    /// offered only for those.
+    /// comes with whether the server's notifications can reach the client: `listChanged` and
+    /// resource `subscribe` are offered only for those.
     fn merge_offers(&self, offers: &[(&Arc<Server>, Value, bool)]) -> Map<String, Value> {
         let mut capabilities = Map::new();
         let mut instructions = Vec::new();
         for (server, offer, streams) in offers {
             if let Some(Value::Object(offered)) = offer.get("capabilities") {
-                // Only what the gateway delivers: no resource-update notifications (their
-                // URIs would need the server's prefix), no tasks, no extensions.
+                // Only what the gateway delivers: no tasks, no extensions.
                 let deliverable = offered
                     .iter()
                     .filter(|(name, _)| DELIVERABLE_CAPABILITIES.contains(&name.as_str()));
@@ -174,7 +173,7 @@ impl McpTarget {
                     let merged = capabilities.entry(name.clone()).or_insert_with(|| json!({}));
                     if let (Value::Object(merged), Value::Object(value)) = (merged, value) {
                         for (flag, on) in value {
-                            if flag == "subscribe" || (flag == "listChanged" && !*streams) {
+                            if (flag == "subscribe" || flag == "listChanged") && !*streams {
                                 continue;
                             }
                             if on.as_bool() == Some(true) || !merged.contains_key(flag) {

@@ -143,6 +143,8 @@ impl RemapRequests {
                     if let Some(subscription) = &self.subscription {
                         self.tag(&method, &mut message, subscription);
                         event.data = Value::Object(message).to_string();
+                    } else if self.prefix_uri(&method, &mut message) {
+                        event.data = Value::Object(message).to_string();
                     }
                 }
                 (None, _) if self.subscription.is_some() => return None,
@@ -152,17 +154,29 @@ impl RemapRequests {
         Some(event.encode())
     }
 
+    /// An updated resource's URI as the client knows it (with its server's prefix, when
+    /// several servers share the route); `true` when it changed.
+    fn prefix_uri(&self, method: &str, message: &mut serde_json::Map<String, Value>) -> bool {
+        if !self.remap || method != "notifications/resources/updated" {
+            return false;
+        }
+        let Some(Value::Object(params)) = message.get_mut("params") else {
+            return false;
+        };
+        let Some(uri) = params.get("uri").and_then(Value::as_str) else {
+            return false;
+        };
+        let prefixed = format!("{}{URI_SEPARATOR}{uri}", self.server);
+        params.insert("uri".into(), Value::from(prefixed));
+        true
+    }
+
     fn tag(&self, method: &str, message: &mut serde_json::Map<String, Value>, subscription: &Value) {
+        self.prefix_uri(method, message);
         let params = message
             .entry("params")
             .or_insert_with(|| Value::Object(Default::default()));
         let Value::Object(params) = params else { return };
-        if self.remap && method == "notifications/resources/updated" {
-            if let Some(uri) = params.get("uri").and_then(Value::as_str) {
-                let prefixed = format!("{}{URI_SEPARATOR}{uri}", self.server);
-                params.insert("uri".into(), Value::from(prefixed));
-            }
-        }
         let meta = params
             .entry("_meta")
             .or_insert_with(|| Value::Object(Default::default()));
@@ -289,6 +303,7 @@ mod tests {
             "event: message\r\ndata: {\"jsonrpc\":\"2.0\",\"method\":\"notifications/progress\",\"params\":{}}\r\n\r\n",
             "event: message\r\ndata: {\"jsonrpc\":\"2.0\",\"id\":0,\"method\":\"sampling/createMessage\",\"params\":{}}\r\n\r\n",
             "event: message\r\ndata: {\"jsonrpc\":\"2.0\",\"id\":5,\"result\":{}}\r\n\r\n",
+            "data: {\"jsonrpc\":\"2.0\",\"method\":\"notifications/resources/updated\",\"params\":{\"uri\":\"file:///a\"}}\n\n",
         );
         let body = RemapRequests::new(crate::body::full(stream), "math");
         let out = body.collect().await.unwrap().to_bytes();
@@ -300,9 +315,16 @@ mod tests {
             .iter()
             .map(|e| serde_json::from_str(&e.data).unwrap())
             .collect();
-        assert_eq!(messages.len(), 3);
+        assert_eq!(messages.len(), 4);
         assert!(messages[0].get("id").is_none());
         assert_eq!(messages[1]["id"], "math__0");
         assert_eq!(messages[2]["id"], 5);
+        // The URI the client subscribed to, with its server's prefix.
+        assert_eq!(messages[3]["params"]["uri"], "math+file:///a");
+
+        // One server: nothing is renamed.
+        let alone = RemapRequests::new(crate::body::full(stream), "math").remapping(false);
+        let out = alone.collect().await.unwrap().to_bytes();
+        assert!(String::from_utf8_lossy(&out).contains("\"uri\":\"file:///a\""));
     }
 }
