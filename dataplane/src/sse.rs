@@ -46,6 +46,8 @@ pub(crate) struct Parser {
     current: Event,
     has_fields: bool,
     data_lines: usize,
+    /// A comment line came since [`Parser::took_comment`] was last asked.
+    comment: bool,
 }
 
 impl Parser {
@@ -91,8 +93,15 @@ impl Parser {
         self.scanned = self.buffer.len();
     }
 
+    /// Whether a comment line (a keep-alive, mostly) came since the last time this was asked:
+    /// a stream relayed event by event passes that on, so idle timeouts downstream see it too.
+    pub(crate) fn took_comment(&mut self) -> bool {
+        std::mem::take(&mut self.comment)
+    }
+
     fn line(&mut self, line: &[u8]) {
         if line.starts_with(b":") {
+            self.comment = true;
             return;
         }
         let text = String::from_utf8_lossy(line);

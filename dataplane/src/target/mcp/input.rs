@@ -42,6 +42,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_stream::wrappers::ReceiverStream;
 
 use super::jsonrpc::{self, upstream_failed};
+use super::listen::{KEEPALIVE, KEEPALIVE_COMMENT};
 use super::reach::{self, ClientMeta, Reach, Sent};
 use super::server::{self, Reply, Server, MAX_ANSWER_BYTES};
 use crate::body::{self, Body, Held};
@@ -398,6 +399,12 @@ impl Call {
                 return Err(self.failed("sent an event larger than the gateway reads"));
             }
             parser.feed(&data, &mut parsed);
+            if parser.took_comment() && events.send(Bytes::from_static(KEEPALIVE_COMMENT)).await.is_err() {
+                return Err(Problem {
+                    code: jsonrpc::INPUT_UNANSWERED,
+                    message: "the client left".into(),
+                });
+            }
             for sse_event in parsed.drain(..) {
                 let Ok(message) = serde_json::from_str::<Value>(&sse_event.data) else {
                     continue;
@@ -446,19 +453,28 @@ impl Call {
         // Every question is out: the client answers them in any order, all within one idle
         // time.
         let deadline = tokio::time::Instant::now() + self.idle;
+        let mut keepalive = tokio::time::interval_at(tokio::time::Instant::now() + KEEPALIVE, KEEPALIVE);
         let mut answers = Map::new();
         for (key, method, mut waiting) in pending {
-            let response = tokio::select! {
-                response = tokio::time::timeout_at(deadline, &mut waiting.answer) => match response {
-                    Err(_) => return Err(unanswered(format!(
-                        "the client did not answer the server's {method} within {:?}", self.idle
-                    ))),
-                    Ok(Err(_)) => return Err(unanswered(format!("the client's answer to {method} was lost"))),
-                    Ok(Ok(response)) => response,
-                },
-                () = events.closed() => return Err(unanswered("the client left".into())),
+            let mut response = loop {
+                tokio::select! {
+                    response = tokio::time::timeout_at(deadline, &mut waiting.answer) => break match response {
+                        Err(_) => return Err(unanswered(format!(
+                            "the client did not answer the server's {method} within {:?}", self.idle
+                        ))),
+                        Ok(Err(_)) => return Err(unanswered(format!("the client's answer to {method} was lost"))),
+                        Ok(Ok(response)) => response,
+                    },
+                    // Someone may take a while to answer: idle timeouts between the gateway and
+                    // the client must not close the stream meanwhile.
+                    _ = keepalive.tick() => {
+                        if events.send(Bytes::from_static(KEEPALIVE_COMMENT)).await.is_err() {
+                            return Err(unanswered("the client left".into()));
+                        }
+                    }
+                    () = events.closed() => return Err(unanswered("the client left".into())),
+                }
             };
-            let mut response = response;
             match response.remove("result") {
                 Some(result) => {
                     answers.insert(key, result);

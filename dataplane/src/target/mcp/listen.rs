@@ -11,26 +11,30 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use futures::stream::{select_all, StreamExt};
+use futures::future::BoxFuture;
+use futures::stream::{BoxStream, FuturesUnordered, SelectAll, StreamExt};
 use http::header::{ACCEPT, ALLOW, CACHE_CONTROL, CONTENT_TYPE};
 use http::{HeaderValue, Response, StatusCode};
 use http_body::Frame;
 use http_body_util::{BodyExt, BodyStream, StreamBody};
+use hyper::body::Incoming;
 use portcullis_config::mcp_rules::{Item, ItemKind};
 use portcullis_config::McpFailureMode;
 use serde_json::{json, Map, Value};
 
 use super::jsonrpc::{invalid_params, upstream_failed};
 use super::reach::{self, ClientMeta, Reach, Sent};
-use super::remap::{RemapRequests, SUBSCRIPTION_ID};
-use super::server::{self, Headers, MODERN_VERSION};
+use super::remap::{ListWatch, RemapRequests, SUBSCRIPTION_ID};
+use super::server::{self, Headers, Server, MODERN_VERSION};
 use super::{jsonrpc, Exchange, McpTarget};
 use crate::body::{self, Body};
 use crate::sse;
 
 /// How long a merged stream may stay silent before the gateway sends a comment, so idle
 /// timeouts of proxies and load balancers between it and the client do not close it.
-const KEEPALIVE: Duration = Duration::from_secs(15);
+pub(super) const KEEPALIVE: Duration = Duration::from_secs(15);
+/// What goes out then: a comment, which SSE clients ignore.
+pub(super) const KEEPALIVE_COMMENT: &[u8] = b": keepalive\n\n";
 
 /// Which reused lists a server's notification makes stale.
 pub(super) fn lists_changed(method: &str) -> &'static [&'static str] {
@@ -65,59 +69,49 @@ impl McpTarget {
             Err(answer) => return *answer,
         };
         let (upstream, trace) = (exchange.upstream, &exchange.ctx.trace);
-        let opens = self.servers.iter().enumerate().filter_map(|(index, server)| {
-            let state = session.server(&server.name)?;
-            // A 2026-07-28 server keeps no session, so it has no stream of one.
-            let id = state.id.as_deref().filter(|_| state.version != MODERN_VERSION)?;
-            Some(async move {
-                let headers = Headers {
-                    session: Some(id),
-                    version: Some(&state.version),
-                    modern: false,
-                    trace,
-                };
-                (index, server.get(upstream, &headers).await)
+        let mut opens: Late = self
+            .servers
+            .iter()
+            .enumerate()
+            .filter_map(|(index, server)| {
+                let state = session.server(&server.name)?;
+                // A 2026-07-28 server keeps no session, so it has no stream of one.
+                let id = state.id.clone().filter(|_| state.version != MODERN_VERSION)?;
+                let version = state.version.clone();
+                let (server, upstream, trace) = (server.clone(), upstream.clone(), trace.detached());
+                let (remap, watch) = (self.multiplexed, self.list_watch(index));
+                let open: BoxFuture<'static, Opened> = Box::pin(async move {
+                    let headers = Headers {
+                        session: Some(&id),
+                        version: Some(&version),
+                        modern: false,
+                        trace: &trace,
+                    };
+                    let opened = server.get(&upstream, &headers).await;
+                    Opened::classify(&server, opened, remap, watch)
+                });
+                Some(open)
             })
-        });
-        let mut streams = Vec::new();
+            .collect();
+        // The client's stream begins with the first server's: one that is slow to open joins
+        // when it does. Only when none opens does the answer depend on them all.
         let (mut failed, mut tried, mut gone) = (false, 0, 0);
-        for (index, opened) in futures::future::join_all(opens).await {
-            let server = &self.servers[index];
+        while let Some(opened) = opens.next().await {
             tried += 1;
             match opened {
-                Ok(response)
-                    if response.status() == StatusCode::OK && server::is_event_stream(response.headers()) =>
-                {
-                    let events = RemapRequests::new(body::boxed(response.into_body()), &server.name)
-                        .remapping(self.multiplexed)
-                        .watching(self.list_watch(index));
-                    streams.push((server.name.clone(), events));
-                }
-                Ok(response) if response.status() == StatusCode::METHOD_NOT_ALLOWED => {
-                    tracing::debug!(server = %server.name, "an MCP server offers no stream");
-                }
-                // Anything else is a stream that could not be opened. A 404 is a server that
-                // lost the session; only when all did is the client's session gone.
-                Err(failure) if failure.session_gone => {
+                Opened::Stream(server, events) => return event_stream(merged(vec![(server, events)], opens)),
+                Opened::NoStream => {}
+                Opened::Gone => {
                     gone += 1;
                     failed = true;
-                    tracing::warn!(server = %server.name, "an MCP server no longer knows the session");
                 }
-                Ok(response) => {
-                    failed = true;
-                    tracing::warn!(server = %server.name, status = %response.status(),
-                        "an MCP server's stream could not be opened");
-                }
-                Err(failure) => {
-                    failed = true;
-                    tracing::warn!(server = %server.name, %failure, "an MCP server's stream could not be opened");
-                }
+                Opened::Failed => failed = true,
             }
         }
         if tried > 0 && gone == tried {
             return jsonrpc::session_not_found(&Value::Null);
         }
-        if streams.is_empty() && failed {
+        if failed {
             return jsonrpc::error(
                 StatusCode::BAD_GATEWAY,
                 &Value::Null,
@@ -130,7 +124,7 @@ impl McpTarget {
                 "mcp_upstream_failed",
             );
         }
-        if streams.is_empty() {
+        {
             let mut answer = jsonrpc::error(
                 StatusCode::METHOD_NOT_ALLOWED,
                 &Value::Null,
@@ -142,9 +136,60 @@ impl McpTarget {
             answer
                 .headers_mut()
                 .insert(ALLOW, HeaderValue::from_static("POST, DELETE"));
-            return answer;
+            answer
         }
-        event_stream(merged(streams))
+    }
+}
+
+/// How opening one server's stream of the session went.
+enum Opened {
+    Stream(Arc<str>, RemapRequests),
+    /// The server offers none (405).
+    NoStream,
+    /// The server lost the session (404).
+    Gone,
+    Failed,
+}
+
+/// Servers' streams still being opened.
+type Late = FuturesUnordered<BoxFuture<'static, Opened>>;
+
+impl Opened {
+    fn classify(
+        server: &Server,
+        opened: Result<Response<Incoming>, server::Failure>,
+        remap: bool,
+        watch: ListWatch,
+    ) -> Opened {
+        match opened {
+            Ok(response)
+                if response.status() == StatusCode::OK && server::is_event_stream(response.headers()) =>
+            {
+                let events = RemapRequests::new(body::boxed(response.into_body()), &server.name)
+                    .remapping(remap)
+                    .watching(watch);
+                Opened::Stream(server.name.clone(), events)
+            }
+            Ok(response) if response.status() == StatusCode::METHOD_NOT_ALLOWED => {
+                tracing::debug!(server = %server.name, "an MCP server offers no stream");
+                Opened::NoStream
+            }
+            // Anything else is a stream that could not be opened. A 404 is a server that lost
+            // the session; only when all did is the client's session gone.
+            Err(failure) if failure.session_gone => {
+                tracing::warn!(server = %server.name, "an MCP server no longer knows the session");
+                Opened::Gone
+            }
+            Ok(response) => {
+                tracing::warn!(server = %server.name, status = %response.status(),
+                    "an MCP server's stream could not be opened");
+                Opened::Failed
+            }
+            Err(failure) => {
+                tracing::warn!(server = %server.name, %failure, "an MCP server's stream could not be opened");
+                Opened::Failed
+            }
+        }
     }
 }
 
@@ -158,12 +203,13 @@ fn event_stream(body: Body) -> Response<Body> {
     answer
 }
 
-/// Servers' streams merged into one for the client: a server's stream that fails ends alone
-/// (the others go on), and a comment goes out after [`KEEPALIVE`] of silence. It ends when
-/// every server's stream has ended.
-fn merged(streams: Vec<(Arc<str>, RemapRequests)>) -> Body {
-    let servers = select_all(streams.into_iter().map(|(server, events)| {
-        BodyStream::new(events.merged()).scan((), move |(), frame| {
+/// One server's events on a merged stream: a failure ends it alone.
+fn server_events(
+    server: Arc<str>,
+    events: RemapRequests,
+) -> BoxStream<'static, Result<Frame<Bytes>, body::BoxError>> {
+    BodyStream::new(events.merged())
+        .scan((), move |(), frame| {
             std::future::ready(match frame {
                 Ok(frame) => Some(Ok(frame)),
                 Err(error) => {
@@ -172,18 +218,43 @@ fn merged(streams: Vec<(Arc<str>, RemapRequests)>) -> Body {
                 }
             })
         })
-    }));
-    let silence = tokio::time::sleep(KEEPALIVE);
+        .boxed()
+}
+
+/// Servers' streams merged into one for the client, with those of `late` as they open: a
+/// server's stream that fails ends alone (the others go on), and a comment goes out after
+/// [`KEEPALIVE`] of silence. It ends when every server's stream has ended.
+fn merged(streams: Vec<(Arc<str>, RemapRequests)>, late: Late) -> Body {
+    let servers: SelectAll<_> = streams
+        .into_iter()
+        .map(|(server, events)| server_events(server, events))
+        .collect();
+    let silence = Box::pin(tokio::time::sleep(KEEPALIVE));
     let frames = futures::stream::unfold(
-        (servers, Box::pin(silence)),
-        |(mut servers, mut silence)| async move {
-            let frame: Result<Frame<Bytes>, body::BoxError> = tokio::select! {
-                biased;
-                frame = servers.next() => frame?,
-                () = &mut silence => Ok(Frame::data(Bytes::from_static(b": keepalive\n\n"))),
-            };
-            silence.as_mut().reset(tokio::time::Instant::now() + KEEPALIVE);
-            Some((frame, (servers, silence)))
+        (servers, late, silence),
+        |(mut servers, mut late, mut silence)| async move {
+            loop {
+                if servers.is_empty() && late.is_empty() {
+                    return None;
+                }
+                let frame: Result<Frame<Bytes>, body::BoxError> = tokio::select! {
+                    biased;
+                    frame = servers.next(), if !servers.is_empty() => match frame {
+                        Some(frame) => frame,
+                        // The last stream ended; maybe some are still opening.
+                        None => continue,
+                    },
+                    opened = late.next(), if !late.is_empty() => {
+                        if let Some(Opened::Stream(server, events)) = opened {
+                            servers.push(server_events(server, events));
+                        }
+                        continue;
+                    }
+                    () = &mut silence => Ok(Frame::data(Bytes::from_static(KEEPALIVE_COMMENT))),
+                };
+                silence.as_mut().reset(tokio::time::Instant::now() + KEEPALIVE);
+                return Some((frame, (servers, late, silence)));
+            }
         },
     );
     body::boxed(StreamBody::new(frames))
@@ -323,7 +394,7 @@ impl McpTarget {
         let rest = if streams.is_empty() {
             body::full(event(&end))
         } else {
-            body::append(merged(streams), event(&end))
+            body::append(merged(streams, Late::new()), event(&end))
         };
         event_stream(body::prepend(first, rest))
     }
@@ -413,7 +484,7 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn a_failed_stream_ends_alone_silence_gets_a_comment_and_ids_are_left_out() {
+    async fn a_failed_stream_ends_alone_a_late_one_joins_silence_gets_a_comment_and_ids_are_left_out() {
         let failing = futures::stream::iter([
             event(r#"{"jsonrpc":"2.0","method":"notifications/tools/list_changed"}"#),
             Err("connection reset".into()),
@@ -430,7 +501,15 @@ mod tests {
                 RemapRequests::new(body::boxed(StreamBody::new(lasting)), "web"),
             ),
         ];
-        let mut merged = merged(streams);
+        // A third server's stream opens late, once the others have ended.
+        let (opens, opened) = tokio::sync::oneshot::channel::<()>();
+        let late: Late = std::iter::once(Box::pin(async move {
+            let _ = opened.await;
+            let stream = "data: {\"jsonrpc\":\"2.0\",\"method\":\"notifications/message\"}\n\n";
+            Opened::Stream(Arc::from("docs"), RemapRequests::new(body::full(stream), "docs"))
+        }) as BoxFuture<'static, Opened>)
+        .collect();
+        let mut merged = merged(streams, late);
         let first = text(merged.frame().await);
         assert!(first.contains("list_changed"), "{first}");
         assert!(
@@ -450,6 +529,14 @@ mod tests {
         assert_eq!(text(merged.frame().await), ": keepalive\n\n");
         assert_eq!(started.elapsed(), KEEPALIVE);
         drop(open);
+        assert_eq!(
+            text(merged.frame().await),
+            ": keepalive\n\n",
+            "a stream still opening keeps it going"
+        );
+        opens.send(()).unwrap();
+        let late = text(merged.frame().await);
+        assert!(late.contains("notifications/message"), "{late}");
         assert!(merged.frame().await.is_none(), "it ends once every stream has");
     }
 }

@@ -15,7 +15,7 @@ use portcullis_config::MCP_NAME_SEPARATOR;
 use serde_json::Value;
 
 use super::cache::ListCache;
-use super::listen::lists_changed;
+use super::listen::{lists_changed, KEEPALIVE_COMMENT};
 use super::pins::{PinObservations, ServerKey};
 use super::URI_SEPARATOR;
 use crate::body::{Body, BoxError};
@@ -216,6 +216,9 @@ impl HttpBody for RemapRequests {
                         }
                     }
                     this.events = events;
+                    if this.parser.took_comment() {
+                        this.ready.push_back(Bytes::from_static(KEEPALIVE_COMMENT));
+                    }
                     if this.parser.pending() > MAX_PENDING_EVENT_BYTES {
                         return Poll::Ready(Some(Err(
                             "an event of the server's stream exceeds 16 MiB".into()
@@ -304,6 +307,7 @@ mod tests {
             "event: message\r\ndata: {\"jsonrpc\":\"2.0\",\"id\":0,\"method\":\"sampling/createMessage\",\"params\":{}}\r\n\r\n",
             "event: message\r\ndata: {\"jsonrpc\":\"2.0\",\"id\":5,\"result\":{}}\r\n\r\n",
             "data: {\"jsonrpc\":\"2.0\",\"method\":\"notifications/resources/updated\",\"params\":{\"uri\":\"file:///a\"}}\n\n",
+            ": the server's keep-alive\n\n",
         );
         let body = RemapRequests::new(crate::body::full(stream), "math");
         let out = body.collect().await.unwrap().to_bytes();
@@ -321,6 +325,8 @@ mod tests {
         assert_eq!(messages[2]["id"], 5);
         // The URI the client subscribed to, with its server's prefix.
         assert_eq!(messages[3]["params"]["uri"], "math+file:///a");
+        // Comments have no meaning but that the stream lives: they go on too.
+        assert!(out.ends_with("\n\n: keepalive\n\n"), "{out}");
 
         // One server: nothing is renamed.
         let alone = RemapRequests::new(crate::body::full(stream), "math").remapping(false);
