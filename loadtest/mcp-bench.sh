@@ -2,7 +2,8 @@
 # The MCP hop, measured: `portcullis loadtest` against Portcullis' MCP test server directly
 # and through an McpBackend route, one run, side by side, every process on 127.0.0.1.
 #   - tools/call (get-sum), upstream delay 0/10/200 ms, pooled connections; and with a new
-#     connection per call (delay 0);
+#     connection per call (delay 0); each also through a plain Backend route (the HTTP hop
+#     without MCP);
 #   - tools/list with 8/100/500 tools (session-based era): direct; through the gateway (every list asked of the
 #     server); reused (listTtl); reused and filtered by an McpAuthorization keeping one tool.
 # Prints one markdown table per part (latencies in ms; "added" is gateway minus direct at
@@ -71,7 +72,34 @@ add_case() {
     "$bin" mcp-server --listen 127.0.0.1:${server_port[$name]} $flags >"$work/$name.log" 2>&1 & pids+=($!)
     add_route "$name" "${server_port[$name]}" ""
 }
-for delay in 0 10 200; do add_case "call-$delay" "--tools 8 --delay-ms $delay"; done
+# The same server behind a plain Backend route too: the HTTP hop without MCP, the floor of
+# what the MCP hop can cost.
+declare -A plain_port
+add_plain() {
+    local name=$1 port=$2
+    plain_port[$name]=$(free_port)
+    cat >>"$config" <<EOF
+$header
+kind: Listener
+metadata: {name: $name-plain}
+spec: {address: 127.0.0.1, port: ${plain_port[$name]}}
+---
+$header
+kind: Backend
+metadata: {name: $name-plain}
+spec: {endpoints: ['127.0.0.1:$port']}
+---
+$header
+kind: Route
+metadata: {name: $name-plain}
+spec: {listeners: [$name-plain], backends: [{kind: Backend, name: $name-plain}]}
+---
+EOF
+}
+for delay in 0 10 200; do
+    add_case "call-$delay" "--tools 8 --delay-ms $delay"
+    add_plain "call-$delay" "${server_port[call-$delay]}"
+done
 for tools in 8 100 500; do
     add_case "list-$tools" "--tools $tools"
     # The reused cases front the same server as list-$tools.
@@ -125,10 +153,10 @@ echo "| case | target | req/s | p50 ms | p99 ms | added p50 ms | added p99 ms | 
 echo "|---|---|---|---|---|---|---|---|"
 for delay in 0 10 200; do
     run "call-$delay" "era: modern, operation: tools_call, tool: get-sum, connection: reuse" \
-        direct=${server_port[call-$delay]} gateway=${gateway_port[call-$delay]}
+        direct=${server_port[call-$delay]} plain-proxy=${plain_port[call-$delay]} gateway=${gateway_port[call-$delay]}
 done
 run "call-0-new-connection" "era: modern, operation: tools_call, tool: get-sum, connection: per_call" \
-    direct=${server_port[call-0]} gateway=${gateway_port[call-0]}
+    direct=${server_port[call-0]} plain-proxy=${plain_port[call-0]} gateway=${gateway_port[call-0]}
 for tools in 8 100 500; do
     # Session-based: the test server's 2026-07-28 lists say `ttlMs: 0`, which forbids reuse.
     run "list-$tools" "era: legacy, operation: tools_list, connection: reuse" \

@@ -271,11 +271,14 @@ pub(super) async fn relay(call: Call, response: Response<Incoming>) -> Response<
     if server::is_event_stream(&parts.headers) {
         return event_stream(call, Round::Stream(body));
     }
-    let bytes = match call.read_whole(body).await {
-        Ok(bytes) => bytes,
-        Err(problem) => {
+    let bytes = match body::hold(body, MAX_ANSWER_BYTES).await {
+        Held::Whole(bytes) => bytes,
+        // Far too large to be questions: passed on as it comes.
+        Held::TooLarge { start, rest } => return Response::from_parts(parts, body::prepend(start, rest)),
+        Held::Broken(error) => {
             let id = call.message.get("id").cloned().unwrap_or(Value::Null);
-            return upstream_failed(&id, &call.target, &problem);
+            let problem = call.server.failure(format!("reading the answer: {error}"));
+            return upstream_failed(&id, &call.target, &problem.to_string());
         }
     };
     match serde_json::from_slice::<Value>(&bytes) {
