@@ -186,6 +186,73 @@ fn a_server_s_list_changes_and_resource_updates_reach_the_client_on_the_session_
     assert_eq!(json_only.status, 406, "{}", json_only.body);
 }
 
+/// A 2026-07-28 client listens to a server that predates that revision: the gateway opens a
+/// session for the subscription, subscribes to the resource in it, and passes on what comes
+/// on the session's stream, tagged as the subscription's.
+#[test]
+fn a_2026_client_listens_to_a_session_based_server_through_a_session_opened_for_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let runtime = runtime();
+    let math = runtime.block_on(serve_eras("math", true, true));
+    let web = runtime.block_on(serve("web", true));
+    let port = free_port();
+    let _gateway = start_gateway(dir.path(), &mcp_config(port, &[("math", math), ("web", web)], ""));
+    let meta = json!({"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": {}});
+    let listen = json!({"jsonrpc": "2.0", "id": "sub-1", "method": "subscriptions/listen", "params": {
+        "notifications": {"toolsListChanged": true, "resourceSubscriptions": ["math+mem://note"]},
+        "_meta": meta,
+    }});
+    let modern = |method| {
+        [
+            ACCEPT_BOTH,
+            ("MCP-Protocol-Version", "2026-07-28"),
+            ("Mcp-Method", method),
+        ]
+    };
+    let mut stream = Streaming::post(port, &modern("subscriptions/listen"), &listen.to_string());
+    let acknowledged = events(stream.until("notifications/subscriptions/acknowledged"))
+        .into_iter()
+        .find(|message| message["method"] == "notifications/subscriptions/acknowledged")
+        .unwrap();
+    assert_eq!(
+        acknowledged["params"]["notifications"],
+        json!({"toolsListChanged": true, "resourceSubscriptions": ["math+mem://note"]}),
+        "math honors both in its session's terms (web, which offers no subscriptions, nothing): {acknowledged}"
+    );
+
+    // A call in a session of its own (bridged): math tells every session of the change.
+    let call = json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+        "params": {"name": "math__change", "arguments": {}, "_meta": meta}});
+    let mut headers = modern("tools/call").to_vec();
+    headers.push(("Mcp-Name", "math__change"));
+    let told = http_request_with(port, "POST", "/mcp", &headers, Some(&call.to_string())).unwrap();
+    assert_eq!(
+        json_or_last_event(&told.body)["result"]["content"][0]["text"],
+        "told",
+        "{}",
+        told.body
+    );
+
+    stream.until("notifications/tools/list_changed");
+    let heard = events(stream.until("notifications/resources/updated"));
+    for method in [
+        "notifications/tools/list_changed",
+        "notifications/resources/updated",
+    ] {
+        let message = heard.iter().find(|message| message["method"] == method).unwrap();
+        assert_eq!(
+            message["params"]["_meta"]["io.modelcontextprotocol/subscriptionId"], "sub-1",
+            "{message}"
+        );
+    }
+    let updated = heard
+        .iter()
+        .find(|message| message["method"] == "notifications/resources/updated")
+        .unwrap();
+    assert_eq!(updated["params"]["uri"], "math+mem://note", "{updated}");
+}
+
 #[test]
 fn sessions_opened_for_a_client_that_left_mid_initialize_are_closed() {
     let dir = tempfile::tempdir().unwrap();

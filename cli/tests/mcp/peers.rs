@@ -2,11 +2,15 @@
 //! (`rmcp`), Portcullis' own MCP test server serving one era, and a server answering garbage.
 
 use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
 
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::wrapper::Parameters;
 use rmcp::model::*;
-use rmcp::service::RequestContext;
+use rmcp::service::{Peer, RequestContext};
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use rmcp::transport::StreamableHttpClientTransport;
@@ -29,14 +33,16 @@ pub(crate) struct TextArgs {
 }
 
 /// An rmcp server: `get-sum`, `echo`, `ask` (asks the client's model through sampling, a
-/// request from the server to the client) and `change` (server `math` says its tool list
-/// changed and its resource `mem://note` was updated, any other its prompt list, so a client
-/// can tell whose it heard), each answer naming the server. It offers no prompts, only their
-/// changes, and takes subscriptions to resources it does not list.
+/// request from the server to the client) and `change` (server `math` tells every session
+/// its tool list changed and its resource `mem://note` was updated, any other its prompt
+/// list, so a client can tell whose it heard), each answer naming the server. It offers no
+/// prompts, only their changes, and takes subscriptions to resources it does not list.
 #[derive(Clone)]
 pub(crate) struct Tools {
     name: &'static str,
     tool_router: ToolRouter<Tools>,
+    /// Every session's client: a change is news to all of them.
+    sessions: Arc<Mutex<Vec<Peer<RoleServer>>>>,
 }
 
 #[tool_router]
@@ -62,18 +68,19 @@ impl Tools {
     }
 
     #[tool(description = "Tells the client a list changed (on the session's stream)")]
-    async fn change(&self, context: RequestContext<RoleServer>) -> Result<String, ErrorData> {
-        let told = if self.name == "math" {
-            context
-                .peer
-                .notify_resource_updated(ResourceUpdatedNotificationParam::new("mem://note"))
-                .await
-                .map_err(|error| ErrorData::internal_error(error.to_string(), None))?;
-            context.peer.notify_tool_list_changed().await
-        } else {
-            context.peer.notify_prompt_list_changed().await
-        };
-        told.map_err(|error| ErrorData::internal_error(error.to_string(), None))?;
+    async fn change(&self) -> Result<String, ErrorData> {
+        let sessions = self.sessions.lock().unwrap().clone();
+        for peer in sessions {
+            // A session that has ended hears nothing.
+            let _ = if self.name == "math" {
+                let _ = peer
+                    .notify_resource_updated(ResourceUpdatedNotificationParam::new("mem://note"))
+                    .await;
+                peer.notify_tool_list_changed().await
+            } else {
+                peer.notify_prompt_list_changed().await
+            };
+        }
         Ok("told".into())
     }
 
@@ -113,6 +120,10 @@ impl ServerHandler for Tools {
                 .enable_resources_subscribe()
                 .build(),
         )
+    }
+
+    async fn on_initialized(&self, context: rmcp::service::NotificationContext<RoleServer>) {
+        self.sessions.lock().unwrap().push(context.peer);
     }
 
     #[allow(deprecated)] // resources/subscribe is what session-based clients have
@@ -188,11 +199,19 @@ impl ClientHandler for ChangeListener {
 
 /// Serves an rmcp server on a fresh loopback port; `json` prefers JSON answers over SSE.
 pub(crate) async fn serve(name: &'static str, json: bool) -> SocketAddr {
+    serve_eras(name, json, false).await
+}
+
+/// [`serve`]; `session_based_only` refuses 2026-07-28 requests as a server that predates that
+/// revision does (a session-based request without a session).
+pub(crate) async fn serve_eras(name: &'static str, json: bool, session_based_only: bool) -> SocketAddr {
+    let sessions = Arc::default();
     let service: StreamableHttpService<Tools, LocalSessionManager> = StreamableHttpService::new(
         move || {
             Ok(Tools {
                 name,
                 tool_router: Tools::tool_router(),
+                sessions: Arc::clone(&sessions),
             })
         },
         Default::default(),
@@ -207,11 +226,36 @@ pub(crate) async fn serve(name: &'static str, json: bool) -> SocketAddr {
             let Ok((stream, _)) = listener.accept().await else {
                 continue;
             };
-            let service = hyper_util::service::TowerToHyperService::new(service.clone());
+            let service = service.clone();
+            let handler = hyper::service::service_fn(
+                move |request: hyper::Request<hyper::body::Incoming>| {
+                    let service = hyper_util::service::TowerToHyperService::new(service.clone());
+                    async move {
+                        let (parts, body) = request.into_parts();
+                        let bytes = body
+                            .collect()
+                            .await
+                            .map(|body| body.to_bytes())
+                            .unwrap_or_default();
+                        let modern = parts
+                            .headers
+                            .get("mcp-protocol-version")
+                            .is_some_and(|version| version == "2026-07-28");
+                        if session_based_only && parts.method == hyper::Method::POST && modern {
+                            let refusal = r#"{"jsonrpc":"2.0","id":null,"error":{"code":-32600,"message":"Bad Request: Missing session ID"}}"#;
+                            let mut response = hyper::Response::new(Full::new(Bytes::from(refusal)).boxed());
+                            *response.status_mut() = hyper::StatusCode::BAD_REQUEST;
+                            return Ok(response);
+                        }
+                        let request = hyper::Request::from_parts(parts, Full::new(bytes));
+                        hyper::service::Service::call(&service, request).await
+                    }
+                },
+            );
             tokio::spawn(async move {
                 let io = hyper_util::rt::TokioIo::new(stream);
                 let _ = hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new())
-                    .serve_connection(io, service)
+                    .serve_connection(io, handler)
                     .await;
             });
         }

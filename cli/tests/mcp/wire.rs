@@ -120,3 +120,64 @@ pub(crate) fn raw_request(port: u16, raw: &str) -> String {
     let _ = stream.read_to_string(&mut out);
     out
 }
+
+/// A response read as it comes over a raw connection: for streams that do not end.
+pub(crate) struct Streaming {
+    stream: std::net::TcpStream,
+    seen: String,
+}
+
+impl Streaming {
+    pub(crate) fn post(port: u16, headers: &[(&str, &str)], body: &str) -> Streaming {
+        use std::io::Write;
+        let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        stream.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
+        let mut request = format!(
+            "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\n",
+            body.len()
+        );
+        for (name, value) in headers {
+            request.push_str(&format!("{name}: {value}\r\n"));
+        }
+        request.push_str("\r\n");
+        request.push_str(body);
+        stream.write_all(request.as_bytes()).unwrap();
+        Streaming {
+            stream,
+            seen: String::new(),
+        }
+    }
+
+    /// Reads until `what` has come (within 10 s); everything read so far.
+    pub(crate) fn until(&mut self, what: &str) -> &str {
+        use std::io::Read;
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        let mut buffer = [0; 4096];
+        while !self.seen.contains(what) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no {what} in: {}",
+                self.seen
+            );
+            match self.stream.read(&mut buffer) {
+                Ok(0) => panic!("the stream ended before {what}: {}", self.seen),
+                Ok(read) => self.seen.push_str(&String::from_utf8_lossy(&buffer[..read])),
+                Err(error)
+                    if matches!(
+                        error.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) => {}
+                Err(error) => panic!("reading the stream: {error}"),
+            }
+        }
+        &self.seen
+    }
+}
+
+/// The JSON-RPC messages of the SSE events in `text` (a raw HTTP response, chunked or not).
+pub(crate) fn events(text: &str) -> Vec<Value> {
+    text.lines()
+        .filter_map(|line| line.strip_prefix("data: "))
+        .filter_map(|data| serde_json::from_str(data).ok())
+        .collect()
+}

@@ -3,16 +3,15 @@
 //! offer.
 
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use futures::future::join_all;
-use http::{HeaderValue, Request, Response};
+use http::{HeaderValue, Response};
 use portcullis_config::McpFailureMode;
 use serde_json::{json, Map, Value};
 
 use super::downstream::LEGACY_VERSIONS;
-use super::reach::{ClientMeta, Reach, BRIDGE_VERSION};
-use super::server::{Failure, Headers, Server, META_CAPABILITIES, MODERN_VERSION, SESSION_ID};
+use super::reach::{bridge_initialize, ClientMeta, Reach};
+use super::server::{Closing, Failure, Headers, Server, META_CAPABILITIES, MODERN_VERSION, SESSION_ID};
 use super::session::{caller_digest, unix_now, ServerSession, Session};
 use super::{inject_trace, invalid_params, jsonrpc, upstream_failed, Exchange, McpTarget};
 use crate::body::Body;
@@ -50,10 +49,9 @@ impl McpTarget {
         let client = ClientMeta::from_initialize(&upstream_params);
         let message = json!({"jsonrpc": "2.0", "id": id, "method": "initialize", "params": upstream_params});
         let (upstream, trace) = (exchange.upstream, &exchange.ctx.trace);
-        let mut abandoned = Abandoned {
+        let abandoned = Abandoned {
             client: upstream.http1(),
             closes: Mutex::default(),
-            armed: true,
         };
         let opened = join_all(self.servers.iter().map(|server| {
             let abandoned = &abandoned;
@@ -67,7 +65,7 @@ impl McpTarget {
             }
         }))
         .await;
-        abandoned.armed = false;
+        abandoned.hand_over();
         let mut sessions = Vec::new();
         let mut offers = Vec::new();
         let mut failure = None;
@@ -234,51 +232,29 @@ impl McpTarget {
 /// background: the client never got the id it would close them with.
 struct Abandoned {
     client: Http1,
-    /// Each opened session's DELETE, and the server's timeout.
-    closes: Mutex<Vec<(Request<Body>, Duration)>>,
-    armed: bool,
+    closes: Mutex<Vec<Closing>>,
 }
 
 impl Abandoned {
     fn opened(&self, server: &Server, session: &ServerSession) {
-        let Some(closing) = session
-            .id
-            .as_deref()
-            .and_then(|id| server.closing(id, &session.version))
-        else {
+        let Some(id) = session.id.as_deref() else {
             return;
         };
+        let closing = server.close_on_drop(self.client.clone(), id, &session.version);
         self.closes
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .push((closing, server.timeout));
+            .push(closing);
     }
-}
 
-impl Drop for Abandoned {
-    fn drop(&mut self) {
-        let closes = std::mem::take(
-            self.closes
-                .get_mut()
-                .unwrap_or_else(std::sync::PoisonError::into_inner),
-        );
-        if !self.armed || closes.is_empty() {
-            return;
-        }
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        let client = self.client.clone();
-        runtime.spawn(async move {
-            for (request, timeout) in closes {
-                if !matches!(
-                    tokio::time::timeout(timeout, client.request(request)).await,
-                    Ok(Ok(_))
-                ) {
-                    tracing::debug!("closing an upstream MCP session of an abandoned initialize failed");
-                }
-            }
-        });
+    /// Every server has answered: from here on the sessions are the handler's, which closes
+    /// them on failure and otherwise hands them to the client.
+    fn hand_over(self) {
+        let closes = self
+            .closes
+            .into_inner()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        closes.into_iter().for_each(Closing::keep);
     }
 }
 
@@ -321,14 +297,7 @@ async fn offer(
     if server.speaks_modern(upstream, trace).await? {
         return modern_offer(server, upstream, trace, client).await;
     }
-    let mut params = json!({"protocolVersion": BRIDGE_VERSION, "capabilities": client.capabilities});
-    params["clientInfo"] = client
-        .info
-        .clone()
-        .unwrap_or_else(|| json!({"name": "portcullis", "version": env!("CARGO_PKG_VERSION")}));
-    let message =
-        json!({"jsonrpc": "2.0", "id": "portcullis-discover", "method": "initialize", "params": params});
-    let (session, offer) = open_session(server, upstream, trace, &message).await?;
+    let (session, offer) = open_session(server, upstream, trace, &bridge_initialize(client)).await?;
     if let Some(id) = &session.id {
         let headers = Headers {
             session: Some(id),

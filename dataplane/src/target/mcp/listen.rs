@@ -22,6 +22,7 @@ use portcullis_config::mcp_rules::{Item, ItemKind};
 use portcullis_config::McpFailureMode;
 use serde_json::{json, Map, Value};
 
+use super::bridged_listen;
 use super::jsonrpc::{invalid_params, upstream_failed};
 use super::reach::{self, ClientMeta, Reach, Sent};
 use super::remap::{ListWatch, RemapRequests, SUBSCRIPTION_ID};
@@ -29,6 +30,8 @@ use super::server::{self, Headers, Server, MODERN_VERSION};
 use super::{jsonrpc, Exchange, McpTarget};
 use crate::body::{self, Body};
 use crate::sse;
+use crate::telemetry::RequestTrace;
+use crate::upstream::Upstream;
 
 /// How long a merged stream may stay silent before the gateway sends a comment, so idle
 /// timeouts of proxies and load balancers between it and the client do not close it.
@@ -99,7 +102,9 @@ impl McpTarget {
         while let Some(opened) = opens.next().await {
             tried += 1;
             match opened {
-                Opened::Stream(server, events) => return event_stream(merged(vec![(server, events)], opens)),
+                Opened::Stream(server, events) => {
+                    return event_stream(merged(vec![(server, *events)], opens))
+                }
                 Opened::NoStream => {}
                 Opened::Gone => {
                     gone += 1;
@@ -143,7 +148,7 @@ impl McpTarget {
 
 /// How opening one server's stream of the session went.
 enum Opened {
-    Stream(Arc<str>, RemapRequests),
+    Stream(Arc<str>, Box<RemapRequests>),
     /// The server offers none (405).
     NoStream,
     /// The server lost the session (404).
@@ -168,7 +173,7 @@ impl Opened {
                 let events = RemapRequests::new(body::boxed(response.into_body()), &server.name)
                     .remapping(remap)
                     .watching(watch);
-                Opened::Stream(server.name.clone(), events)
+                Opened::Stream(server.name.clone(), Box::new(events))
             }
             Ok(response) if response.status() == StatusCode::METHOD_NOT_ALLOWED => {
                 tracing::debug!(server = %server.name, "an MCP server offers no stream");
@@ -246,7 +251,7 @@ fn merged(streams: Vec<(Arc<str>, RemapRequests)>, late: Late) -> Body {
                     },
                     opened = late.next(), if !late.is_empty() => {
                         if let Some(Opened::Stream(server, events)) = opened {
-                            servers.push(server_events(server, events));
+                            servers.push(server_events(server, *events));
                         }
                         continue;
                     }
@@ -327,51 +332,45 @@ impl McpTarget {
             }
             let message = json!({"jsonrpc": "2.0", "id": id, "method": "subscriptions/listen",
                 "params": {"notifications": notifications}});
+            let (flags, resources) = (&flags, &resources[index]);
             async move {
-                match server.speaks_modern(upstream, trace).await {
-                    Ok(true) => {}
-                    Ok(false) => return (index, None),
-                    Err(failure) => return (index, Some(Err(failure.to_string()))),
-                }
-                let sent =
-                    reach::send(server, &Reach::Modern(client.clone()), message, upstream, trace).await;
-                let opened = match sent {
-                    Ok(Sent::Relay(response))
-                        if response.status() == StatusCode::OK
-                            && server::is_event_stream(response.headers()) =>
-                    {
-                        Ok(response)
+                let listening = match server.speaks_modern(upstream, trace).await {
+                    Ok(true) => listen_modern(server, client, message, upstream, trace).await,
+                    Ok(false) => {
+                        bridged_listen::listen_in_session(server, upstream, trace, client, flags, resources)
+                            .await
+                            .map_or_else(
+                                |failure| Listened::Failed(failure.to_string()),
+                                |listening| listening.map_or(Listened::Nothing, Listened::InSession),
+                            )
                     }
-                    // An answer without a stream (an error such as -32601): the server offers
-                    // no subscriptions, and honors nothing.
-                    Ok(Sent::Relay(response)) => {
-                        tracing::debug!(server = %server.name, status = %response.status(),
-                            "an MCP server offers no subscriptions");
-                        server.drain(response).await;
-                        return (index, None);
-                    }
-                    Ok(Sent::Answered(_)) => return (index, None),
-                    Err(failure) => Err(failure.to_string()),
+                    Err(failure) => Listened::Failed(failure.to_string()),
                 };
-                (index, Some(opened))
+                (index, listening)
             }
         });
         let mut streams = Vec::new();
         let mut honored = Map::new();
-        for (index, opened) in futures::future::join_all(opens).await {
+        for (index, listened) in futures::future::join_all(opens).await {
             let server = &self.servers[index];
-            let acknowledged = match opened {
-                None => continue,
-                Some(Ok(response)) => {
-                    let events = RemapRequests::new(body::boxed(response.into_body()), &server.name)
-                        .remapping(self.multiplexed)
-                        .watching(self.list_watch(index))
-                        .for_subscription(id.clone());
-                    acknowledgment(events, server.timeout)
+            let events = |body| {
+                RemapRequests::new(body, &server.name)
+                    .remapping(self.multiplexed)
+                    .watching(self.list_watch(index))
+                    .for_subscription(id.clone())
+            };
+            let acknowledged = match listened {
+                Listened::Nothing => continue,
+                Listened::Modern(response) => {
+                    acknowledgment(events(body::boxed(response.into_body())), server.timeout)
                         .await
                         .map_err(|why| format!("server {}: {why}", server.name))
                 }
-                Some(Err(failure)) => Err(failure),
+                Listened::InSession(listening) => Ok((
+                    listening.honors,
+                    events(listening.events).only(listening.notifications),
+                )),
+                Listened::Failed(failure) => Err(failure),
             };
             match acknowledged {
                 Ok((server_honors, events)) => {
@@ -425,20 +424,64 @@ impl McpTarget {
 
 /// The server's acknowledgment, the first event of its stream: what it honors, and the rest of
 /// the stream.
+/// How a server took a subscription.
+enum Listened {
+    /// It honors nothing of it.
+    Nothing,
+    /// A 2026-07-28 server's stream, which begins with its acknowledgment.
+    Modern(Response<Incoming>),
+    /// A session-based server's, in a session opened for it.
+    InSession(bridged_listen::Listening),
+    Failed(String),
+}
+
+/// `subscriptions/listen` sent on to a 2026-07-28 server.
+async fn listen_modern(
+    server: &Server,
+    client: &Arc<ClientMeta>,
+    message: Value,
+    upstream: &Upstream,
+    trace: &RequestTrace,
+) -> Listened {
+    match reach::send(server, &Reach::Modern(client.clone()), message, upstream, trace).await {
+        Ok(Sent::Relay(response))
+            if response.status() == StatusCode::OK && server::is_event_stream(response.headers()) =>
+        {
+            Listened::Modern(response)
+        }
+        // An answer without a stream (an error such as -32601): the server offers no
+        // subscriptions, and honors nothing.
+        Ok(Sent::Relay(response)) => {
+            tracing::debug!(server = %server.name, status = %response.status(),
+                "an MCP server offers no subscriptions");
+            server.drain(response).await;
+            Listened::Nothing
+        }
+        Ok(Sent::Answered(_)) => Listened::Nothing,
+        Err(failure) => Listened::Failed(failure.to_string()),
+    }
+}
+
 async fn acknowledgment(
     mut events: RemapRequests,
     timeout: std::time::Duration,
 ) -> Result<(Map<String, Value>, RemapRequests), String> {
-    // Each frame of `events` is one whole event.
-    let frame = match tokio::time::timeout(timeout, events.frame()).await {
-        Err(_) => return Err(format!("no acknowledgment within {timeout:?}")),
-        Ok(None) => return Err("the stream ended before its acknowledgment".into()),
-        Ok(Some(Err(error))) => return Err(format!("the stream failed before its acknowledgment: {error}")),
-        Ok(Some(Ok(frame))) => frame,
-    };
-    let data = frame.into_data().unwrap_or_default();
+    // Each frame of `events` is one whole event, or a comment (passed on keep-alives), which
+    // holds none.
+    let deadline = tokio::time::Instant::now() + timeout;
     let mut parsed = Vec::new();
-    sse::Parser::default().feed(&data, &mut parsed);
+    while parsed.is_empty() {
+        let frame = match tokio::time::timeout_at(deadline, events.frame()).await {
+            Err(_) => return Err(format!("no acknowledgment within {timeout:?}")),
+            Ok(None) => return Err("the stream ended before its acknowledgment".into()),
+            Ok(Some(Err(error))) => {
+                return Err(format!("the stream failed before its acknowledgment: {error}"))
+            }
+            Ok(Some(Ok(frame))) => frame,
+        };
+        let data = frame.into_data().unwrap_or_default();
+        sse::Parser::default().feed(&data, &mut parsed);
+    }
     let message: Option<Value> = parsed
         .first()
         .and_then(|event| serde_json::from_str(&event.data).ok());
@@ -506,7 +549,10 @@ mod tests {
         let late: Late = std::iter::once(Box::pin(async move {
             let _ = opened.await;
             let stream = "data: {\"jsonrpc\":\"2.0\",\"method\":\"notifications/message\"}\n\n";
-            Opened::Stream(Arc::from("docs"), RemapRequests::new(body::full(stream), "docs"))
+            Opened::Stream(
+                Arc::from("docs"),
+                Box::new(RemapRequests::new(body::full(stream), "docs")),
+            )
         }) as BoxFuture<'static, Opened>)
         .collect();
         let mut merged = merged(streams, late);

@@ -9,6 +9,7 @@
 //! answer, JSON or SSE, passes through as it comes ([`server::relay`], [`remap`]).
 
 mod authz;
+mod bridged_listen;
 mod cache;
 mod downstream;
 mod guarded;

@@ -20,8 +20,8 @@ use serde_json::{json, Map, Value};
 use super::input::Answers;
 use super::jsonrpc;
 use super::server::{
-    Answer, Asked, Failure, Headers, Server, META_CAPABILITIES, META_CLIENT_INFO, META_VERSION,
-    MODERN_VERSION,
+    Answer, Asked, Failure, Headers, Server, META_CAPABILITIES, META_CLIENT_INFO, META_LOG_LEVEL,
+    META_VERSION, MODERN_VERSION,
 };
 use super::session::Session;
 use crate::telemetry::RequestTrace;
@@ -188,6 +188,35 @@ pub(super) async fn ask(
     answer.result(server)
 }
 
+/// The `_meta` fields of a 2026-07-28 request that the session's `initialize` already said:
+/// a server that speaks both revisions would take them for a 2026-07-28 request in a session
+/// of an older one, and refuse it (`-32020`).
+const MODERN_META: &[&str] = &[META_VERSION, META_CAPABILITIES, META_CLIENT_INFO, META_LOG_LEVEL];
+
+fn strip_modern_meta(message: &mut Value) {
+    let Some(Value::Object(params)) = message.get_mut("params") else {
+        return;
+    };
+    let Some(Value::Object(meta)) = params.get_mut("_meta") else {
+        return;
+    };
+    meta.retain(|key, _| !MODERN_META.contains(&key.as_str()));
+    if meta.is_empty() {
+        params.remove("_meta");
+    }
+}
+
+/// The `initialize` that opens a session with a session-based server for a 2026-07-28
+/// client: its capabilities and info, in the bridge's revision.
+pub(super) fn bridge_initialize(client: &ClientMeta) -> Value {
+    let mut params = json!({"protocolVersion": BRIDGE_VERSION, "capabilities": client.capabilities});
+    params["clientInfo"] = client
+        .info
+        .clone()
+        .unwrap_or_else(|| json!({"name": "portcullis", "version": env!("CARGO_PKG_VERSION")}));
+    json!({"jsonrpc": "2.0", "id": "portcullis-bridge", "method": "initialize", "params": params})
+}
+
 /// One request to a session-based server for a 2026-07-28 client: initialize, send, read
 /// the answer, end the session. The server's questions to the client become an
 /// `input_required` result, answered in the next round ([`Answers`]).
@@ -211,14 +240,8 @@ async fn bridge(
             });
         }
     };
-    let mut params = json!({"protocolVersion": BRIDGE_VERSION, "capabilities": client.capabilities});
-    if let Some(info) = &client.info {
-        params["clientInfo"] = info.clone();
-    } else {
-        params["clientInfo"] = json!({"name": "portcullis", "version": env!("CARGO_PKG_VERSION")});
-    }
-    let initialize =
-        json!({"jsonrpc": "2.0", "id": "portcullis-bridge", "method": "initialize", "params": params});
+    strip_modern_meta(&mut message);
+    let initialize = bridge_initialize(client);
     let (session, _) = super::initialize::open_session(server, upstream, trace, &initialize).await?;
     let headers = Headers {
         session: session.id.as_deref(),

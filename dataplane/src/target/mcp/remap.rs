@@ -66,6 +66,7 @@ pub(super) struct RemapRequests {
     remap: bool,
     watch: Option<ListWatch>,
     subscription: Option<Value>,
+    only: Option<Vec<&'static str>>,
     merged: bool,
     parser: sse::Parser,
     events: Vec<sse::Event>,
@@ -81,6 +82,7 @@ impl RemapRequests {
             remap: true,
             watch: None,
             subscription: None,
+            only: None,
             merged: false,
             parser: sse::Parser::default(),
             events: Vec::new(),
@@ -109,6 +111,13 @@ impl RemapRequests {
         self
     }
 
+    /// Only these notifications pass (a session's stream listened to for a subscription
+    /// carries whatever the server sends the session).
+    pub(super) fn only(mut self, notifications: Vec<&'static str>) -> RemapRequests {
+        self.only = Some(notifications);
+        self
+    }
+
     /// One of several streams merged into one: event ids and retry hints are left out. Ids of
     /// two servers may collide, and the gateway resumes no stream, so a `Last-Event-ID`
     /// would be a promise nobody keeps.
@@ -127,7 +136,20 @@ impl RemapRequests {
             event.id = None;
             event.retry = None;
         }
-        if let Ok(Value::Object(mut message)) = serde_json::from_str::<Value>(&event.data) {
+        let parsed = serde_json::from_str::<Value>(&event.data);
+        if let Some(only) = &self.only {
+            let passes = match &parsed {
+                Ok(Value::Object(message)) if !message.contains_key("id") => message
+                    .get("method")
+                    .and_then(Value::as_str)
+                    .is_some_and(|method| only.contains(&method)),
+                _ => false,
+            };
+            if !passes {
+                return None;
+            }
+        }
+        if let Ok(Value::Object(mut message)) = parsed {
             match (
                 message.get("method").and_then(Value::as_str).map(str::to_string),
                 message.get("id").cloned(),

@@ -17,7 +17,7 @@ use serde_json::Value;
 use crate::body::{self, Body};
 use crate::sse;
 use crate::telemetry::RequestTrace;
-use crate::upstream::Upstream;
+use crate::upstream::{Http1, Upstream};
 
 pub(super) const SESSION_ID: HeaderName = HeaderName::from_static("mcp-session-id");
 pub(super) const PROTOCOL_VERSION: HeaderName = HeaderName::from_static("mcp-protocol-version");
@@ -28,6 +28,7 @@ pub(super) const MODERN_VERSION: &str = "2026-07-28";
 pub(super) const META_VERSION: &str = "io.modelcontextprotocol/protocolVersion";
 pub(super) const META_CAPABILITIES: &str = "io.modelcontextprotocol/clientCapabilities";
 pub(super) const META_CLIENT_INFO: &str = "io.modelcontextprotocol/clientInfo";
+pub(super) const META_LOG_LEVEL: &str = "io.modelcontextprotocol/logLevel";
 const TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
 const TRACESTATE: HeaderName = HeaderName::from_static("tracestate");
 /// An answer the gateway reads whole (a list, an initialize result) may be this large.
@@ -181,15 +182,20 @@ impl Server {
         self.send(upstream, request, headers.session.is_some()).await
     }
 
-    /// The request that ends `session`, to send after the request that opened it is gone.
-    pub(super) fn closing(&self, session: &str, version: &str) -> Option<Request<Body>> {
+    /// Ends `session` when the returned guard is dropped, in the background: for sessions
+    /// whose end comes with no request to send it in (a client that left, a stream dropped).
+    pub(super) fn close_on_drop(&self, client: Http1, session: &str, version: &str) -> Closing {
         let headers = Headers {
             session: Some(session),
             version: Some(version),
             modern: false,
             trace: &RequestTrace::default(),
         };
-        self.request(Method::DELETE, &headers, None).ok()
+        Closing {
+            client,
+            delete: self.request(Method::DELETE, &headers, None).ok(),
+            timeout: self.timeout,
+        }
     }
 
     /// Ends the server's session (best effort: a server may answer 405).
@@ -387,6 +393,37 @@ pub(super) fn is_event_stream(headers: &http::HeaderMap) -> bool {
         .get(CONTENT_TYPE)
         .and_then(|value| value.to_str().ok())
         .is_some_and(|value| value.trim_start().starts_with("text/event-stream"))
+}
+
+/// Ends a session when dropped, unless [`Closing::keep`] says it lives on.
+pub(super) struct Closing {
+    client: Http1,
+    delete: Option<Request<Body>>,
+    timeout: Duration,
+}
+
+impl Closing {
+    /// The session is not to end (its id went to the client, which ends it).
+    pub(super) fn keep(mut self) {
+        self.delete = None;
+    }
+}
+
+impl Drop for Closing {
+    fn drop(&mut self) {
+        let (Some(delete), Ok(runtime)) = (self.delete.take(), tokio::runtime::Handle::try_current()) else {
+            return;
+        };
+        let (client, timeout) = (self.client.clone(), self.timeout);
+        runtime.spawn(async move {
+            if !matches!(
+                tokio::time::timeout(timeout, client.request(delete)).await,
+                Ok(Ok(_))
+            ) {
+                tracing::debug!("closing an MCP session in the background failed");
+            }
+        });
+    }
 }
 
 /// What becomes of a request a server sends the client while it answers.

@@ -1,0 +1,115 @@
+//! A 2026-07-28 client's `subscriptions/listen` at a session-based server, which has no such
+//! method: the gateway opens a session for the subscription and asks in the session's terms
+//! (list changes come on the session's stream where the server offers `listChanged`, a
+//! resource's updates after `resources/subscribe`), passes the session's stream on as the
+//! subscription's, and closes the session when the subscription ends.
+
+use std::sync::Arc;
+
+use futures::stream::StreamExt;
+use http::StatusCode;
+use http_body_util::{BodyStream, StreamBody};
+use serde_json::{json, Map, Value};
+
+use super::initialize::open_session;
+use super::reach::{self, ClientMeta};
+use super::server::{self, Failure, Headers, Server};
+use crate::body::{self, Body};
+use crate::telemetry::RequestTrace;
+use crate::upstream::Upstream;
+
+/// What the client may ask for, and the capability of the server's that delivers it.
+const LIST_FLAGS: &[(&str, &str)] = &[
+    ("toolsListChanged", "tools"),
+    ("promptsListChanged", "prompts"),
+    ("resourcesListChanged", "resources"),
+];
+
+/// A subscription a session-based server honors.
+pub(super) struct Listening {
+    /// As a 2026-07-28 server would acknowledge it (resources by the server's URIs).
+    pub(super) honors: Map<String, Value>,
+    /// The session's stream; dropping it closes the session.
+    pub(super) events: Body,
+    /// The notifications that belong to the subscription (the session's stream carries
+    /// whatever the server sends the session).
+    pub(super) notifications: Vec<&'static str>,
+}
+
+/// `Ok(None)`: the server honors nothing of `flags` and `resources` (its own URIs).
+pub(super) async fn listen_in_session(
+    server: &Server,
+    upstream: &Arc<Upstream>,
+    trace: &RequestTrace,
+    client: &ClientMeta,
+    flags: &Map<String, Value>,
+    resources: &[String],
+) -> Result<Option<Listening>, Failure> {
+    let (session, offer) = open_session(server, upstream, trace, &reach::bridge_initialize(client)).await?;
+    // A server that keeps no session has no stream to listen on.
+    let Some(id) = session.id.as_deref() else {
+        return Ok(None);
+    };
+    // Closes the session with the stream, or at once when nothing is honored.
+    let closing = server.close_on_drop(upstream.http1(), id, &session.version);
+    let headers = Headers {
+        session: Some(id),
+        version: Some(&session.version),
+        modern: false,
+        trace,
+    };
+    let offered = |capability: &str, flag: &str| {
+        offer.pointer(&format!("/capabilities/{capability}/{flag}")) == Some(&Value::Bool(true))
+    };
+    let mut honors = Map::new();
+    let mut notifications = Vec::new();
+    for (flag, capability) in LIST_FLAGS {
+        if flags.get(*flag) == Some(&Value::Bool(true)) && offered(capability, "listChanged") {
+            honors.insert((*flag).into(), Value::Bool(true));
+            notifications.push(match *capability {
+                "tools" => "notifications/tools/list_changed",
+                "prompts" => "notifications/prompts/list_changed",
+                _ => "notifications/resources/list_changed",
+            });
+        }
+    }
+    if !resources.is_empty() && offered("resources", "subscribe") {
+        let mut subscribed = Vec::new();
+        for (number, uri) in resources.iter().enumerate() {
+            let subscribe = json!({"jsonrpc": "2.0", "id": format!("portcullis-subscribe-{number}"),
+                "method": "resources/subscribe", "params": {"uri": uri}});
+            match server
+                .call(upstream, &headers, &subscribe)
+                .await
+                .and_then(|answer| answer.result(server))
+            {
+                Ok(_) => subscribed.push(Value::from(uri.as_str())),
+                Err(failure) => tracing::debug!(%failure, "an MCP server refused a resource subscription"),
+            }
+        }
+        if !subscribed.is_empty() {
+            honors.insert("resourceSubscriptions".into(), Value::Array(subscribed));
+            notifications.push("notifications/resources/updated");
+        }
+    }
+    if honors.is_empty() {
+        return Ok(None);
+    }
+    let response = server.get(upstream, &headers).await?;
+    if response.status() != StatusCode::OK || !server::is_event_stream(response.headers()) {
+        tracing::debug!(server = %server.name, status = %response.status(),
+            "an MCP server's session offers no stream to listen on");
+        server.drain(response).await;
+        return Ok(None);
+    }
+    let stream = BodyStream::new(body::boxed(response.into_body())).map(move |frame| {
+        // The session lives as long as its stream is read.
+        let _ = &closing;
+        frame
+    });
+    Ok(Some(Listening {
+        honors,
+        events: body::boxed(StreamBody::new(stream)),
+        notifications,
+    }))
+}
