@@ -218,7 +218,8 @@ fn a_2026_client_listens_to_a_session_based_server_through_a_session_opened_for_
     assert_eq!(
         acknowledged["params"]["notifications"],
         json!({"toolsListChanged": true, "resourceSubscriptions": ["math+mem://note"]}),
-        "math honors both in its session's terms (web, which offers no subscriptions, nothing): {acknowledged}"
+        "math honors the resource in its session's terms (and web, an rmcp server of either \
+         revision, tool list changes at most): {acknowledged}"
     );
 
     // A call in a session of its own (bridged): math tells every session of the change.

@@ -45,7 +45,14 @@ pub(super) async fn listen_in_session(
     flags: &Map<String, Value>,
     resources: &[String],
 ) -> Result<Option<Listening>, Failure> {
-    let (session, offer) = open_session(server, upstream, trace, &reach::bridge_initialize(client)).await?;
+    // Nobody answers requests on this session's stream: it offers the server nothing to ask
+    // (no roots, sampling or elicitation).
+    let listener = ClientMeta {
+        capabilities: json!({}),
+        info: client.info.clone(),
+    };
+    let (session, offer) =
+        open_session(server, upstream, trace, &reach::bridge_initialize(&listener)).await?;
     // A server that keeps no session has no stream to listen on.
     let Some(id) = session.id.as_deref() else {
         return Ok(None);

@@ -127,15 +127,7 @@ impl McpTarget {
         let mut merged_offers = Vec::new();
         for (server, outcome) in self.servers.iter().zip(offers) {
             match outcome {
-                Ok(offer) => {
-                    // Its list changes reach the client on `subscriptions/listen` only if it
-                    // speaks 2026-07-28 (answered `server/discover` listing it).
-                    let streams = offer
-                        .get("supportedVersions")
-                        .and_then(Value::as_array)
-                        .is_some_and(|versions| versions.iter().any(|version| version == MODERN_VERSION));
-                    merged_offers.push((server, offer, streams));
-                }
+                Ok((offer, streams)) => merged_offers.push((server, offer, streams)),
                 Err(error) if server.failure_mode == McpFailureMode::Omit => {
                     tracing::warn!(target = %self.name, %error, "MCP server left out of server/discover");
                 }
@@ -287,29 +279,25 @@ async fn open_any_session(
     ))
 }
 
-/// What a server offers, in whichever revision it speaks.
+/// What a server offers, in whichever revision it speaks, and whether its notifications
+/// can reach a 2026-07-28 client's `subscriptions/listen`: a 2026-07-28 server's stream, or
+/// a session-based server's session opened for the subscription (one that keeps sessions).
 async fn offer(
     server: &Server,
     upstream: &Upstream,
     trace: &RequestTrace,
     client: &ClientMeta,
-) -> Result<Value, Failure> {
+) -> Result<(Value, bool), Failure> {
     if server.speaks_modern(upstream, trace).await? {
-        return modern_offer(server, upstream, trace, client).await;
+        return Ok((modern_offer(server, upstream, trace, client).await?, true));
     }
     let (session, offer) = open_session(server, upstream, trace, &bridge_initialize(client)).await?;
-    if let Some(id) = &session.id {
-        let headers = Headers {
-            session: Some(id),
-            version: Some(&session.version),
-            modern: false,
-            trace,
-        };
-        if let Err(error) = server.delete(upstream, &headers).await {
-            tracing::debug!(%error, "closing a discovery session failed");
-        }
-    }
-    Ok(offer)
+    let Some(id) = session.id.as_deref() else {
+        return Ok((offer, false));
+    };
+    // Only the offer was wanted: the session ends at once, in the background.
+    drop(server.close_on_drop(upstream.http1(), id, &session.version));
+    Ok((offer, true))
 }
 
 async fn modern_offer(

@@ -84,9 +84,8 @@ impl Answers {
         match params.remove("requestState") {
             None | Some(Value::Null) => {}
             Some(Value::String(state)) => {
-                answers.given = decode_state(&state).ok_or(
-                    "Invalid params: this requestState was not written by the gateway for this server",
-                )?;
+                answers.given = decode_state(&state)
+                    .ok_or("Invalid params: this requestState was not written by the gateway")?;
             }
             Some(_) => return Err("Invalid params: requestState must be a string".into()),
         }
@@ -134,6 +133,8 @@ fn question_key(method: &str, params: &Value) -> String {
     let mut params = params.clone();
     if let Value::Object(fields) = &mut params {
         fields.remove("_meta");
+        // A URL-mode elicitation names each asking anew.
+        fields.remove("elicitationId");
     }
     // serde_json maps keep their keys sorted: the same question serializes the same way.
     let digest = Sha256::digest(json!([method, params]).to_string());
@@ -299,8 +300,7 @@ fn event_stream(call: Call, first: Round) -> Response<Body> {
                 "code": problem.code, "message": problem.message,
             }}),
         };
-        // A client that left takes nothing more.
-        let _ = events.send(event(&last)).await;
+        emit(&events, event(&last)).await;
     };
     // The driver runs as the body is read, and stops when the client leaves (the body is
     // dropped); its events end with it.
@@ -313,6 +313,12 @@ fn event_stream(call: Call, first: Round) -> Response<Body> {
     headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     headers.insert("x-accel-buffering", HeaderValue::from_static("no"));
     answer
+}
+
+/// Sends an event to the client. The driver and the receiving end live in one body, so the
+/// receiver is there as long as anyone sends: a client that leaves drops both.
+async fn emit(events: &mpsc::Sender<Bytes>, bytes: Bytes) {
+    let _ = events.send(bytes).await;
 }
 
 fn event(message: &Value) -> Bytes {
@@ -339,7 +345,7 @@ fn questions(message: &Value) -> Option<(Map<String, Value>, Option<Value>)> {
 impl Call {
     async fn rounds(&self, first: Round, events: &mpsc::Sender<Bytes>) -> Result<Value, Problem> {
         let mut round = first;
-        for _ in 0..MAX_ROUNDS {
+        for asked in 0..=MAX_ROUNDS {
             let message = match round {
                 Round::Answered(message) => message,
                 Round::Stream(body) => self.read(body, events).await?,
@@ -347,6 +353,9 @@ impl Call {
             let Some((requests, state)) = questions(&message) else {
                 return Ok(message);
             };
+            if asked == MAX_ROUNDS {
+                break;
+            }
             let responses = self.ask(requests, events).await?;
             let mut retry = self.message.clone();
             if let Some(Value::Object(params)) = retry.get_mut("params") {
@@ -402,11 +411,8 @@ impl Call {
                 return Err(self.failed("sent an event larger than the gateway reads"));
             }
             parser.feed(&data, &mut parsed);
-            if parser.took_comment() && events.send(Bytes::from_static(KEEPALIVE_COMMENT)).await.is_err() {
-                return Err(Problem {
-                    code: jsonrpc::INPUT_UNANSWERED,
-                    message: "the client left".into(),
-                });
+            if parser.took_comment() {
+                emit(events, Bytes::from_static(KEEPALIVE_COMMENT)).await;
             }
             for sse_event in parsed.drain(..) {
                 let Ok(message) = serde_json::from_str::<Value>(&sse_event.data) else {
@@ -417,11 +423,8 @@ impl Call {
                 }
                 // 2026-07-28 servers send no requests; their notifications (progress, logs)
                 // go on to the client.
-                if message.get("id").is_none() && events.send(event(&message)).await.is_err() {
-                    return Err(Problem {
-                        code: jsonrpc::INPUT_UNANSWERED,
-                        message: "the client left".into(),
-                    });
+                if message.get("id").is_none() {
+                    emit(events, event(&message)).await;
                 }
             }
         }
@@ -448,9 +451,7 @@ impl Call {
                 "jsonrpc": "2.0", "id": waiting.id, "method": method,
                 "params": request.get("params").cloned().unwrap_or_else(|| json!({})),
             });
-            if events.send(event(&question)).await.is_err() {
-                return Err(unanswered("the client left".into()));
-            }
+            emit(events, event(&question)).await;
             pending.push((key, method, waiting));
         }
         // Every question is out: the client answers them in any order, all within one idle
@@ -470,12 +471,7 @@ impl Call {
                     },
                     // Someone may take a while to answer: idle timeouts between the gateway and
                     // the client must not close the stream meanwhile.
-                    _ = keepalive.tick() => {
-                        if events.send(Bytes::from_static(KEEPALIVE_COMMENT)).await.is_err() {
-                            return Err(unanswered("the client left".into()));
-                        }
-                    }
-                    () = events.closed() => return Err(unanswered("the client left".into())),
+                    _ = keepalive.tick() => emit(events, Bytes::from_static(KEEPALIVE_COMMENT)).await,
                 }
             };
             match response.remove("result") {
@@ -680,6 +676,113 @@ mod tests {
             }
         })
         .await
+    }
+
+    /// A session-based server that asks for the client's roots while it answers `tools/list`;
+    /// what it was sent, in order.
+    async fn questioning_server(seen: Arc<Mutex<Vec<String>>>) -> std::net::SocketAddr {
+        spawn_upstream(move |request: http::Request<Incoming>| {
+            let seen = seen.clone();
+            async move {
+                if request.method() == http::Method::DELETE {
+                    seen.lock().unwrap().push("DELETE".into());
+                    return text("");
+                }
+                let bytes = request.into_body().collect().await.unwrap().to_bytes();
+                let message: Value = serde_json::from_slice(&bytes).unwrap();
+                let id = message["id"].clone();
+                let method = message["method"].as_str().unwrap_or("(response)").to_string();
+                seen.lock().unwrap().push(if method == "(response)" {
+                    message.to_string()
+                } else {
+                    method.clone()
+                });
+                let mut response = match method.as_str() {
+                    "initialize" => text(
+                        json!({"jsonrpc": "2.0", "id": id, "result": {
+                        "protocolVersion": "2025-11-25", "capabilities": {"tools": {}},
+                        "serverInfo": {"name": "old", "version": "1"}}})
+                        .to_string(),
+                    ),
+                    "tools/list" => {
+                        let asks = json!({"jsonrpc": "2.0", "id": 0, "method": "roots/list"});
+                        let list = json!({"jsonrpc": "2.0", "id": id, "result": {"tools": [{"name": "a"}]}});
+                        let mut response = text(format!("data: {asks}\n\ndata: {list}\n\n"));
+                        response
+                            .headers_mut()
+                            .insert(CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+                        response
+                    }
+                    _ => {
+                        let mut accepted = text("");
+                        *accepted.status_mut() = http::StatusCode::ACCEPTED;
+                        accepted
+                    }
+                };
+                if method == "initialize" {
+                    response
+                        .headers_mut()
+                        .insert("mcp-session-id", HeaderValue::from_static("s1"));
+                    response
+                        .headers_mut()
+                        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+                }
+                response
+            }
+        })
+        .await
+    }
+
+    #[tokio::test]
+    async fn a_bridged_list_refuses_the_server_s_questions_and_its_session_ends() {
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let address = questioning_server(seen.clone()).await;
+        let telemetry = Arc::new(Telemetry::new(quiet_telemetry()).unwrap());
+        let upstream = Upstream::new(telemetry, crate::placements::outbox().0);
+        let server = Server::compile(&McpServerSpec {
+            name: "old".into(),
+            url: format!("http://{address}/mcp"),
+            timeout: None,
+            failure_mode: McpFailureMode::Fail,
+            list_ttl: None,
+        })
+        .unwrap();
+        let client = Arc::new(ClientMeta::from_initialize(
+            &json!({"capabilities": {"roots": {}}}),
+        ));
+        let list = json!({"jsonrpc": "2.0", "id": 3, "method": "tools/list", "params": {}});
+        let result = reach::ask(
+            &server,
+            &Reach::Bridge(client),
+            list,
+            &upstream,
+            &RequestTrace::default(),
+        )
+        .await
+        .ok()
+        .unwrap();
+        // A list cannot ask the client: the answer is the list, the question refused.
+        assert_eq!(result["tools"][0]["name"], "a", "{result}");
+        let mut waited = 0;
+        while !seen.lock().unwrap().contains(&"DELETE".to_string()) && waited < 100 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            waited += 1;
+        }
+        let seen = seen.lock().unwrap().clone();
+        let refusal: Value = serde_json::from_str(&seen[3]).unwrap();
+        assert_eq!(
+            (refusal["id"].clone(), refusal["error"]["code"].clone()),
+            (json!(0), json!(jsonrpc::METHOD_NOT_FOUND)),
+            "{seen:?}"
+        );
+        assert_eq!(
+            seen.iter()
+                .map(String::as_str)
+                .filter(|sent| !sent.starts_with('{'))
+                .collect::<Vec<_>>(),
+            ["initialize", "notifications/initialized", "tools/list", "DELETE"],
+            "the session opened for the list ends with it"
+        );
     }
 
     async fn next_message(body: &mut Body, parser: &mut sse::Parser, pending: &mut Vec<sse::Event>) -> Value {

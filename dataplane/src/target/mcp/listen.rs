@@ -336,6 +336,8 @@ impl McpTarget {
             async move {
                 let listening = match server.speaks_modern(upstream, trace).await {
                     Ok(true) => listen_modern(server, client, message, upstream, trace).await,
+                    // Nothing asked of it: no session to open.
+                    Ok(false) if flags.is_empty() && resources.is_empty() => Listened::Nothing,
                     Ok(false) => {
                         bridged_listen::listen_in_session(server, upstream, trace, client, flags, resources)
                             .await

@@ -17,10 +17,10 @@ use hyper::body::Incoming;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 
-use super::input::Answers;
+use super::input::{Answers, INTERACTIVE};
 use super::jsonrpc;
 use super::server::{
-    Answer, Asked, Failure, Headers, Server, META_CAPABILITIES, META_CLIENT_INFO, META_LOG_LEVEL,
+    Answer, Asked, Failure, Headers, Reply, Server, META_CAPABILITIES, META_CLIENT_INFO, META_LOG_LEVEL,
     META_VERSION, MODERN_VERSION,
 };
 use super::session::Session;
@@ -243,21 +243,32 @@ async fn bridge(
     strip_modern_meta(&mut message);
     let initialize = bridge_initialize(client);
     let (session, _) = super::initialize::open_session(server, upstream, trace, &initialize).await?;
+    // The session ends with the request, in the background: also when the client leaves
+    // (which is how a 2026-07-28 client cancels), and how a call stopped at a question is
+    // cancelled.
+    let _closing = session
+        .id
+        .as_deref()
+        .map(|id| server.close_on_drop(upstream.http1(), id, &session.version));
     let headers = Headers {
         session: session.id.as_deref(),
         version: Some(&session.version),
         modern: false,
         trace,
     };
-    let asked = &mut |method: &str, params: &Value| answers.reply(method, params);
-    let answer = server.call_asked(upstream, &headers, &message, asked).await;
-    if session.id.is_some() {
-        // Also how a call stopped at a question is cancelled.
-        if let Err(error) = server.delete(upstream, &headers).await {
-            tracing::debug!(%error, "closing a bridged MCP session failed");
+    // Only a result may ask the client (`input_required`); a list or a completion may not.
+    let interactive = message
+        .get("method")
+        .and_then(Value::as_str)
+        .is_some_and(|method| INTERACTIVE.contains(&method));
+    let asked = &mut |method: &str, params: &Value| {
+        if interactive {
+            answers.reply(method, params)
+        } else {
+            Reply::Refuse
         }
-    }
-    match answer? {
+    };
+    match server.call_asked(upstream, &headers, &message, asked).await? {
         Asked::Answered(answer) => Ok(answer),
         Asked::Stopped => {
             let id = message.get("id").cloned().unwrap_or(Value::Null);
