@@ -4,26 +4,18 @@
 //! resource's updates after `resources/subscribe`), passes the session's stream on as the
 //! subscription's, and closes the session when the subscription ends.
 
-use std::sync::Arc;
-
 use futures::stream::StreamExt;
 use http::StatusCode;
 use http_body_util::{BodyStream, StreamBody};
 use serde_json::{json, Map, Value};
 
-use super::initialize::open_session;
+use super::initialize::{open_session, NewSession};
+use super::listen::LIST_FLAGS;
 use super::reach::{self, ClientMeta};
 use super::server::{self, Failure, Headers, Server};
 use crate::body::{self, Body};
 use crate::telemetry::RequestTrace;
 use crate::upstream::Upstream;
-
-/// What the client may ask for, and the capability of the server's that delivers it.
-const LIST_FLAGS: &[(&str, &str)] = &[
-    ("toolsListChanged", "tools"),
-    ("promptsListChanged", "prompts"),
-    ("resourcesListChanged", "resources"),
-];
 
 /// A subscription a session-based server honors.
 pub(super) struct Listening {
@@ -39,7 +31,7 @@ pub(super) struct Listening {
 /// `Ok(None)`: the server honors nothing of `flags` and `resources` (its own URIs).
 pub(super) async fn listen_in_session(
     server: &Server,
-    upstream: &Arc<Upstream>,
+    upstream: &Upstream,
     trace: &RequestTrace,
     client: &ClientMeta,
     flags: &Map<String, Value>,
@@ -51,14 +43,16 @@ pub(super) async fn listen_in_session(
         capabilities: json!({}),
         info: client.info.clone(),
     };
-    let (session, offer) =
-        open_session(server, upstream, trace, &reach::bridge_initialize(&listener)).await?;
-    // A server that keeps no session has no stream to listen on.
-    let Some(id) = session.id.as_deref() else {
+    let NewSession {
+        session,
+        offer,
+        closing,
+    } = open_session(server, upstream, trace, &reach::bridge_initialize(&listener)).await?;
+    // A server that keeps no session has no stream to listen on. The session closes with
+    // the stream, or at once when nothing is honored.
+    let (Some(id), Some(closing)) = (session.id.as_deref(), closing) else {
         return Ok(None);
     };
-    // Closes the session with the stream, or at once when nothing is honored.
-    let closing = server.close_on_drop(upstream.http1(), id, &session.version);
     let headers = Headers {
         session: Some(id),
         version: Some(&session.version),
@@ -70,14 +64,10 @@ pub(super) async fn listen_in_session(
     };
     let mut honors = Map::new();
     let mut notifications = Vec::new();
-    for (flag, capability) in LIST_FLAGS {
+    for (flag, capability, notification) in LIST_FLAGS {
         if flags.get(*flag) == Some(&Value::Bool(true)) && offered(capability, "listChanged") {
             honors.insert((*flag).into(), Value::Bool(true));
-            notifications.push(match *capability {
-                "tools" => "notifications/tools/list_changed",
-                "prompts" => "notifications/prompts/list_changed",
-                _ => "notifications/resources/list_changed",
-            });
+            notifications.push(*notification);
         }
     }
     if !resources.is_empty() && offered("resources", "subscribe") {

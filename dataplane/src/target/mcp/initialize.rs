@@ -2,7 +2,7 @@
 //! into one id) and `server/discover` for 2026-07-28 clients; both merge what the servers
 //! offer.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use futures::future::join_all;
 use http::{HeaderValue, Response};
@@ -16,7 +16,7 @@ use super::session::{caller_digest, unix_now, ServerSession, Session};
 use super::{inject_trace, invalid_params, jsonrpc, upstream_failed, Exchange, McpTarget};
 use crate::body::Body;
 use crate::telemetry::RequestTrace;
-use crate::upstream::{Http1, Upstream};
+use crate::upstream::Upstream;
 
 /// Server capabilities passed on to clients (their flags filtered further).
 const DELIVERABLE_CAPABILITIES: &[&str] = &["tools", "prompts", "resources", "logging", "completions"];
@@ -49,34 +49,28 @@ impl McpTarget {
         let client = ClientMeta::from_initialize(&upstream_params);
         let message = json!({"jsonrpc": "2.0", "id": id, "method": "initialize", "params": upstream_params});
         let (upstream, trace) = (exchange.upstream, &exchange.ctx.trace);
-        let abandoned = Abandoned {
-            client: upstream.http1(),
-            closes: Mutex::default(),
-        };
-        let opened = join_all(self.servers.iter().map(|server| {
-            let abandoned = &abandoned;
-            let (message, client) = (&message, &client);
-            async move {
-                let outcome = open_any_session(server, upstream, trace, message, client).await;
-                if let Ok((session, _)) = &outcome {
-                    abandoned.opened(server, session);
-                }
-                outcome
-            }
-        }))
+        // Each session opened ends in the background unless the client gets its id: also
+        // when the client leaves before the answer (this future is dropped).
+        let opened = join_all(
+            self.servers
+                .iter()
+                .map(|server| open_any_session(server, upstream, trace, &message, &client)),
+        )
         .await;
-        abandoned.hand_over();
         let mut sessions = Vec::new();
         let mut offers = Vec::new();
+        let mut closings = Vec::new();
         let mut failure = None;
         for (server, outcome) in self.servers.iter().zip(opened) {
             match outcome {
-                Ok((session, offer)) => {
+                Ok(opened) => {
+                    let session = opened.session;
                     // Its list changes reach the client on the session's stream only if it
                     // keeps a session to open one in.
                     let streams = session.id.is_some() && session.version != MODERN_VERSION;
                     sessions.push(session);
-                    offers.push((server, offer, streams));
+                    offers.push((server, opened.offer, streams));
+                    closings.extend(opened.closing);
                 }
                 Err(error) if server.failure_mode == McpFailureMode::Omit => {
                     tracing::warn!(target = %self.name, %error, "MCP server left out of a new session");
@@ -93,8 +87,7 @@ impl McpTarget {
             caller: caller_digest(&exchange.headers),
         };
         if failure.is_some() || session.servers.is_empty() {
-            // Close what was opened: the client gets no session to close it with.
-            self.close(upstream, trace, &session).await;
+            // What was opened closes as `closings` goes: the client gets no session to close.
             let error = failure.map_or_else(
                 || "no server could be reached".to_string(),
                 |error| error.to_string(),
@@ -106,6 +99,8 @@ impl McpTarget {
         let mut answer = jsonrpc::result(id, Value::Object(merged));
         if let Ok(sealed) = HeaderValue::from_str(&self.sealer.seal(&session)) {
             answer.headers_mut().insert(SESSION_ID, sealed);
+            // The client ends them now.
+            closings.into_iter().for_each(Closing::keep);
         }
         answer
     }
@@ -219,37 +214,6 @@ impl McpTarget {
     }
 }
 
-/// The upstream sessions an `initialize` has opened so far. Should the client leave before
-/// the answer, the request's future is dropped and with it this, which closes them in the
-/// background: the client never got the id it would close them with.
-struct Abandoned {
-    client: Http1,
-    closes: Mutex<Vec<Closing>>,
-}
-
-impl Abandoned {
-    fn opened(&self, server: &Server, session: &ServerSession) {
-        let Some(id) = session.id.as_deref() else {
-            return;
-        };
-        let closing = server.close_on_drop(self.client.clone(), id, &session.version);
-        self.closes
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .push(closing);
-    }
-
-    /// Every server has answered: from here on the sessions are the handler's, which closes
-    /// them on failure and otherwise hands them to the client.
-    fn hand_over(self) {
-        let closes = self
-            .closes
-            .into_inner()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        closes.into_iter().for_each(Closing::keep);
-    }
-}
-
 /// A session-based client's session with one server: the server's own session when it
 /// takes `initialize`, else (a 2026-07-28-only server) none, the client's capabilities
 /// then going with every request. Returns what the server offers.
@@ -259,7 +223,7 @@ async fn open_any_session(
     trace: &RequestTrace,
     message: &Value,
     client: &ClientMeta,
-) -> Result<(ServerSession, Value), Failure> {
+) -> Result<NewSession, Failure> {
     let refused = match open_session(server, upstream, trace, message).await {
         Ok(opened) => return Ok(opened),
         Err(error) if error.answered => error,
@@ -269,14 +233,15 @@ async fn open_any_session(
         return Err(refused);
     }
     let offer = modern_offer(server, upstream, trace, client).await?;
-    Ok((
-        ServerSession {
+    Ok(NewSession {
+        session: ServerSession {
             name: server.name.to_string(),
             id: None,
             version: MODERN_VERSION.to_string(),
         },
         offer,
-    ))
+        closing: None,
+    })
 }
 
 /// What a server offers, in whichever revision it speaks, and whether its notifications
@@ -291,13 +256,9 @@ async fn offer(
     if server.speaks_modern(upstream, trace).await? {
         return Ok((modern_offer(server, upstream, trace, client).await?, true));
     }
-    let (session, offer) = open_session(server, upstream, trace, &bridge_initialize(client)).await?;
-    let Some(id) = session.id.as_deref() else {
-        return Ok((offer, false));
-    };
-    // Only the offer was wanted: the session ends at once, in the background.
-    drop(server.close_on_drop(upstream.http1(), id, &session.version));
-    Ok((offer, true))
+    // Only the offer is wanted: the session ends at once, in the background.
+    let opened = open_session(server, upstream, trace, &bridge_initialize(client)).await?;
+    Ok((opened.offer, opened.session.id.is_some()))
 }
 
 async fn modern_offer(
@@ -327,12 +288,22 @@ async fn modern_offer(
 }
 
 /// Opens a server's session: `initialize`, then `notifications/initialized`.
+/// A session just opened with a server.
+pub(super) struct NewSession {
+    pub(super) session: ServerSession,
+    /// What the server offers (its `initialize` result).
+    pub(super) offer: Value,
+    /// Ends the session when dropped, unless kept: one whose id nobody will use must not
+    /// linger. `None` for a server that keeps no session.
+    pub(super) closing: Option<Closing>,
+}
+
 pub(super) async fn open_session(
     server: &Server,
     upstream: &Upstream,
     trace: &RequestTrace,
     message: &Value,
-) -> Result<(ServerSession, Value), Failure> {
+) -> Result<NewSession, Failure> {
     let initial = Headers {
         session: None,
         version: None,
@@ -347,6 +318,10 @@ pub(super) async fn open_session(
         .and_then(Value::as_str)
         .unwrap_or(VERSION_WITHOUT_HEADER)
         .to_string();
+    // From here the server holds a session: it ends whatever becomes of this request.
+    let closing = session
+        .as_deref()
+        .map(|id| server.close_on_drop(upstream.http1(), id, &version));
     let headers = Headers {
         session: session.as_deref(),
         version: Some(&version),
@@ -366,20 +341,15 @@ pub(super) async fn open_session(
         Err(error) => Some(error),
     };
     if let Some(error) = refused {
-        // The server's session exists already; nobody else will end it.
-        if session.is_some() {
-            if let Err(close) = server.delete(upstream, &headers).await {
-                tracing::debug!(error = %close, "closing a half-opened MCP session failed");
-            }
-        }
         return Err(error);
     }
-    Ok((
-        ServerSession {
+    Ok(NewSession {
+        session: ServerSession {
             name: server.name.to_string(),
             id: session,
             version,
         },
-        result,
-    ))
+        offer: result,
+        closing,
+    })
 }

@@ -129,20 +129,18 @@ impl McpTarget {
                 "mcp_upstream_failed",
             );
         }
-        {
-            let mut answer = jsonrpc::error(
-                StatusCode::METHOD_NOT_ALLOWED,
-                &Value::Null,
-                jsonrpc::INVALID_REQUEST,
-                "Method Not Allowed: no server of this session offers a stream",
-                None,
-                "mcp_method_not_allowed",
-            );
-            answer
-                .headers_mut()
-                .insert(ALLOW, HeaderValue::from_static("POST, DELETE"));
-            answer
-        }
+        let mut answer = jsonrpc::error(
+            StatusCode::METHOD_NOT_ALLOWED,
+            &Value::Null,
+            jsonrpc::INVALID_REQUEST,
+            "Method Not Allowed: no server of this session offers a stream",
+            None,
+            "mcp_method_not_allowed",
+        );
+        answer
+            .headers_mut()
+            .insert(ALLOW, HeaderValue::from_static("POST, DELETE"));
+        answer
     }
 }
 
@@ -266,7 +264,21 @@ fn merged(streams: Vec<(Arc<str>, RemapRequests)>, late: Late) -> Body {
 }
 
 /// The list flags of a `subscriptions/listen` filter the gateway passes on.
-const LIST_FLAGS: &[&str] = &["toolsListChanged", "promptsListChanged", "resourcesListChanged"];
+/// With the capability of a session-based server's that says it sends those changes, and the
+/// notification it sends them with.
+pub(super) const LIST_FLAGS: &[(&str, &str, &str)] = &[
+    ("toolsListChanged", "tools", "notifications/tools/list_changed"),
+    (
+        "promptsListChanged",
+        "prompts",
+        "notifications/prompts/list_changed",
+    ),
+    (
+        "resourcesListChanged",
+        "resources",
+        "notifications/resources/list_changed",
+    ),
+];
 
 impl McpTarget {
     /// `subscriptions/listen` of a 2026-07-28 client: the same filter to every 2026-07-28
@@ -290,7 +302,9 @@ impl McpTarget {
         };
         let flags: Map<String, Value> = filter
             .iter()
-            .filter(|(name, on)| LIST_FLAGS.contains(&name.as_str()) && on.as_bool() == Some(true))
+            .filter(|(name, on)| {
+                LIST_FLAGS.iter().any(|(flag, ..)| flag == name) && on.as_bool() == Some(true)
+            })
             .map(|(name, on)| (name.clone(), on.clone()))
             .collect();
         let mut resources: Vec<Vec<String>> = vec![Vec::new(); self.servers.len()];
@@ -403,7 +417,7 @@ impl McpTarget {
     /// Adds what server `index` honors to what the client is told: any server's flag, and
     /// resources by the names the client uses.
     fn honor(&self, honored: &mut Map<String, Value>, index: usize, server_honors: &Map<String, Value>) {
-        for flag in LIST_FLAGS {
+        for (flag, ..) in LIST_FLAGS {
             if server_honors.get(*flag).and_then(Value::as_bool) == Some(true) {
                 honored.insert((*flag).into(), Value::Bool(true));
             }

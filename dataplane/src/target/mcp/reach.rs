@@ -242,14 +242,14 @@ async fn bridge(
     };
     strip_modern_meta(&mut message);
     let initialize = bridge_initialize(client);
-    let (session, _) = super::initialize::open_session(server, upstream, trace, &initialize).await?;
     // The session ends with the request, in the background: also when the client leaves
     // (which is how a 2026-07-28 client cancels), and how a call stopped at a question is
     // cancelled.
-    let _closing = session
-        .id
-        .as_deref()
-        .map(|id| server.close_on_drop(upstream.http1(), id, &session.version));
+    let super::initialize::NewSession {
+        session,
+        closing: _closing,
+        ..
+    } = super::initialize::open_session(server, upstream, trace, &initialize).await?;
     let headers = Headers {
         session: session.id.as_deref(),
         version: Some(&session.version),
