@@ -193,7 +193,7 @@ fn a_server_s_list_changes_and_resource_updates_reach_the_client_on_the_session_
 fn a_2026_client_listens_to_a_session_based_server_through_a_session_opened_for_it() {
     let dir = tempfile::tempdir().unwrap();
     let runtime = runtime();
-    let math = runtime.block_on(serve_eras("math", true, true));
+    let (math, math_sessions) = runtime.block_on(serve_eras("math", true, true));
     let web = runtime.block_on(serve("web", true));
     let port = free_port();
     let _gateway = start_gateway(dir.path(), &mcp_config(port, &[("math", math), ("web", web)], ""));
@@ -252,6 +252,17 @@ fn a_2026_client_listens_to_a_session_based_server_through_a_session_opened_for_
         .find(|message| message["method"] == "notifications/resources/updated")
         .unwrap();
     assert_eq!(updated["params"]["uri"], "math+mem://note", "{updated}");
+
+    // The call's session has ended; the subscription's ends with it.
+    wait_for("only the subscription's session at math", TIMEOUT, || {
+        math_sessions.open() == 1
+    });
+    drop(stream);
+    wait_for(
+        "the subscription's session ended",
+        std::time::Duration::from_secs(10),
+        || math_sessions.open() == 0,
+    );
 }
 
 #[test]

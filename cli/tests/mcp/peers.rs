@@ -2,6 +2,7 @@
 //! (`rmcp`), Portcullis' own MCP test server serving one era, and a server answering garbage.
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
@@ -199,12 +200,31 @@ impl ClientHandler for ChangeListener {
 
 /// Serves an rmcp server on a fresh loopback port; `json` prefers JSON answers over SSE.
 pub(crate) async fn serve(name: &'static str, json: bool) -> SocketAddr {
-    serve_eras(name, json, false).await
+    serve_eras(name, json, false).await.0
+}
+
+/// How many sessions a server was asked to open (`initialize`) and to end (`DELETE`).
+#[derive(Default)]
+pub(crate) struct SessionCount {
+    opened: AtomicUsize,
+    ended: AtomicUsize,
+}
+
+impl SessionCount {
+    pub(crate) fn open(&self) -> usize {
+        self.opened.load(Ordering::SeqCst) - self.ended.load(Ordering::SeqCst)
+    }
 }
 
 /// [`serve`]; `session_based_only` refuses 2026-07-28 requests as a server that predates that
 /// revision does (a session-based request without a session).
-pub(crate) async fn serve_eras(name: &'static str, json: bool, session_based_only: bool) -> SocketAddr {
+pub(crate) async fn serve_eras(
+    name: &'static str,
+    json: bool,
+    session_based_only: bool,
+) -> (SocketAddr, Arc<SessionCount>) {
+    let count = Arc::new(SessionCount::default());
+    let counting = count.clone();
     let sessions = Arc::default();
     let service: StreamableHttpService<Tools, LocalSessionManager> = StreamableHttpService::new(
         move || {
@@ -226,10 +246,11 @@ pub(crate) async fn serve_eras(name: &'static str, json: bool, session_based_onl
             let Ok((stream, _)) = listener.accept().await else {
                 continue;
             };
-            let service = service.clone();
+            let (service, count) = (service.clone(), counting.clone());
             let handler = hyper::service::service_fn(
                 move |request: hyper::Request<hyper::body::Incoming>| {
                     let service = hyper_util::service::TowerToHyperService::new(service.clone());
+                    let count = count.clone();
                     async move {
                         let (parts, body) = request.into_parts();
                         let bytes = body
@@ -237,6 +258,13 @@ pub(crate) async fn serve_eras(name: &'static str, json: bool, session_based_onl
                             .await
                             .map(|body| body.to_bytes())
                             .unwrap_or_default();
+                        if parts.method == hyper::Method::DELETE {
+                            count.ended.fetch_add(1, Ordering::SeqCst);
+                        } else if serde_json::from_slice::<Value>(&bytes)
+                            .is_ok_and(|message| message["method"] == "initialize")
+                        {
+                            count.opened.fetch_add(1, Ordering::SeqCst);
+                        }
                         let modern = parts
                             .headers
                             .get("mcp-protocol-version")
@@ -260,7 +288,7 @@ pub(crate) async fn serve_eras(name: &'static str, json: bool, session_based_onl
             });
         }
     });
-    address
+    (address, count)
 }
 
 /// A runtime for the MCP servers and clients; the gateway helpers block, so they run on
