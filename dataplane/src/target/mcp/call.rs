@@ -1,0 +1,270 @@
+//! A request for one item of one server (`tools/call`, `prompts/get`, `resources/read`,
+//! `completion/complete`, and messages passed through): authorized, held to pins and
+//! guardrails, sent the way the server's revision wants, and its answer relayed as it comes.
+
+use http::{Response, StatusCode};
+use portcullis_config::mcp_rules::{Item, ItemKind};
+use serde_json::{json, Map, Value};
+
+use super::authz::Judgement;
+use super::jsonrpc::{self, invalid_params, session_not_found, upstream_failed};
+use super::reach::{self, Downstream, Reach, Sent};
+use super::{caller, guarded, inject_trace, input, remap, server, session_header, Exchange, McpTarget};
+use crate::body::{self, Body};
+use crate::policy::guardrail::Asker;
+
+impl McpTarget {
+    pub(super) async fn call(
+        &self,
+        exchange: &mut Exchange<'_>,
+        downstream: &Downstream,
+        id: &Value,
+        method: &str,
+        mut params: Map<String, Value>,
+        kind: ItemKind,
+    ) -> Response<Body> {
+        let field = if kind == ItemKind::Resource { "uri" } else { "name" };
+        let Some(public) = params.get(field).and_then(Value::as_str).map(str::to_string) else {
+            return invalid_params(id, format!("Invalid params: {method} needs params.{field}"));
+        };
+        let Some((index, own)) = self.resolve(kind, &public) else {
+            let what = match kind {
+                ItemKind::Tool => "tool",
+                ItemKind::Prompt => "prompt",
+                ItemKind::Resource => "resource",
+            };
+            return invalid_params(id, format!("Unknown {what}: {public}"));
+        };
+        let empty = Value::Object(Map::new());
+        let arguments = match kind {
+            ItemKind::Resource => &empty,
+            _ => params.get("arguments").unwrap_or(&empty),
+        };
+        if !arguments.is_object() {
+            return invalid_params(
+                id,
+                format!("Invalid params: {method} takes params.arguments as an object"),
+            );
+        }
+        let item = Item {
+            kind,
+            server: &self.servers[index].name,
+            name: own,
+            arguments: Some(arguments),
+        };
+        if let Some(record) = &mut exchange.ctx.mcp {
+            record.server = Some(self.servers[index].name.clone());
+            record.name = Some(own.to_string());
+        }
+        if let Some(denied) = self.authorize(exchange, id, &public, item) {
+            return denied;
+        }
+        if kind == ItemKind::Tool {
+            if let Some(refused) = self.hold_to_pins(exchange, downstream, id, index, own).await {
+                return refused;
+            }
+        }
+        let guards = &self.guards[index];
+        let checked = guarded::Item {
+            server: self.servers[index].name.to_string(),
+            method: method.to_string(),
+            name: own.to_string(),
+            public: public.clone(),
+        };
+        let asker = (guards.request.select(method, own) || guards.response.select(method, own))
+            .then(|| Asker::new(exchange.ctx, &self.name, &exchange.headers));
+        if let (Some(asker), true) = (&asker, guards.request.select(method, own)) {
+            let arguments = arguments.clone();
+            match guarded::check_request(&guards.request, asker, &checked, id, arguments).await {
+                Ok(Some(arguments)) => {
+                    // What is sent must be what the rules allow: they judged the
+                    // arguments the client sent, so they judge the replacement too.
+                    let item = Item {
+                        arguments: Some(&arguments),
+                        ..item
+                    };
+                    if let Some(denied) = self.authorize(exchange, id, &public, item) {
+                        return denied;
+                    }
+                    params.insert("arguments".into(), arguments);
+                }
+                Ok(_) => {}
+                Err(refused) => return refused,
+            }
+        }
+        params.insert(field.into(), Value::from(own));
+        let mut params = Value::Object(params);
+        inject_trace(&mut params, exchange);
+        let message = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
+        let answer = self.forward(exchange, downstream, index, message).await;
+        match asker {
+            Some(asker) if guards.response.select(method, own) => {
+                guarded::check_response(answer, guards.response.clone(), asker, checked, id.clone()).await
+            }
+            _ => answer,
+        }
+    }
+
+    /// `None` when the item may be used; otherwise the denial, recorded in the context.
+    pub(super) fn authorize(
+        &self,
+        exchange: &mut Exchange<'_>,
+        id: &Value,
+        public: &str,
+        item: Item<'_>,
+    ) -> Option<Response<Body>> {
+        let rules = &self.rules[self.server_index(item.server)?];
+        if rules.is_empty() {
+            return None;
+        }
+        match rules.judge(&caller(exchange), item) {
+            // Undecided only for a completion, which has no arguments to decide on.
+            Judgement::Unrestricted | Judgement::Undecided => None,
+            Judgement::Allowed { policy } => {
+                exchange.ctx.decisions.push((policy, "allow"));
+                None
+            }
+            Judgement::Denied { policy, reason } => {
+                exchange.ctx.decisions.push((policy.clone(), "deny"));
+                Some(jsonrpc::error(
+                    StatusCode::OK,
+                    id,
+                    jsonrpc::DENIED,
+                    format!(
+                        "{policy}: {} of {public} is not allowed: {reason}",
+                        item.kind.method()
+                    ),
+                    Some(json!({"policy": &*policy, "reason": reason})),
+                    "mcp_denied",
+                ))
+            }
+        }
+    }
+
+    pub(super) async fn complete(
+        &self,
+        exchange: &mut Exchange<'_>,
+        downstream: &Downstream,
+        id: &Value,
+        mut params: Map<String, Value>,
+    ) -> Response<Body> {
+        let reference = params.get("ref").cloned().unwrap_or(Value::Null);
+        let (kind, field) = match reference.get("type").and_then(Value::as_str) {
+            Some("ref/prompt") => (ItemKind::Prompt, "name"),
+            Some("ref/resource") => (ItemKind::Resource, "uri"),
+            _ => {
+                return invalid_params(
+                    id,
+                    "Invalid params: ref.type must be ref/prompt or ref/resource".into(),
+                )
+            }
+        };
+        let Some(public) = reference.get(field).and_then(Value::as_str) else {
+            return invalid_params(
+                id,
+                format!("Invalid params: completion/complete needs ref.{field}"),
+            );
+        };
+        let Some((index, own)) = self.resolve(kind, public) else {
+            return invalid_params(id, format!("Unknown reference: {public}"));
+        };
+        let item = Item {
+            kind,
+            server: &self.servers[index].name,
+            name: own,
+            arguments: None,
+        };
+        if let Some(denied) = self.authorize(exchange, id, public, item) {
+            return denied;
+        }
+        let mut reference = reference.clone();
+        reference[field] = Value::from(own);
+        params.insert("ref".into(), reference);
+        let mut params = Value::Object(params);
+        inject_trace(&mut params, exchange);
+        let message = json!({"jsonrpc": "2.0", "id": id, "method": "completion/complete", "params": params});
+        self.forward(exchange, downstream, index, message).await
+    }
+
+    /// Sends one message to one server and relays its answer as it comes.
+    pub(super) async fn forward(
+        &self,
+        exchange: &mut Exchange<'_>,
+        downstream: &Downstream,
+        index: usize,
+        message: Value,
+    ) -> Response<Body> {
+        let server = &self.servers[index];
+        let id = message.get("id").cloned().unwrap_or(Value::Null);
+        exchange.ctx.endpoint = Some(server.name.clone());
+        exchange.ctx.attempts = 1;
+        if let Some(record) = &mut exchange.ctx.mcp {
+            record.server = Some(server.name.clone());
+        }
+        let started = std::time::Instant::now();
+        let (upstream, trace) = (exchange.upstream, &exchange.ctx.trace);
+        let mut translated = None;
+        let sent = match reach::reach(server, downstream, upstream, trace).await {
+            // A server added to the McpBackend after this session began is not in it: the
+            // client initializes again and gets it.
+            Ok(None) => return session_not_found(&id),
+            Ok(Some(how)) => {
+                // A 2026-07-28 server's questions reach a session-based client as requests.
+                if let (Downstream::Legacy(_), Reach::Modern(client)) = (downstream, &how) {
+                    let method = message.get("method").and_then(Value::as_str).unwrap_or_default();
+                    if input::INTERACTIVE.contains(&method) {
+                        translated = Some(input::Call {
+                            target: self.name.clone(),
+                            server: server.clone(),
+                            upstream: upstream.clone(),
+                            client: client.clone(),
+                            trace: trace.detached(),
+                            session: session_header(&exchange.headers).unwrap_or_default().to_string(),
+                            message: message.clone(),
+                            idle: exchange.route.body_idle_timeout,
+                        });
+                    }
+                }
+                reach::send(server, &how, message, upstream, trace)
+                    .await
+                    .map(|sent| (sent, matches!(how, Reach::Session { .. })))
+            }
+            Err(error) => Err(error),
+        };
+        match sent {
+            Err(error) if error.session_gone => session_not_found(&id),
+            Err(error) => upstream_failed(&id, &self.name, &error.to_string()),
+            Ok((Sent::Answered(answer), _)) => {
+                exchange.ctx.upstream_headers = Some(started.elapsed());
+                let mut message = answer.message;
+                if let Some(Value::Object(result)) = message.get_mut("result") {
+                    result
+                        .entry("resultType")
+                        .or_insert_with(|| Value::from("complete"));
+                }
+                jsonrpc::message(&message)
+            }
+            Ok((Sent::Relay(response), in_session)) => {
+                exchange.ctx.upstream_headers = Some(started.elapsed());
+                if let Some(call) = translated {
+                    return input::relay(call, response).await;
+                }
+                let streamed = server::is_event_stream(response.headers());
+                let relayed = server::relay(response, exchange.route.body_idle_timeout);
+                // Only a session-based server sends the client requests, and list changes,
+                // on its stream.
+                if streamed && in_session {
+                    let (mut parts, inner) = relayed.into_parts();
+                    // Events are re-encoded: the server's length no longer holds.
+                    parts.headers.remove(http::header::CONTENT_LENGTH);
+                    let events = remap::RemapRequests::new(inner, &server.name)
+                        .remapping(self.multiplexed)
+                        .watching(self.list_watch(index));
+                    Response::from_parts(parts, body::boxed(events))
+                } else {
+                    relayed
+                }
+            }
+        }
+    }
+}
