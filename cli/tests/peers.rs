@@ -233,12 +233,7 @@ fn mcp_python_sdk_client_and_server_through_a_multiplexing_mcp_backend() {
             std::net::TcpStream::connect(("127.0.0.1", server)).is_ok()
         });
     }
-    let header = "apiVersion: portcullis.dev/v1alpha1";
-    let config = format!(
-        "{header}\nkind: Listener\nmetadata: {{name: gw}}\nspec: {{address: 127.0.0.1, port: {port}}}\n---\n\
-         {header}\nkind: McpBackend\nmetadata: {{name: tools}}\nspec:\n  servers:\n  - {{name: py, url: 'http://127.0.0.1:{python_port}/mcp'}}\n  - {{name: test, url: 'http://127.0.0.1:{test_port}/mcp'}}\n---\n\
-         {header}\nkind: Route\nmetadata: {{name: mcp}}\nspec: {{listeners: [gw], backends: [{{kind: McpBackend, name: tools}}]}}\n"
-    );
+    let config = mcp_route(port, &[("py", python_port), ("test", test_port)]);
     let _gateway = start_gateway(dir.path(), &config);
     let url = format!("http://127.0.0.1:{port}/mcp");
     for mode in ["legacy", "2026-07-28", "auto"] {
@@ -278,12 +273,7 @@ fn mcp_python_sdk_listens_for_list_changes_through_a_multiplexing_mcp_backend() 
             std::net::TcpStream::connect(("127.0.0.1", server)).is_ok()
         });
     }
-    let header = "apiVersion: portcullis.dev/v1alpha1";
-    let config = format!(
-        "{header}\nkind: Listener\nmetadata: {{name: gw}}\nspec: {{address: 127.0.0.1, port: {port}}}\n---\n\
-         {header}\nkind: McpBackend\nmetadata: {{name: tools}}\nspec:\n  servers:\n  - {{name: py, url: 'http://127.0.0.1:{python_port}/mcp'}}\n  - {{name: test, url: 'http://127.0.0.1:{test_port}/mcp'}}\n---\n\
-         {header}\nkind: Route\nmetadata: {{name: mcp}}\nspec: {{listeners: [gw], backends: [{{kind: McpBackend, name: tools}}]}}\n"
-    );
+    let config = mcp_route(port, &[("py", python_port), ("test", test_port)]);
     let _gateway = start_gateway(dir.path(), &config);
     let output = peer(
         "mcp_listen.py",
@@ -317,12 +307,7 @@ fn server_questions_reach_python_sdk_clients_of_either_revision_through_a_multip
             std::net::TcpStream::connect(("127.0.0.1", server)).is_ok()
         });
     }
-    let header = "apiVersion: portcullis.dev/v1alpha1";
-    let config = format!(
-        "{header}\nkind: Listener\nmetadata: {{name: gw}}\nspec: {{address: 127.0.0.1, port: {port}}}\n---\n\
-         {header}\nkind: McpBackend\nmetadata: {{name: tools}}\nspec:\n  servers:\n  - {{name: old, url: 'http://127.0.0.1:{old_port}/mcp'}}\n  - {{name: new, url: 'http://127.0.0.1:{new_port}/mcp'}}\n---\n\
-         {header}\nkind: Route\nmetadata: {{name: mcp}}\nspec: {{listeners: [gw], backends: [{{kind: McpBackend, name: tools}}]}}\n"
-    );
+    let config = mcp_route(port, &[("old", old_port), ("new", new_port)]);
     let _gateway = start_gateway(dir.path(), &config);
     let url = format!("http://127.0.0.1:{port}/mcp");
     for mode in ["legacy", "2026-07-28"] {
@@ -374,12 +359,7 @@ fn tool_pins_hold_when_the_python_sdk_server_changes_a_tool() {
             std::net::TcpStream::connect(("127.0.0.1", server)).is_ok()
         });
     }
-    let header = "apiVersion: portcullis.dev/v1alpha1";
-    let config = format!(
-        "{header}\nkind: Listener\nmetadata: {{name: gw}}\nspec: {{address: 127.0.0.1, port: {port}}}\n---\n\
-         {header}\nkind: McpBackend\nmetadata: {{name: tools}}\nspec:\n  servers:\n  - {{name: py, url: 'http://127.0.0.1:{python_port}/mcp'}}\n  - {{name: test, url: 'http://127.0.0.1:{test_port}/mcp'}}\n---\n\
-         {header}\nkind: Route\nmetadata: {{name: mcp}}\nspec: {{listeners: [gw], backends: [{{kind: McpBackend, name: tools}}]}}\n"
-    );
+    let config = mcp_route(port, &[("py", python_port), ("test", test_port)]);
     let cp = format!("127.0.0.1:{cp_port}");
     let _controlplane = start_controlplane(dir.path(), cp_port);
     let access_log = dir.path().join("access.log");
@@ -554,12 +534,9 @@ fn a_python_grpcio_guardrail_checker_generated_from_the_contract() {
             std::net::TcpStream::connect(("127.0.0.1", listening)).is_ok()
         });
     }
-    let header = "apiVersion: portcullis.dev/v1alpha1";
     let config = format!(
-        "{header}\nkind: Listener\nmetadata: {{name: gw}}\nspec: {{address: 127.0.0.1, port: {port}}}\n---\n\
-         {header}\nkind: McpBackend\nmetadata: {{name: tools}}\nspec:\n  servers:\n  - {{name: math, url: 'http://127.0.0.1:{server}/mcp'}}\n---\n\
-         {header}\nkind: Route\nmetadata: {{name: mcp}}\nspec: {{listeners: [gw], backends: [{{kind: McpBackend, name: tools}}]}}\n---\n\
-         {header}\nkind: Guardrail\nmetadata: {{name: py}}\nspec:\n  targetRefs: [{{kind: McpBackend, name: tools}}]\n  phases: [McpRequest]\n  service: {{replicas: ['127.0.0.1:{checker}']}}\n"
+        "{}---\napiVersion: portcullis.dev/v1alpha1\nkind: Guardrail\nmetadata: {{name: py}}\nspec:\n  targetRefs: [{{kind: McpBackend, name: tools}}]\n  phases: [McpRequest]\n  service: {{replicas: ['127.0.0.1:{checker}']}}\n",
+        mcp_route(port, &[("math", server)])
     );
     let _gateway = start_gateway(dir.path(), &config);
     let wire = mcp_wire::Wire::initialize(port);
@@ -592,12 +569,9 @@ fn guardrails_check_sse_answers_of_the_python_mcp_sdk() {
             std::net::TcpStream::connect(("127.0.0.1", listening)).is_ok()
         });
     }
-    let header = "apiVersion: portcullis.dev/v1alpha1";
     let config = format!(
-        "{header}\nkind: Listener\nmetadata: {{name: gw}}\nspec: {{address: 127.0.0.1, port: {port}}}\n---\n\
-         {header}\nkind: McpBackend\nmetadata: {{name: tools}}\nspec:\n  servers:\n  - {{name: py, url: 'http://127.0.0.1:{server}/mcp'}}\n---\n\
-         {header}\nkind: Route\nmetadata: {{name: mcp}}\nspec: {{listeners: [gw], backends: [{{kind: McpBackend, name: tools}}]}}\n---\n\
-         {header}\nkind: Guardrail\nmetadata: {{name: rust}}\nspec:\n  targetRefs: [{{kind: McpBackend, name: tools}}]\n  phases: [McpRequest, McpResponse]\n  service: {{replicas: ['127.0.0.1:{checker}']}}\n"
+        "{}---\napiVersion: portcullis.dev/v1alpha1\nkind: Guardrail\nmetadata: {{name: rust}}\nspec:\n  targetRefs: [{{kind: McpBackend, name: tools}}]\n  phases: [McpRequest, McpResponse]\n  service: {{replicas: ['127.0.0.1:{checker}']}}\n",
+        mcp_route(port, &[("py", server)])
     );
     let _gateway = start_gateway(dir.path(), &config);
     let wire = mcp_wire::Wire::initialize(port);
@@ -610,6 +584,20 @@ fn guardrails_check_sse_answers_of_the_python_mcp_sdk() {
     assert_eq!(passed["result"]["content"][0]["text"], "3", "{passed}");
     let (_, denied) = wire.call("get-sum", serde_json::json!({"a": 2, "b": 2}));
     assert_eq!(denied["error"]["code"], -32012, "{denied}");
+}
+
+/// A Listener on `port` and a Route to one McpBackend (`tools`) of `servers` (name, port).
+fn mcp_route(port: u16, servers: &[(&str, u16)]) -> String {
+    let header = "apiVersion: portcullis.dev/v1alpha1";
+    let servers: String = servers
+        .iter()
+        .map(|(name, server)| format!("  - {{name: {name}, url: 'http://127.0.0.1:{server}/mcp'}}\n"))
+        .collect();
+    format!(
+        "{header}\nkind: Listener\nmetadata: {{name: gw}}\nspec: {{address: 127.0.0.1, port: {port}}}\n---\n\
+         {header}\nkind: McpBackend\nmetadata: {{name: tools}}\nspec:\n  servers:\n{servers}---\n\
+         {header}\nkind: Route\nmetadata: {{name: mcp}}\nspec: {{listeners: [gw], backends: [{{kind: McpBackend, name: tools}}]}}\n"
+    )
 }
 
 /// A Python peer running as a server; killed when dropped.

@@ -148,10 +148,10 @@ impl Streaming {
         }
     }
 
-    /// Reads until `what` has come (within 10 s); everything read so far.
+    /// Reads until `what` has come (within the suite's timeout); everything read so far.
     pub(crate) fn until(&mut self, what: &str) -> &str {
         use std::io::Read;
-        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        let deadline = std::time::Instant::now() + TIMEOUT;
         let mut buffer = [0; 4096];
         while !self.seen.contains(what) {
             assert!(

@@ -31,8 +31,7 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
 use bytes::Bytes;
 use futures::stream::{self, StreamExt};
-use http::header::{CACHE_CONTROL, CONTENT_TYPE};
-use http::{HeaderValue, Response};
+use http::Response;
 use http_body::Frame;
 use http_body_util::{BodyExt, StreamBody};
 use hyper::body::Incoming;
@@ -42,7 +41,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_stream::wrappers::ReceiverStream;
 
 use super::jsonrpc::{self, upstream_failed};
-use super::listen::{KEEPALIVE, KEEPALIVE_COMMENT};
+use super::listen::{self, event, KEEPALIVE, KEEPALIVE_COMMENT};
 use super::reach::{self, ClientMeta, Reach, Sent};
 use super::server::{self, Reply, Server, MAX_ANSWER_BYTES};
 use crate::body::{self, Body, Held};
@@ -270,7 +269,7 @@ struct Problem {
 pub(super) async fn relay(call: Call, response: Response<Incoming>) -> Response<Body> {
     let (parts, body) = server::relay(response, call.idle).into_parts();
     if server::is_event_stream(&parts.headers) {
-        return event_stream(call, Round::Stream(body));
+        return driven(call, Round::Stream(body));
     }
     let bytes = match body::hold(body, MAX_ANSWER_BYTES).await {
         Held::Whole(bytes) => bytes,
@@ -282,15 +281,21 @@ pub(super) async fn relay(call: Call, response: Response<Incoming>) -> Response<
             return upstream_failed(&id, &call.target, &problem.to_string());
         }
     };
-    match serde_json::from_slice::<Value>(&bytes) {
-        Ok(message) if questions(&message).is_some() => event_stream(call, Round::Answered(message)),
+    // Most answers ask nothing: only one that names the result type is parsed.
+    let asks = bytes
+        .windows(INPUT_REQUIRED.len())
+        .any(|window| window == INPUT_REQUIRED);
+    match asks.then(|| serde_json::from_slice::<Value>(&bytes)) {
+        Some(Ok(message)) if questions(&message).is_some() => driven(call, Round::Answered(message)),
         _ => Response::from_parts(parts, body::full(bytes)),
     }
 }
 
+const INPUT_REQUIRED: &[u8] = b"\"input_required\"";
+
 /// The event stream of a call the gateway carries through its rounds: the server's own
 /// events as they come, the questions, then the final answer.
-fn event_stream(call: Call, first: Round) -> Response<Body> {
+fn driven(call: Call, first: Round) -> Response<Body> {
     let (events, receiver) = mpsc::channel::<Bytes>(16);
     let driver = async move {
         let id = call.message.get("id").cloned().unwrap_or(Value::Null);
@@ -307,26 +312,13 @@ fn event_stream(call: Call, first: Round) -> Response<Body> {
     let driver = stream::once(driver).filter_map(|()| async { None });
     let frames = stream::select(ReceiverStream::new(receiver), driver)
         .map(|bytes| Ok::<_, Infallible>(Frame::data(bytes)));
-    let mut answer = Response::new(body::boxed(StreamBody::new(frames)));
-    let headers = answer.headers_mut();
-    headers.insert(CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
-    headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-    headers.insert("x-accel-buffering", HeaderValue::from_static("no"));
-    answer
+    listen::event_stream(body::boxed(StreamBody::new(frames)))
 }
 
 /// Sends an event to the client. The driver and the receiving end live in one body, so the
 /// receiver is there as long as anyone sends: a client that leaves drops both.
 async fn emit(events: &mpsc::Sender<Bytes>, bytes: Bytes) {
     let _ = events.send(bytes).await;
-}
-
-fn event(message: &Value) -> Bytes {
-    sse::Event {
-        data: message.to_string(),
-        ..sse::Event::default()
-    }
-    .encode()
 }
 
 /// The questions of an `input_required` result, and its `requestState`.
@@ -529,6 +521,8 @@ impl Call {
 mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
 
+    use http::header::CONTENT_TYPE;
+    use http::HeaderValue;
     use portcullis_config::{McpFailureMode, McpServerSpec};
 
     use super::*;
@@ -680,12 +674,16 @@ mod tests {
 
     /// A session-based server that asks for the client's roots while it answers `tools/list`;
     /// what it was sent, in order.
-    async fn questioning_server(seen: Arc<Mutex<Vec<String>>>) -> std::net::SocketAddr {
+    async fn questioning_server(
+        seen: Arc<Mutex<Vec<String>>>,
+        deleted: Arc<tokio::sync::Notify>,
+    ) -> std::net::SocketAddr {
         spawn_upstream(move |request: http::Request<Incoming>| {
-            let seen = seen.clone();
+            let (seen, deleted) = (seen.clone(), deleted.clone());
             async move {
                 if request.method() == http::Method::DELETE {
                     seen.lock().unwrap().push("DELETE".into());
+                    deleted.notify_one();
                     return text("");
                 }
                 let bytes = request.into_body().collect().await.unwrap().to_bytes();
@@ -735,8 +733,8 @@ mod tests {
 
     #[tokio::test]
     async fn a_bridged_list_refuses_the_server_s_questions_and_its_session_ends() {
-        let seen = Arc::new(Mutex::new(Vec::new()));
-        let address = questioning_server(seen.clone()).await;
+        let (seen, deleted) = (Arc::new(Mutex::new(Vec::new())), Arc::default());
+        let address = questioning_server(seen.clone(), Arc::clone(&deleted)).await;
         let telemetry = Arc::new(Telemetry::new(quiet_telemetry()).unwrap());
         let upstream = Upstream::new(telemetry, crate::placements::outbox().0);
         let server = Server::compile(&McpServerSpec {
@@ -763,11 +761,10 @@ mod tests {
         .unwrap();
         // A list cannot ask the client: the answer is the list, the question refused.
         assert_eq!(result["tools"][0]["name"], "a", "{result}");
-        let mut waited = 0;
-        while !seen.lock().unwrap().contains(&"DELETE".to_string()) && waited < 100 {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-            waited += 1;
-        }
+        // The session ends in the background.
+        tokio::time::timeout(Duration::from_secs(30), deleted.notified())
+            .await
+            .expect("the session opened for the list ends");
         let seen = seen.lock().unwrap().clone();
         let refusal: Value = serde_json::from_str(&seen[3]).unwrap();
         assert_eq!(
@@ -824,7 +821,7 @@ mod tests {
                 idle: Duration::from_secs(10),
             };
             let first = call.send(call.message.clone()).await.ok().unwrap();
-            let mut body = event_stream(call, first).into_body();
+            let mut body = driven(call, first).into_body();
             let (mut parser, mut pending) = (sse::Parser::default(), Vec::new());
             let progress = next_message(&mut body, &mut parser, &mut pending).await;
             assert_eq!(progress["method"], "notifications/progress", "{progress}");

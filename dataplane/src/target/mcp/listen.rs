@@ -197,7 +197,7 @@ impl Opened {
 }
 
 /// A `text/event-stream` answer.
-fn event_stream(body: Body) -> Response<Body> {
+pub(super) fn event_stream(body: Body) -> Response<Body> {
     let mut answer = Response::new(body);
     let headers = answer.headers_mut();
     headers.insert(CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
@@ -513,7 +513,8 @@ async fn acknowledgment(
     }
 }
 
-fn event(message: &Value) -> bytes::Bytes {
+/// One JSON-RPC message as an SSE event.
+pub(super) fn event(message: &Value) -> bytes::Bytes {
     sse::Event {
         id: None,
         event: Some("message".into()),
