@@ -32,6 +32,9 @@ pub struct UpArgs {
     pub metrics_listen: SocketAddr,
     #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
     pub drain_grace: Duration,
+    /// Threads serving traffic, each with its own runtime and connections; 0: one per core.
+    #[arg(long, env = "PORTCULLIS_WORKERS", default_value_t = 0)]
+    pub workers: usize,
     #[command(flatten)]
     pub telemetry: TelemetryArgs,
 }
@@ -122,6 +125,9 @@ pub struct ProxyArgs {
     /// How long in-flight requests may take to finish after SIGTERM.
     #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
     pub drain_grace: Duration,
+    /// Threads serving traffic, each with its own runtime and connections; 0: one per core.
+    #[arg(long, env = "PORTCULLIS_WORKERS", default_value_t = 0)]
+    pub workers: usize,
     #[command(flatten)]
     pub telemetry: TelemetryArgs,
 }
@@ -171,6 +177,7 @@ pub async fn up(args: UpArgs) -> anyhow::Result<()> {
         admin_listen: args.proxy_admin_listen,
         cache_dir: Some(args.data_dir.join("proxy")),
         drain_grace: args.drain_grace,
+        workers: args.workers,
         telemetry: args.telemetry.config(proxy_id)?,
     })
     .await
@@ -227,6 +234,7 @@ pub async fn proxy(args: ProxyArgs) -> anyhow::Result<()> {
         admin_listen: args.admin_listen,
         cache_dir: args.cache_dir,
         drain_grace: args.drain_grace,
+        workers: args.workers,
     })
     .await
     .context("starting the proxy")?;

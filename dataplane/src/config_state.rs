@@ -12,12 +12,11 @@ use portcullis_config::{
     collect_objects, ConfigError, ConfigSet, GuardrailPhase, InferencePoolSpec, Kind, ListenerSpec, Object,
     ObjectKey, RouteSpec,
 };
-use tokio::net::TcpListener;
 use tokio::sync::Mutex;
 use tokio::task::JoinHandle;
 
 use crate::cache::ConfigCache;
-use crate::listener::{Limits, RunningListener};
+use crate::listener::{BoundSocket, Limits, RunningListener, Workers};
 use crate::llm;
 use crate::normalize::Forwarding;
 use crate::pipeline::Pipeline;
@@ -92,6 +91,8 @@ pub(crate) struct ConfigState {
     cache: Option<ConfigCache>,
     drain_grace: Duration,
     draining: AtomicBool,
+    /// The threads every listener accepts and serves on.
+    workers: Workers,
 }
 
 #[derive(Default)]
@@ -125,6 +126,7 @@ impl ConfigState {
         drain_grace: Duration,
         telemetry: Arc<Telemetry>,
         placements: Outbox,
+        workers: Workers,
     ) -> ConfigState {
         ConfigState {
             snapshots: Arc::new(ArcSwap::from_pointee(Snapshot::default())),
@@ -134,6 +136,7 @@ impl ConfigState {
             cache,
             drain_grace,
             draining: AtomicBool::new(false),
+            workers,
         }
     }
 
@@ -241,7 +244,7 @@ impl ConfigState {
             if listeners.running.contains_key(&entry.address) {
                 continue;
             }
-            match TcpListener::bind(entry.address).await {
+            match BoundSocket::bind(entry.address, &self.workers).await {
                 Ok(socket) => fresh.push((entry.address, entry.limits.clone(), socket)),
                 Err(error) => {
                     let moving_from = (error.kind() == std::io::ErrorKind::AddrInUse)
@@ -276,14 +279,14 @@ impl ConfigState {
                 let drain = running.close().await;
                 listeners.retiring.push(drain);
             }
-            match TcpListener::bind(entry.address).await {
+            match BoundSocket::bind(entry.address, &self.workers).await {
                 Ok(socket) => fresh.push((entry.address, entry.limits.clone(), socket)),
                 Err(source) => {
                     // Back to every old address, serving the current version as before;
                     // the new sockets bound so far close as `fresh` is dropped.
                     drop(fresh);
                     for (old, limits) in moved_from {
-                        match TcpListener::bind(old).await {
+                        match BoundSocket::bind(old, &self.workers).await {
                             Ok(socket) => {
                                 let pipeline = self.pipeline(old);
                                 listeners.running.insert(
@@ -392,6 +395,7 @@ impl ConfigState {
                 tracing::warn!(%error, "listener drain task failed");
             }
         }
+        self.workers.stop();
     }
 }
 

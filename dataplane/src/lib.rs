@@ -34,13 +34,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
 use crate::admin::AdminHandler;
 use crate::cache::ConfigCache;
 use crate::config_state::ConfigState;
-use crate::listener::{Limits, RunningListener};
+use crate::listener::{BoundSocket, Limits, RunningListener, Workers};
 use crate::placements::PlacementExchange;
 use crate::signals::SignalSubscriber;
 use crate::subscription::{run_forever, ControlPlanes, Subscriber};
@@ -65,6 +64,8 @@ pub struct ProxyConfig {
     pub cache_dir: Option<PathBuf>,
     /// How long a drain waits for in-flight requests and streams before closing them.
     pub drain_grace: Duration,
+    /// Threads serving traffic, each with its own runtime; 0 means one per core.
+    pub workers: usize,
     pub telemetry: TelemetryConfig,
 }
 
@@ -84,16 +85,18 @@ impl Proxy {
         let controlplanes = Arc::new(ControlPlanes::new(&config.controlplanes)?);
         let telemetry = Arc::new(Telemetry::new(config.telemetry)?);
         let (outbox, placements) = placements::outbox();
+        let workers = Workers::start(config.workers).context("cannot start the worker threads")?;
         let state = Arc::new(ConfigState::new(
             config.cache_dir.map(ConfigCache::new),
             config.drain_grace,
             telemetry,
             outbox,
+            workers,
         ));
-        let admin_socket = TcpListener::bind(config.admin_listen)
+        let admin_socket = BoundSocket::bind(config.admin_listen, &Workers::current())
             .await
             .with_context(|| format!("cannot listen on admin address {}", config.admin_listen))?;
-        let admin_addr = admin_socket.local_addr()?;
+        let admin_addr = admin_socket.local_addr();
         let admin_handler = AdminHandler {
             state: state.clone(),
             proxy_id: Arc::from(config.proxy_id.as_str()),

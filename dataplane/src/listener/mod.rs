@@ -1,6 +1,8 @@
-//! Accept loops: HTTP/1.1 and HTTP/2 (prior knowledge) on one port, with the listener's
-//! limits, each connection watched so a drain lets in-flight requests and streams finish.
+//! Accept loops, one per worker thread: HTTP/1.1 and HTTP/2 (prior knowledge) on one port,
+//! with the listener's limits, each connection watched so a drain lets in-flight requests
+//! and streams finish.
 
+mod workers;
 mod write_timeout;
 
 use std::convert::Infallible;
@@ -20,10 +22,12 @@ use hyper_util::server::graceful::GracefulShutdown;
 use portcullis_config::ListenerLimits;
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::oneshot;
+use tokio::runtime::Handle;
+use tokio::sync::{oneshot, watch};
 use tokio::task::{JoinHandle, JoinSet};
 
 use crate::body::Body;
+pub(crate) use workers::Workers;
 use write_timeout::WriteTimeout;
 
 /// What a served port does with each request.
@@ -87,37 +91,75 @@ impl Limits {
 const OVER_CAPACITY_BODY: &str =
     r#"{"error":{"type":"too_many_connections","message":"the listener is at its connection limit"}}"#;
 
-/// An accepting listener. Dropping it also stops accepting and starts the drain.
+/// A listening socket, bound before the version that needs it is committed, with one
+/// handle of it per worker thread (the same socket: the kernel gives each new connection
+/// to one of the threads waiting in `accept`).
+pub(crate) struct BoundSocket {
+    local: SocketAddr,
+    per_worker: Vec<(Handle, std::net::TcpListener)>,
+}
+
+impl BoundSocket {
+    pub(crate) async fn bind(address: SocketAddr, workers: &Workers) -> std::io::Result<BoundSocket> {
+        let socket = TcpListener::bind(address).await?.into_std()?;
+        let local = socket.local_addr()?;
+        let mut per_worker = Vec::with_capacity(workers.handles().len());
+        for handle in workers.handles() {
+            per_worker.push((handle.clone(), socket.try_clone()?));
+        }
+        Ok(BoundSocket { local, per_worker })
+    }
+
+    pub(crate) fn local_addr(&self) -> SocketAddr {
+        self.local
+    }
+}
+
+/// An accepting listener: an accept loop on every worker. Dropping it also stops
+/// accepting and starts the drain.
 pub(crate) struct RunningListener {
-    stop: oneshot::Sender<()>,
-    /// Fires once the socket is closed (connections may still be draining).
-    socket_closed: oneshot::Receiver<()>,
-    task: JoinHandle<()>,
+    stop: watch::Sender<bool>,
+    /// Each fires once that worker's handle of the socket is closed (connections may
+    /// still be draining); the port is free when all have.
+    sockets_closed: Vec<oneshot::Receiver<()>>,
+    accept_loops: Vec<JoinHandle<()>>,
     limits: Arc<ArcSwap<Limits>>,
 }
 
 impl RunningListener {
     pub(crate) fn spawn<H: Handler>(
-        listener: TcpListener,
+        socket: BoundSocket,
         handler: H,
         limits: Limits,
         drain_grace: Duration,
     ) -> Self {
-        let (stop, stopped) = oneshot::channel();
-        let (closed, socket_closed) = oneshot::channel();
+        let (stop, stopped) = watch::channel(false);
         let limits = Arc::new(ArcSwap::from_pointee(limits));
-        let task = tokio::spawn(serve(
-            listener,
-            handler,
-            limits.clone(),
-            stopped,
-            closed,
-            drain_grace,
-        ));
+        let open = Arc::new(AtomicUsize::new(0));
+        let mut sockets_closed = Vec::with_capacity(socket.per_worker.len());
+        let mut accept_loops = Vec::with_capacity(socket.per_worker.len());
+        for (worker, listener) in socket.per_worker {
+            let (closed, socket_closed) = oneshot::channel();
+            sockets_closed.push(socket_closed);
+            let accept = Accept {
+                handler: handler.clone(),
+                limits: limits.clone(),
+                open: open.clone(),
+                local: socket.local,
+            };
+            let stopped = stopped.clone();
+            accept_loops.push(worker.spawn(async move {
+                // Registering with the reactor needs the worker's own runtime.
+                match TcpListener::from_std(listener) {
+                    Ok(listener) => accept.serve(listener, stopped, closed, drain_grace).await,
+                    Err(error) => tracing::error!(local = %accept.local, %error, "a worker cannot accept on the listener"),
+                }
+            }));
+        }
         RunningListener {
             stop,
-            socket_closed,
-            task,
+            sockets_closed,
+            accept_loops,
             limits,
         }
     }
@@ -136,100 +178,117 @@ impl RunningListener {
     /// Stops accepting at once; the returned task ends when open connections have finished
     /// or the drain grace has run out and the rest were closed.
     pub(crate) fn drain(self) -> JoinHandle<()> {
-        let _ = self.stop.send(());
-        self.task
+        let _ = self.stop.send(true);
+        let accept_loops = self.accept_loops;
+        tokio::spawn(async move {
+            for accept_loop in accept_loops {
+                let _ = accept_loop.await;
+            }
+        })
     }
 
     /// Like [`drain`](Self::drain), but returns once the port is free again.
-    pub(crate) async fn close(self) -> JoinHandle<()> {
-        let _ = self.stop.send(());
-        let _ = self.socket_closed.await;
-        self.task
+    pub(crate) async fn close(mut self) -> JoinHandle<()> {
+        let sockets_closed = std::mem::take(&mut self.sockets_closed);
+        let drained = self.drain();
+        for socket_closed in sockets_closed {
+            let _ = socket_closed.await;
+        }
+        drained
     }
 }
 
-async fn serve<H: Handler>(
-    listener: TcpListener,
+/// One worker's accept loop of a listener.
+struct Accept<H> {
     handler: H,
     limits: Arc<ArcSwap<Limits>>,
-    mut stopped: oneshot::Receiver<()>,
-    socket_closed: oneshot::Sender<()>,
-    drain_grace: Duration,
-) {
-    let graceful = GracefulShutdown::new();
-    let mut connections = JoinSet::new();
-    let open = Arc::new(AtomicUsize::new(0));
-    let local = listener.local_addr().ok();
-    loop {
-        tokio::select! {
-            _ = &mut stopped => break,
-            accepted = listener.accept() => match accepted {
-                Ok((stream, peer)) => {
-                    let limits = limits.load_full();
-                    if open.load(Ordering::Relaxed) >= limits.max_connections {
-                        tracing::debug!(?local, %peer, "connection limit reached, refusing");
-                        connections.spawn(refuse(stream));
-                        continue;
-                    }
-                    let slot = ConnectionSlot::take(&open);
-                    // Small writes such as single SSE events must not wait for Nagle.
-                    let _ = stream.set_nodelay(true);
-                    let handler = handler.clone();
-                    let first_request = Arc::new(AtomicBool::new(false));
-                    let seen = first_request.clone();
-                    let service = service_fn(move |request| {
-                        let handler = handler.clone();
-                        seen.store(true, Ordering::Relaxed);
-                        async move { Ok::<_, Infallible>(handler.handle(peer, request).await) }
-                    });
-                    let connection = limits
-                        .connection_builder()
-                        .serve_connection(TokioIo::new(WriteTimeout::new(stream, limits.write_timeout)), service)
-                        .into_owned();
-                    let connection = graceful.watch(connection);
-                    let first_request_within = limits.header_read_timeout;
-                    connections.spawn(async move {
-                        let mut connection = std::pin::pin!(connection);
-                        // A connection must start its first request in time, whatever the
-                        // protocol: hyper's header timeout starts only once a connection is
-                        // known to be HTTP/1.1, so a silent or half-preface connection would
-                        // otherwise hold a slot of the connection limit for ever.
-                        let result = tokio::select! {
-                            result = &mut connection => Some(result),
-                            () = tokio::time::sleep(first_request_within) => {
-                                if first_request.load(Ordering::Relaxed) {
-                                    Some(connection.await)
-                                } else {
-                                    tracing::debug!(%peer, "no request within the header read timeout, closing");
-                                    None
-                                }
-                            }
+    /// Connections open on this listener across all workers.
+    open: Arc<AtomicUsize>,
+    local: SocketAddr,
+}
+
+impl<H: Handler> Accept<H> {
+    async fn serve(
+        self,
+        listener: TcpListener,
+        mut stopped: watch::Receiver<bool>,
+        socket_closed: oneshot::Sender<()>,
+        drain_grace: Duration,
+    ) {
+        let graceful = GracefulShutdown::new();
+        let mut connections = JoinSet::new();
+        let local = self.local;
+        loop {
+            tokio::select! {
+                // A send or the sender's drop both stop the loop.
+                _ = stopped.changed() => break,
+                accepted = listener.accept() => match accepted {
+                    Ok((stream, peer)) => {
+                        let limits = self.limits.load_full();
+                        let Some(slot) = ConnectionSlot::take(&self.open, limits.max_connections) else {
+                            tracing::debug!(%local, %peer, "connection limit reached, refusing");
+                            connections.spawn(refuse(stream));
+                            continue;
                         };
-                        if let Some(Err(error)) = result {
-                            tracing::debug!(%peer, %error, "connection ended with an error");
-                        }
-                        drop(slot);
-                    });
-                }
-                Err(error) => {
-                    // Usually out of file descriptors: back off instead of spinning.
-                    tracing::warn!(?local, %error, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-            },
-            Some(_) = connections.join_next(), if !connections.is_empty() => {}
+                        // Small writes such as single SSE events must not wait for Nagle.
+                        let _ = stream.set_nodelay(true);
+                        let handler = self.handler.clone();
+                        let first_request = Arc::new(AtomicBool::new(false));
+                        let seen = first_request.clone();
+                        let service = service_fn(move |request| {
+                            let handler = handler.clone();
+                            seen.store(true, Ordering::Relaxed);
+                            async move { Ok::<_, Infallible>(handler.handle(peer, request).await) }
+                        });
+                        let connection = limits
+                            .connection_builder()
+                            .serve_connection(TokioIo::new(WriteTimeout::new(stream, limits.write_timeout)), service)
+                            .into_owned();
+                        let connection = graceful.watch(connection);
+                        let first_request_within = limits.header_read_timeout;
+                        connections.spawn(async move {
+                            let mut connection = std::pin::pin!(connection);
+                            // A connection must start its first request in time, whatever the
+                            // protocol: hyper's header timeout starts only once a connection is
+                            // known to be HTTP/1.1, so a silent or half-preface connection would
+                            // otherwise hold a slot of the connection limit for ever.
+                            let result = tokio::select! {
+                                result = &mut connection => Some(result),
+                                () = tokio::time::sleep(first_request_within) => {
+                                    if first_request.load(Ordering::Relaxed) {
+                                        Some(connection.await)
+                                    } else {
+                                        tracing::debug!(%peer, "no request within the header read timeout, closing");
+                                        None
+                                    }
+                                }
+                            };
+                            if let Some(Err(error)) = result {
+                                tracing::debug!(%peer, %error, "connection ended with an error");
+                            }
+                            drop(slot);
+                        });
+                    }
+                    Err(error) => {
+                        // Usually out of file descriptors: back off instead of spinning.
+                        tracing::warn!(%local, %error, "accept failed");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                },
+                Some(_) = connections.join_next(), if !connections.is_empty() => {}
+            }
         }
+        drop(listener);
+        let _ = socket_closed.send(());
+        let open = connections.len();
+        if tokio::time::timeout(drain_grace, graceful.shutdown())
+            .await
+            .is_err()
+        {
+            tracing::warn!(%local, open, "drain grace elapsed, closing remaining connections");
+        }
+        connections.shutdown().await;
     }
-    drop(listener);
-    let _ = socket_closed.send(());
-    let open = connections.len();
-    if tokio::time::timeout(drain_grace, graceful.shutdown())
-        .await
-        .is_err()
-    {
-        tracing::warn!(?local, open, "drain grace elapsed, closing remaining connections");
-    }
-    connections.shutdown().await;
 }
 
 /// One open connection counted against the limit; released when dropped, so a task that
@@ -237,9 +296,14 @@ async fn serve<H: Handler>(
 struct ConnectionSlot(Arc<AtomicUsize>);
 
 impl ConnectionSlot {
-    fn take(open: &Arc<AtomicUsize>) -> ConnectionSlot {
-        open.fetch_add(1, Ordering::Relaxed);
-        ConnectionSlot(open.clone())
+    /// `None` when the listener is at `max` already; workers accept concurrently, so the
+    /// check and the count are one atomic step.
+    fn take(open: &Arc<AtomicUsize>, max: usize) -> Option<ConnectionSlot> {
+        open.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |count| {
+            (count < max).then_some(count + 1)
+        })
+        .ok()?;
+        Some(ConnectionSlot(open.clone()))
     }
 }
 

@@ -124,6 +124,7 @@ async fn acks_applied_versions_nacks_bad_ones_and_resubscribes_after_a_disconnec
         admin_listen: "127.0.0.1:0".parse().unwrap(),
         cache_dir: None,
         drain_grace: Duration::from_secs(1),
+        workers: 2,
         telemetry: super::support::quiet_telemetry(),
     })
     .await

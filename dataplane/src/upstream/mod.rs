@@ -49,12 +49,28 @@ pub(crate) struct Dispatch<'a> {
     pub(crate) connect_fallback: bool,
 }
 
-/// Upstream connections live as long as the proxy, so pools survive config changes.
 /// The pooled HTTP/1.1 client.
 pub(crate) type Http1 = Client<HttpConnector, Body>;
 
+thread_local! {
+    /// One pool per thread: a worker's requests reuse connections its own runtime drives,
+    /// so a request and its upstream connection never wake another core (see
+    /// `listener::workers`). Like every pool here it outlives config versions.
+    static HTTP1: Http1 = {
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        connector.set_connect_timeout(Some(CONNECT_TIMEOUT));
+        Client::builder(TokioExecutor::new())
+            .timer(TokioTimer::new())
+            .pool_timer(TokioTimer::new())
+            .build(connector)
+    };
+}
+
+/// Upstream connections live as long as the proxy, so pools survive config changes.
 pub(crate) struct Upstream {
-    http1: Http1,
+    /// Shared by all threads: HTTP/2 multiplexes, so one connection per endpoint serves
+    /// every worker.
     http2: http2::Connections,
     pub(crate) health: HealthRegistry,
     telemetry: Arc<Telemetry>,
@@ -79,15 +95,7 @@ enum Failure {
 
 impl Upstream {
     pub(crate) fn new(telemetry: Arc<Telemetry>, placements: Outbox) -> Upstream {
-        let mut connector = HttpConnector::new();
-        connector.set_nodelay(true);
-        connector.set_connect_timeout(Some(CONNECT_TIMEOUT));
-        let http1 = Client::builder(TokioExecutor::new())
-            .timer(TokioTimer::new())
-            .pool_timer(TokioTimer::new())
-            .build(connector);
         Upstream {
-            http1,
             http2: http2::Connections::default(),
             health: HealthRegistry::default(),
             tool_pins: Arc::new(PinObservations::new(telemetry.clone())),
@@ -246,16 +254,16 @@ impl Upstream {
         )
     }
 
-    /// One HTTP/1.1 exchange on the shared pool, for a target that talks to its upstreams
-    /// itself (MCP fans out and reads answers): no retries, the caller knows what is safe.
-    /// The error says what failed, without the body of anything.
-    /// The pooled HTTP/1.1 client itself, for work that outlives a request.
+    /// The calling thread's pooled HTTP/1.1 client, for work that outlives a request.
     pub(crate) fn http1(&self) -> Http1 {
-        self.http1.clone()
+        HTTP1.with(Http1::clone)
     }
 
+    /// One HTTP/1.1 exchange on the thread's pool, for a target that talks to its
+    /// upstreams itself (MCP fans out and reads answers): no retries, the caller knows what
+    /// is safe. The error says what failed, without the body of anything.
     pub(crate) async fn http1_exchange(&self, request: Request<Body>) -> Result<Response<Incoming>, String> {
-        self.http1.request(request).await.map_err(|error| {
+        self.http1().request(request).await.map_err(|error| {
             let mut message = if error.is_connect() {
                 "could not connect".to_string()
             } else {
@@ -281,7 +289,7 @@ impl Upstream {
                 .send(&endpoint.authority, request, CONNECT_TIMEOUT)
                 .await
         } else {
-            self.http1.request(request).await.map_err(|error| {
+            self.http1().request(request).await.map_err(|error| {
                 if error.is_connect() {
                     let cause = error
                         .source()
