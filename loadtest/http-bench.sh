@@ -206,7 +206,7 @@ done
 nginx_version=$( (nginx -v 2>&1 || true) | sed 's/.*nginx\///')
 wrk_version=$( (wrk -v 2>&1 || true) | awk 'NR == 1 {print $2}') # wrk -v exits 1
 echo "$(nproc) cores; wrk $wrk_version -t$wrk_threads; nginx $nginx_version, origin and proxy 1 worker each;" \
-    "Portcullis: tokio default workers (TOKIO_WORKER_THREADS overrides); all share the same cores" >&2
+    "Portcullis: one worker thread per core (PORTCULLIS_WORKERS overrides); all share the same cores" >&2
 echo "targets: ${targets[*]}; connections: $connections; $rounds rounds × $duration, order rotated each round" >&2
 [ -n "$PORTCULLIS_EXTRA_ARGS" ] && echo "portcullis proxy extra args: $PORTCULLIS_EXTRA_ARGS" >&2
 
