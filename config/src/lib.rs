@@ -23,6 +23,7 @@ mod object;
 pub mod path;
 mod reference;
 mod set;
+pub mod tls;
 
 pub use document::{parse_documents, to_yaml};
 pub use duration::HumanDuration;

@@ -91,12 +91,11 @@ pub(crate) struct ConfigState {
     cache: Option<ConfigCache>,
     drain_grace: Duration,
     draining: AtomicBool,
-    /// The threads every listener accepts and serves on.
-    workers: Workers,
 }
 
-#[derive(Default)]
 struct Listeners {
+    /// The threads every listener accepts and serves on.
+    workers: Workers,
     running: HashMap<SocketAddr, RunningListener>,
     /// Drains of listeners that a newer version removed; shutdown waits for them too.
     retiring: Vec<JoinHandle<()>>,
@@ -132,11 +131,15 @@ impl ConfigState {
             snapshots: Arc::new(ArcSwap::from_pointee(Snapshot::default())),
             upstream: Arc::new(Upstream::new(telemetry.clone(), placements)),
             telemetry,
-            listeners: Mutex::new(Listeners::default()),
+            listeners: Mutex::new(Listeners {
+                workers,
+                running: HashMap::new(),
+                retiring: Vec::new(),
+                closed: false,
+            }),
             cache,
             drain_grace,
             draining: AtomicBool::new(false),
-            workers,
         }
     }
 
@@ -214,7 +217,9 @@ impl ConfigState {
     }
 
     async fn apply_version(&self, version: u64, objects: Vec<Object>) -> Result<(), ApplyError> {
-        let mut listeners = self.listeners.lock().await;
+        let mut guard = self.listeners.lock().await;
+        // Fields borrowed apart: sockets bind for `workers` while `running` changes.
+        let listeners = &mut *guard;
         if listeners.closed {
             return Err(ApplyError::ShuttingDown);
         }
@@ -244,7 +249,7 @@ impl ConfigState {
             if listeners.running.contains_key(&entry.address) {
                 continue;
             }
-            match BoundSocket::bind(entry.address, &self.workers).await {
+            match BoundSocket::bind(entry.address, &listeners.workers).await {
                 Ok(socket) => fresh.push((entry.address, entry.limits.clone(), socket)),
                 Err(error) => {
                     let moving_from = (error.kind() == std::io::ErrorKind::AddrInUse)
@@ -279,14 +284,14 @@ impl ConfigState {
                 let drain = running.close().await;
                 listeners.retiring.push(drain);
             }
-            match BoundSocket::bind(entry.address, &self.workers).await {
+            match BoundSocket::bind(entry.address, &listeners.workers).await {
                 Ok(socket) => fresh.push((entry.address, entry.limits.clone(), socket)),
                 Err(source) => {
                     // Back to every old address, serving the current version as before;
                     // the new sockets bound so far close as `fresh` is dropped.
                     drop(fresh);
                     for (old, limits) in moved_from {
-                        match BoundSocket::bind(old, &self.workers).await {
+                        match BoundSocket::bind(old, &listeners.workers).await {
                             Ok(socket) => {
                                 let pipeline = self.pipeline(old);
                                 listeners.running.insert(
@@ -334,7 +339,8 @@ impl ConfigState {
         for address in removed {
             if let Some(listener) = listeners.running.remove(&address) {
                 tracing::info!(%address, "listener removed, draining");
-                let drain = listener.drain();
+                // Once the version is in force its removed ports refuse connections.
+                let drain = listener.close().await;
                 listeners.retiring.push(drain);
             }
         }
@@ -379,23 +385,21 @@ impl ConfigState {
     /// Stops accepting everywhere and waits for the drains; later applies are refused.
     pub(crate) async fn shutdown(&self) {
         self.draining.store(true, Ordering::Relaxed);
-        let drains: Vec<_> = {
-            let mut listeners = self.listeners.lock().await;
-            listeners.closed = true;
-            let retiring = std::mem::take(&mut listeners.retiring);
-            listeners
-                .running
-                .drain()
-                .map(|(_, listener)| listener.drain())
-                .chain(retiring)
-                .collect()
-        };
+        let mut listeners = self.listeners.lock().await;
+        listeners.closed = true;
+        let retiring = std::mem::take(&mut listeners.retiring);
+        let drains: Vec<_> = listeners
+            .running
+            .drain()
+            .map(|(_, listener)| listener.drain())
+            .chain(retiring)
+            .collect();
         for drain in futures::future::join_all(drains).await {
             if let Err(error) = drain {
                 tracing::warn!(%error, "listener drain task failed");
             }
         }
-        self.workers.stop();
+        listeners.workers.stop().await;
     }
 }
 

@@ -3,7 +3,7 @@
 //! `rmcp`'s client and, for exact wire checks, by raw HTTP. Covers two servers multiplexed
 //! behind one route, a server-initiated request (sampling) through the multiplexed route,
 //! SSE answers, CEL authorization at list and call time, sessions resumed on a second proxy
-//! replica, and bad input.
+//! replica, bad input, and servers behind `https://`.
 
 #![allow(deprecated)] // rmcp marks sampling deprecated (SEP-2577); legacy clients still use it.
 
@@ -11,6 +11,7 @@ mod peers;
 mod streams;
 #[path = "../support/mod.rs"]
 mod support;
+mod tls;
 mod wire;
 
 use std::net::SocketAddr;

@@ -4,6 +4,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::Checker;
 use crate::kind::{KindInfo, KindSpec};
+use crate::tls::{self, UpstreamTls};
 use crate::HumanDuration;
 
 /// Several MCP servers behind one route (Streamable HTTP). Their tools, prompts, resources
@@ -45,8 +46,11 @@ pub enum SecretSource {
 pub struct McpServerSpec {
     /// Lowercase letters, digits and `-`, starting with a letter: the prefix of its names.
     pub name: String,
-    /// `http://host:port/path` of the server's MCP endpoint.
+    /// `http://host:port/path` or `https://host:port/path` of the server's MCP endpoint.
     pub url: String,
+    /// How an `https://` server's certificate is verified.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<UpstreamTls>,
     /// Longest wait for this server's answer to one request (the headers of a streamed
     /// answer). Default 30 s.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -108,18 +112,21 @@ impl McpBackendSpec {
 pub struct McpUrl {
     /// `host:port`, the port filled in.
     pub authority: String,
+    /// `https`: TLS to the server, verified for the URL's host.
+    pub tls: bool,
     /// Path and query, at least `/`.
     pub path_and_query: String,
 }
 
-/// Parses `http://host[:port][/path][?query]`; the proxy speaks plain HTTP/1.1 upstream.
+/// Parses `http[s]://host[:port][/path][?query]`; the proxy speaks HTTP/1.1 upstream.
 pub fn parse_mcp_url(url: &str) -> Result<McpUrl, String> {
     let uri: http::Uri = url.parse().map_err(|error| format!("invalid URL {url:?}: {error}"))?;
-    match uri.scheme_str() {
-        Some("http") => {}
-        Some(other) => return Err(format!("scheme {other:?} is not supported: use http")),
-        None => return Err(format!("{url:?} is not an absolute http:// URL")),
-    }
+    let (tls, default_port) = match uri.scheme_str() {
+        Some("http") => (false, 80),
+        Some("https") => (true, 443),
+        Some(other) => return Err(format!("scheme {other:?} is not supported: use http or https")),
+        None => return Err(format!("{url:?} is not an absolute http:// or https:// URL")),
+    };
     let Some(authority) = uri.authority() else {
         return Err(format!("{url:?} has no host"));
     };
@@ -130,7 +137,7 @@ pub fn parse_mcp_url(url: &str) -> Result<McpUrl, String> {
     if host.is_empty() {
         return Err(format!("{url:?} has no host"));
     }
-    let port = authority.port_u16().unwrap_or(80);
+    let port = authority.port_u16().unwrap_or(default_port);
     let authority = if host.contains(':') && !host.starts_with('[') {
         format!("[{host}]:{port}")
     } else {
@@ -141,6 +148,7 @@ pub fn parse_mcp_url(url: &str) -> Result<McpUrl, String> {
         .map_or_else(|| "/".to_string(), |path| path.as_str().to_string());
     Ok(McpUrl {
         authority,
+        tls,
         path_and_query: if path_and_query.is_empty() {
             "/".to_string()
         } else {
@@ -184,8 +192,18 @@ impl KindSpec for McpBackendSpec {
                     format!("server {:?} is listed twice", server.name),
                 );
             }
-            if let Err(problem) = parse_mcp_url(&server.url) {
-                checker.fail(format!("{field}.url"), problem);
+            match parse_mcp_url(&server.url) {
+                Err(problem) => checker.fail(format!("{field}.url"), problem),
+                Ok(url) if !url.tls && server.tls.is_some() => checker.fail(
+                    format!("{field}.tls"),
+                    "only an https:// server takes tls (this url is http://)",
+                ),
+                Ok(_) => {}
+            }
+            if let Some(pem) = server.tls.as_ref().and_then(|tls| tls.ca_certificates.as_deref()) {
+                if let Err(problem) = tls::trust_anchors(pem) {
+                    checker.fail(format!("{field}.tls.caCertificates"), problem);
+                }
             }
             if server.timeout.is_some_and(|timeout| timeout.0.is_zero()) {
                 checker.fail(format!("{field}.timeout"), "must be above 0");
@@ -242,7 +260,11 @@ mod tests {
         let url = parse_mcp_url("http://[::1]:7/a?b=c").unwrap();
         assert_eq!(url.authority, "[::1]:7");
         assert_eq!(url.path_and_query, "/a?b=c");
-        assert!(parse_mcp_url("https://x/mcp").unwrap_err().contains("use http"));
+        let url = parse_mcp_url("https://tools.example/mcp").unwrap();
+        assert_eq!(url.authority, "tools.example:443");
+        assert!(url.tls);
+        assert!(!parse_mcp_url("http://x:8443/mcp").unwrap().tls);
+        assert!(parse_mcp_url("ftp://x/mcp").unwrap_err().contains("use http or https"));
         assert!(parse_mcp_url("/mcp").is_err());
         assert!(parse_mcp_url("http://user:pw@x/mcp").is_err());
     }

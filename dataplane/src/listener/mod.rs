@@ -92,8 +92,10 @@ const OVER_CAPACITY_BODY: &str =
     r#"{"error":{"type":"too_many_connections","message":"the listener is at its connection limit"}}"#;
 
 /// A listening socket, bound before the version that needs it is committed, with one
-/// handle of it per worker thread (the same socket: the kernel gives each new connection
-/// to one of the threads waiting in `accept`).
+/// handle of it per worker thread: the same socket, in each worker's epoll. A new
+/// connection wakes the idle workers and the first to `accept` takes it (the others find
+/// nothing); one `SO_REUSEPORT` socket per worker would avoid those wake-ups, but a socket
+/// closed on drain would reset the connections queued on it.
 pub(crate) struct BoundSocket {
     local: SocketAddr,
     per_worker: Vec<(Handle, std::net::TcpListener)>,
@@ -182,7 +184,11 @@ impl RunningListener {
         let accept_loops = self.accept_loops;
         tokio::spawn(async move {
             for accept_loop in accept_loops {
-                let _ = accept_loop.await;
+                match accept_loop.await {
+                    Err(error) if error.is_panic() => tracing::error!(%error, "an accept loop panicked"),
+                    // Cancelled: its worker stopped first, taking the connections with it.
+                    Err(_) | Ok(()) => {}
+                }
             }
         })
     }

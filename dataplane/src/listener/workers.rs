@@ -5,54 +5,34 @@
 //! This is nginx's worker model (and Seastar's shared-nothing one): on a loaded proxy a
 //! work-stealing runtime moves request tasks between threads, paying for cross-core
 //! wake-ups and cache misses on every hop; with a runtime per thread the request, its
-//! connection and its upstream connection (the HTTP/1.1 pool is per thread, see
-//! `upstream`) stay on one core. The kernel spreads new connections over the threads
-//! blocked in `accept` on the same socket.
+//! connection and its HTTP/1.1 upstream connection (the pool is per thread, see `upstream`)
+//! stay on one core. What it gives up: an HTTP/2 client's streams all run on the thread that
+//! accepted its connection, and HTTP/2 upstream connections, shared by all threads, are
+//! driven by the thread that opened them.
 
 use std::num::NonZeroUsize;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::mpsc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
 use tokio::runtime::Handle;
 use tokio::sync::oneshot;
 
+/// How long a stopping worker waits for blocking calls (DNS lookups) it still runs.
 const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// The serving threads; listeners spawn one accept loop on each.
-#[derive(Clone)]
 pub(crate) struct Workers {
-    handles: Arc<[Handle]>,
-    /// Present only for threads this value started; the last clone stops them.
-    threads: Option<Arc<Threads>>,
+    handles: Vec<Handle>,
+    /// Empty for [`Workers::current`], which owns no threads.
+    threads: Vec<Thread>,
 }
 
-struct Threads {
-    stops: Mutex<Vec<oneshot::Sender<()>>>,
-    threads: Vec<JoinHandle<()>>,
-}
-
-impl Threads {
-    fn stop(&self) {
-        let stops = std::mem::take(&mut *self.stops.lock().unwrap_or_else(PoisonError::into_inner));
-        for stop in stops {
-            let _ = stop.send(());
-        }
-    }
-}
-
-impl Drop for Threads {
-    fn drop(&mut self) {
-        self.stop();
-        // A worker being dropped from inside itself (the last clone lived in one of its
-        // tasks) must not wait for itself.
-        let me = std::thread::current().id();
-        for thread in self.threads.drain(..) {
-            if thread.thread().id() != me {
-                let _ = thread.join();
-            }
-        }
-    }
+struct Thread {
+    stop: Option<oneshot::Sender<()>>,
+    /// Fires once the thread's runtime, and every task left on it, is gone.
+    done: Option<oneshot::Receiver<()>>,
+    thread: Option<JoinHandle<()>>,
 }
 
 impl Workers {
@@ -62,53 +42,88 @@ impl Workers {
             Some(count) => count.get(),
             None => std::thread::available_parallelism().map_or(1, NonZeroUsize::get),
         };
-        let mut handles = Vec::with_capacity(count);
-        let mut stops = Vec::with_capacity(count);
-        let mut threads = Vec::with_capacity(count);
+        let mut workers = Workers {
+            handles: Vec::with_capacity(count),
+            threads: Vec::with_capacity(count),
+        };
         for index in 0..count {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()?;
             let (stop, stopped) = oneshot::channel::<()>();
-            handles.push(runtime.handle().clone());
+            let (finished, done) = oneshot::channel::<()>();
+            let (started, handle) = mpsc::channel();
+            // The runtime is built and dropped on its own thread: a runtime dropped inside
+            // the caller's async context (were the spawn to fail) would panic.
             let thread = std::thread::Builder::new()
                 .name(format!("portcullis-worker-{index}"))
                 .spawn(move || {
+                    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+                        Ok(runtime) => runtime,
+                        Err(error) => {
+                            let _ = started.send(Err(error));
+                            return;
+                        }
+                    };
+                    let _ = started.send(Ok(runtime.handle().clone()));
                     let _ = runtime.block_on(stopped);
-                    // Tasks still open when the proxy stops are dropped; a blocking call
-                    // still running is not waited for beyond this.
                     runtime.shutdown_timeout(SHUTDOWN_TIMEOUT);
+                    let _ = finished.send(());
                 })?;
-            stops.push(stop);
-            threads.push(thread);
+            // Pushed before waiting, so an error below still stops the threads started so far.
+            workers.threads.push(Thread {
+                stop: Some(stop),
+                done: Some(done),
+                thread: Some(thread),
+            });
+            let handle = handle
+                .recv()
+                .map_err(|_| std::io::Error::other("a worker thread ended while starting"))??;
+            workers.handles.push(handle);
         }
-        Ok(Workers {
-            handles: handles.into(),
-            threads: Some(Arc::new(Threads {
-                stops: Mutex::new(stops),
-                threads,
-            })),
-        })
+        Ok(workers)
     }
 
     /// The runtime of the caller, as a single worker: for the admin port, whose few
     /// requests do not earn threads of their own.
     pub(crate) fn current() -> Workers {
         Workers {
-            handles: Arc::new([Handle::current()]),
-            threads: None,
-        }
-    }
-
-    /// Ends the threads, dropping whatever tasks they still run (streams a drain left
-    /// open, background work of the MCP targets), without waiting for them.
-    pub(crate) fn stop(&self) {
-        if let Some(threads) = &self.threads {
-            threads.stop();
+            handles: vec![Handle::current()],
+            threads: Vec::new(),
         }
     }
 
     pub(crate) fn handles(&self) -> &[Handle] {
         &self.handles
+    }
+
+    /// Ends the threads, dropping whatever tasks they still run (streams a drain left open,
+    /// background work of the MCP targets), and returns once they are gone: the records
+    /// those tasks write as they are dropped come before telemetry is flushed.
+    pub(crate) async fn stop(&mut self) {
+        for thread in &mut self.threads {
+            if let Some(stop) = thread.stop.take() {
+                let _ = stop.send(());
+            }
+        }
+        for thread in &mut self.threads {
+            if let Some(done) = thread.done.take() {
+                let _ = done.await;
+            }
+        }
+    }
+}
+
+impl Drop for Workers {
+    /// Stops threads that [`Workers::stop`] did not (a proxy dropped without a shutdown).
+    fn drop(&mut self) {
+        for thread in &mut self.threads {
+            if let Some(stop) = thread.stop.take() {
+                let _ = stop.send(());
+            }
+            // Only join a thread known to be finished: this may run on a runtime thread.
+            if thread.done.is_none() {
+                if let Some(thread) = thread.thread.take() {
+                    let _ = thread.join();
+                }
+            }
+        }
     }
 }

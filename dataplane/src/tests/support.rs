@@ -100,7 +100,7 @@ pub async fn start_proxy_with(
         admin_listen: "127.0.0.1:0".parse().unwrap(),
         cache_dir,
         drain_grace,
-        // More than one even on a one-core machine, so connections spread over threads.
+        // More than one even on a one-core machine: every listener accepts on two threads.
         workers: 2,
         telemetry,
     })

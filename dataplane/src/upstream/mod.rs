@@ -5,6 +5,7 @@ mod health;
 mod http2;
 mod request;
 mod retry;
+mod tls;
 
 use std::error::Error as _;
 use std::sync::Arc;
@@ -14,9 +15,9 @@ use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
+use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
-use hyper_util::rt::{TokioExecutor, TokioTimer};
 use portcullis_config::EjectionSpec;
 
 pub(crate) use health::{Endpoint, HealthRegistry};
@@ -49,22 +50,15 @@ pub(crate) struct Dispatch<'a> {
     pub(crate) connect_fallback: bool,
 }
 
-/// The pooled HTTP/1.1 client.
-pub(crate) type Http1 = Client<HttpConnector, Body>;
+/// The pooled HTTP/1.1 client, for `http://` and `https://` upstreams.
+pub(crate) type Http1 = Client<HttpsConnector<HttpConnector>, Body>;
+pub(crate) use tls::PrivateCaClients;
 
 thread_local! {
     /// One pool per thread: a worker's requests reuse connections its own runtime drives,
     /// so a request and its upstream connection never wake another core (see
     /// `listener::workers`). Like every pool here it outlives config versions.
-    static HTTP1: Http1 = {
-        let mut connector = HttpConnector::new();
-        connector.set_nodelay(true);
-        connector.set_connect_timeout(Some(CONNECT_TIMEOUT));
-        Client::builder(TokioExecutor::new())
-            .timer(TokioTimer::new())
-            .pool_timer(TokioTimer::new())
-            .build(connector)
-    };
+    static HTTP1: Http1 = tls::default_http1();
 }
 
 /// Upstream connections live as long as the proxy, so pools survive config changes.
@@ -77,6 +71,11 @@ pub(crate) struct Upstream {
     /// Where pickers post their placements for the other proxies: like the connections, it
     /// outlives config versions.
     pub(crate) placements: Outbox,
+    /// Clients of `https://` upstreams with their own CAs.
+    pub(crate) private_ca: PrivateCaClients,
+    /// The proxy's main runtime, for work that must outlive the worker that starts it (a
+    /// session's DELETE when its client left during a drain).
+    pub(crate) background: Option<tokio::runtime::Handle>,
     /// What MCP servers covered by McpToolPins listed, kept across versions.
     pub(crate) tool_pins: Arc<PinObservations>,
     /// How often MCP servers said their lists changed, kept across versions.
@@ -97,6 +96,8 @@ impl Upstream {
     pub(crate) fn new(telemetry: Arc<Telemetry>, placements: Outbox) -> Upstream {
         Upstream {
             http2: http2::Connections::default(),
+            private_ca: PrivateCaClients::default(),
+            background: tokio::runtime::Handle::try_current().ok(),
             health: HealthRegistry::default(),
             tool_pins: Arc::new(PinObservations::new(telemetry.clone())),
             list_changes: Arc::default(),
@@ -259,11 +260,14 @@ impl Upstream {
         HTTP1.with(Http1::clone)
     }
 
-    /// One HTTP/1.1 exchange on the thread's pool, for a target that talks to its
-    /// upstreams itself (MCP fans out and reads answers): no retries, the caller knows what
-    /// is safe. The error says what failed, without the body of anything.
-    pub(crate) async fn http1_exchange(&self, request: Request<Body>) -> Result<Response<Incoming>, String> {
-        self.http1().request(request).await.map_err(|error| {
+    /// One HTTP/1.1 exchange on `client`, for a target that talks to its upstreams itself
+    /// (MCP fans out and reads answers): no retries, the caller knows what is safe. The
+    /// error says what failed, without the body of anything.
+    pub(crate) async fn http1_exchange(
+        client: &Http1,
+        request: Request<Body>,
+    ) -> Result<Response<Incoming>, String> {
+        client.request(request).await.map_err(|error| {
             let mut message = if error.is_connect() {
                 "could not connect".to_string()
             } else {

@@ -321,7 +321,7 @@ pub(super) async fn open_session(
     // From here the server holds a session: it ends whatever becomes of this request.
     let closing = session
         .as_deref()
-        .map(|id| server.close_on_drop(upstream.http1(), id, &version));
+        .map(|id| server.close_on_drop(upstream, id, &version));
     let headers = Headers {
         session: session.as_deref(),
         version: Some(&version),

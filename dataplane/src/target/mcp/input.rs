@@ -737,13 +737,17 @@ mod tests {
         let address = questioning_server(seen.clone(), Arc::clone(&deleted)).await;
         let telemetry = Arc::new(Telemetry::new(quiet_telemetry()).unwrap());
         let upstream = Upstream::new(telemetry, crate::placements::outbox().0);
-        let server = Server::compile(&McpServerSpec {
-            name: "old".into(),
-            url: format!("http://{address}/mcp"),
-            timeout: None,
-            failure_mode: McpFailureMode::Fail,
-            list_ttl: None,
-        })
+        let server = Server::compile(
+            &McpServerSpec {
+                name: "old".into(),
+                url: format!("http://{address}/mcp"),
+                tls: None,
+                timeout: None,
+                failure_mode: McpFailureMode::Fail,
+                list_ttl: None,
+            },
+            &upstream,
+        )
         .unwrap();
         let client = Arc::new(ClientMeta::from_initialize(
             &json!({"capabilities": {"roots": {}}}),
@@ -799,6 +803,7 @@ mod tests {
         let spec = McpServerSpec {
             name: "math".into(),
             url: format!("http://{address}/mcp"),
+            tls: None,
             timeout: None,
             failure_mode: McpFailureMode::Fail,
             list_ttl: None,
@@ -810,7 +815,7 @@ mod tests {
             posts.store(0, Ordering::SeqCst);
             let call = Call {
                 target: Arc::from("McpBackend/tools"),
-                server: Arc::new(Server::compile(&spec).unwrap()),
+                server: Arc::new(Server::compile(&spec, &upstream).unwrap()),
                 upstream: upstream.clone(),
                 client: Arc::new(ClientMeta::from_initialize(
                     &json!({"capabilities": {"elicitation": {}}}),

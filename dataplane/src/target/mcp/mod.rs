@@ -125,7 +125,7 @@ impl McpTarget {
             .servers
             .iter()
             .map(|server| {
-                Server::compile(server)
+                Server::compile(server, upstream)
                     .map(Arc::new)
                     .map_err(|error| format!("{target}: server {}: {error}", server.name))
             })

@@ -41,6 +41,9 @@ pub(super) struct Server {
     pub(super) url: Arc<str>,
     uri: Uri,
     host: HeaderValue,
+    /// Set for an `https://` server trusting only its own CAs; otherwise the calling
+    /// thread's pool (built-in roots for `https://`).
+    private_ca: Option<Arc<Http1>>,
     pub(super) timeout: Duration,
     pub(super) failure_mode: McpFailureMode,
     pub(super) list_ttl: Option<Duration>,
@@ -77,11 +80,15 @@ pub(super) struct Headers<'a> {
 }
 
 impl Server {
-    pub(super) fn compile(spec: &McpServerSpec) -> Result<Server, String> {
+    pub(super) fn compile(spec: &McpServerSpec, upstream: &Upstream) -> Result<Server, String> {
         let url = portcullis_config::parse_mcp_url(&spec.url)?;
         let authority: http::uri::Authority = url.authority.parse().map_err(|error| format!("{error}"))?;
+        let private_ca = match spec.tls.as_ref().and_then(|tls| tls.ca_certificates.as_deref()) {
+            Some(pem) => Some(upstream.private_ca.client(pem)?),
+            None => None,
+        };
         let uri = Uri::builder()
-            .scheme("http")
+            .scheme(if url.tls { "https" } else { "http" })
             .authority(authority.clone())
             .path_and_query(url.path_and_query.as_str())
             .build()
@@ -92,6 +99,7 @@ impl Server {
             host: HeaderValue::from_str(authority.as_str()).map_err(|error| error.to_string())?,
             authority,
             uri,
+            private_ca,
             timeout: spec.timeout(),
             failure_mode: spec.failure_mode,
             list_ttl: spec.list_ttl.map(|ttl| ttl.0),
@@ -182,9 +190,17 @@ impl Server {
         self.send(upstream, request, headers.session.is_some()).await
     }
 
+    fn client(&self, upstream: &Upstream) -> Http1 {
+        match &self.private_ca {
+            Some(client) => Http1::clone(client),
+            None => upstream.http1(),
+        }
+    }
+
     /// Ends `session` when the returned guard is dropped, in the background: for sessions
     /// whose end comes with no request to send it in (a client that left, a stream dropped).
-    pub(super) fn close_on_drop(&self, client: Http1, session: &str, version: &str) -> Closing {
+    pub(super) fn close_on_drop(&self, upstream: &Upstream, session: &str, version: &str) -> Closing {
+        let client = self.client(upstream);
         let headers = Headers {
             session: Some(session),
             version: Some(version),
@@ -193,6 +209,7 @@ impl Server {
         };
         Closing {
             client,
+            background: upstream.background.clone(),
             delete: self.request(Method::DELETE, &headers, None).ok(),
             timeout: self.timeout,
         }
@@ -217,7 +234,8 @@ impl Server {
         request: Request<Body>,
         in_session: bool,
     ) -> Result<Response<Incoming>, Failure> {
-        match tokio::time::timeout(self.timeout, upstream.http1_exchange(request)).await {
+        let client = self.client(upstream);
+        match tokio::time::timeout(self.timeout, Upstream::http1_exchange(&client, request)).await {
             Err(_) => Err(self.failure(format!("no answer within {:?}", self.timeout))),
             Ok(Err(reason)) => Err(self.failure(reason)),
             Ok(Ok(response)) if in_session && response.status() == StatusCode::NOT_FOUND => Err(Failure {
@@ -398,6 +416,8 @@ pub(super) fn is_event_stream(headers: &http::HeaderMap) -> bool {
 /// Ends a session when dropped, unless [`Closing::keep`] says it lives on.
 pub(super) struct Closing {
     client: Http1,
+    /// Where the DELETE runs: not the worker that dropped the guard, which may be stopping.
+    background: Option<tokio::runtime::Handle>,
     delete: Option<Request<Body>>,
     timeout: Duration,
 }
@@ -411,7 +431,11 @@ impl Closing {
 
 impl Drop for Closing {
     fn drop(&mut self) {
-        let (Some(delete), Ok(runtime)) = (self.delete.take(), tokio::runtime::Handle::try_current()) else {
+        let runtime = self
+            .background
+            .clone()
+            .or_else(|| tokio::runtime::Handle::try_current().ok());
+        let (Some(delete), Some(runtime)) = (self.delete.take(), runtime) else {
             return;
         };
         let (client, timeout) = (self.client.clone(), self.timeout);
