@@ -1,6 +1,6 @@
 //! TLS to an upstream: which certificate authorities a proxy trusts for it.
 
-use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::pem::{PemObject, SectionKind};
 use rustls_pki_types::CertificateDer;
 use serde::{Deserialize, Serialize};
 
@@ -16,15 +16,28 @@ pub struct UpstreamTls {
     pub ca_certificates: Option<String>,
 }
 
-/// The DER certificates of a PEM bundle, each one usable as a trust anchor; the error says
-/// which one is not, so a bundle a proxy would refuse is refused at apply.
+/// The DER certificates of a PEM bundle, each one rustls can use as a trust anchor; the
+/// error says which one is not, so a bundle a proxy would refuse is refused at apply. Any
+/// other PEM section is refused too: a private key pasted along would otherwise be stored
+/// and sent to every proxy.
 pub fn trust_anchors(pem: &str) -> Result<Vec<CertificateDer<'static>>, String> {
     let mut certificates = Vec::new();
-    for (index, certificate) in CertificateDer::pem_slice_iter(pem.as_bytes()).enumerate() {
-        let certificate =
-            certificate.map_err(|error| format!("certificate {}: not valid PEM: {error}", index + 1))?;
-        webpki::anchor_from_trusted_cert(&certificate)
-            .map_err(|error| format!("certificate {}: not a usable CA certificate: {error}", index + 1))?;
+    for (index, section) in <(SectionKind, Vec<u8>)>::pem_slice_iter(pem.as_bytes()).enumerate() {
+        let (kind, der) =
+            section.map_err(|error| format!("section {}: not valid PEM: {error}", index + 1))?;
+        if kind != SectionKind::Certificate {
+            return Err(format!(
+                "section {}: only certificates belong here, not a {kind:?} section",
+                index + 1
+            ));
+        }
+        let certificate = CertificateDer::from(der);
+        webpki::anchor_from_trusted_cert(&certificate).map_err(|error| {
+            format!(
+                "section {}: not a certificate rustls can trust: {error}",
+                index + 1
+            )
+        })?;
         certificates.push(certificate);
     }
     if certificates.is_empty() {
@@ -49,15 +62,17 @@ mod tests {
         assert_eq!(trust_anchors(&format!("{ca}{ca}")).unwrap().len(), 2);
 
         assert!(trust_anchors("").unwrap_err().contains("no PEM certificate"));
-        // A private key is not a certificate, and must not be taken for one.
-        let only_key = key.serialize_pem();
-        assert!(trust_anchors(&only_key)
-            .unwrap_err()
-            .contains("no PEM certificate"));
+        // A private key must never be stored with the certificates, alone or along.
+        let key_pem = key.serialize_pem();
+        for bundle in [key_pem.clone(), format!("{ca}{key_pem}")] {
+            let error = trust_anchors(&bundle).unwrap_err();
+            assert!(error.contains("only certificates belong here"), "{error}");
+            assert!(!error.contains("BEGIN"), "the error echoes no content: {error}");
+        }
         let garbled = "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n";
         let error = trust_anchors(&format!("{ca}{garbled}")).unwrap_err();
         assert!(
-            error.starts_with("certificate 2: not a usable CA certificate"),
+            error.starts_with("section 2: not a certificate rustls can trust"),
             "{error}"
         );
     }
