@@ -344,6 +344,21 @@ pub fn apply(dir: &Path, file: &str, yaml: &str, controlplane: &str) -> String {
     stdout(&output)
 }
 
+/// Writes `yaml` to `dir/file` and applies it; panics if it is accepted. Returns the CLI's
+/// error.
+pub fn refused_apply(dir: &Path, file: &str, yaml: &str, controlplane: &str) -> String {
+    let path = write_file(dir, file, yaml);
+    let output = cli(&[
+        "apply",
+        "-f",
+        path.to_str().unwrap(),
+        "--controlplane",
+        controlplane,
+    ]);
+    assert!(!output.status.success(), "apply {file} was accepted:\n{yaml}");
+    stderr(&output)
+}
+
 /// Simulated vLLM pods from 127.0.0.1:`port`, once the first is healthy.
 pub fn start_sim(dir: &Path, pods: u16, port: u16, time_scale: &str) -> Process {
     let (pods, first) = (pods.to_string(), port.to_string());

@@ -293,7 +293,9 @@ impl Upstream {
                 .send(&endpoint.authority, request, CONNECT_TIMEOUT)
                 .await
         } else {
-            self.http1().request(request).await.map_err(|error| {
+            // The future owns what it needs: no clone of the thread's client per request.
+            let response = HTTP1.with(|client| client.request(request));
+            response.await.map_err(|error| {
                 if error.is_connect() {
                     let cause = error
                         .source()
