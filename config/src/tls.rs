@@ -1,7 +1,7 @@
 //! TLS to an upstream: which certificate authorities a proxy trusts for it.
 
 use rustls_pki_types::pem::{PemObject, SectionKind};
-use rustls_pki_types::CertificateDer;
+use rustls_pki_types::{CertificateDer, TrustAnchor};
 use serde::{Deserialize, Serialize};
 
 /// How a proxy verifies an `https://` upstream. Without it (or without
@@ -16,12 +16,12 @@ pub struct UpstreamTls {
     pub ca_certificates: Option<String>,
 }
 
-/// The DER certificates of a PEM bundle, each one rustls can use as a trust anchor; the
-/// error says which one is not, so a bundle a proxy would refuse is refused at apply. Any
+/// The trust anchors of a PEM bundle of certificates, as rustls takes them; the error says
+/// which certificate cannot be one, so a bundle a proxy would refuse is refused at apply. Any
 /// other PEM section is refused too: a private key pasted along would otherwise be stored
 /// and sent to every proxy.
-pub fn trust_anchors(pem: &str) -> Result<Vec<CertificateDer<'static>>, String> {
-    let mut certificates = Vec::new();
+pub fn trust_anchors(pem: &str) -> Result<Vec<TrustAnchor<'static>>, String> {
+    let mut anchors = Vec::new();
     for (index, section) in <(SectionKind, Vec<u8>)>::pem_slice_iter(pem.as_bytes()).enumerate() {
         let (kind, der) =
             section.map_err(|error| format!("section {}: not valid PEM: {error}", index + 1))?;
@@ -31,19 +31,20 @@ pub fn trust_anchors(pem: &str) -> Result<Vec<CertificateDer<'static>>, String> 
                 index + 1
             ));
         }
-        let certificate = CertificateDer::from(der);
-        webpki::anchor_from_trusted_cert(&certificate).map_err(|error| {
-            format!(
-                "section {}: not a certificate rustls can trust: {error}",
-                index + 1
-            )
-        })?;
-        certificates.push(certificate);
+        let anchor = webpki::anchor_from_trusted_cert(&CertificateDer::from(der))
+            .map_err(|error| {
+                format!(
+                    "section {}: not a certificate rustls can trust: {error}",
+                    index + 1
+                )
+            })?
+            .to_owned();
+        anchors.push(anchor);
     }
-    if certificates.is_empty() {
+    if anchors.is_empty() {
         return Err("no PEM certificate (-----BEGIN CERTIFICATE-----) in it".into());
     }
-    Ok(certificates)
+    Ok(anchors)
 }
 
 #[cfg(test)]

@@ -110,8 +110,11 @@ impl McpBackendSpec {
 /// The parts of an MCP server URL a proxy connects with.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct McpUrl {
-    /// `host:port`, the port filled in.
+    /// `host:port`, the port filled in: what the proxy connects to and pools by.
     pub authority: String,
+    /// The authority as written, for the `Host` header: a default port left out of the
+    /// URL stays out of the header (RFC 9110 §7.2), as servers that check `Host` expect.
+    pub host: String,
     /// `https`: TLS to the server, verified for the URL's host.
     pub tls: bool,
     /// Path and query, at least `/`.
@@ -133,6 +136,7 @@ pub fn parse_mcp_url(url: &str) -> Result<McpUrl, String> {
     if authority.as_str().contains('@') {
         return Err("credentials in the URL are not supported".into());
     }
+    let written = authority.as_str().to_string();
     let host = authority.host();
     if host.is_empty() {
         return Err(format!("{url:?} has no host"));
@@ -148,6 +152,7 @@ pub fn parse_mcp_url(url: &str) -> Result<McpUrl, String> {
         .map_or_else(|| "/".to_string(), |path| path.as_str().to_string());
     Ok(McpUrl {
         authority,
+        host: written,
         tls,
         path_and_query: if path_and_query.is_empty() {
             "/".to_string()
@@ -253,16 +258,20 @@ mod tests {
     fn urls_are_split_for_connecting() {
         let url = parse_mcp_url("http://127.0.0.1:9001/mcp").unwrap();
         assert_eq!(url.authority, "127.0.0.1:9001");
+        assert_eq!(url.host, "127.0.0.1:9001");
         assert_eq!(url.path_and_query, "/mcp");
         let url = parse_mcp_url("http://tools.internal").unwrap();
         assert_eq!(url.authority, "tools.internal:80");
+        assert_eq!(url.host, "tools.internal");
         assert_eq!(url.path_and_query, "/");
         let url = parse_mcp_url("http://[::1]:7/a?b=c").unwrap();
         assert_eq!(url.authority, "[::1]:7");
         assert_eq!(url.path_and_query, "/a?b=c");
         let url = parse_mcp_url("https://tools.example/mcp").unwrap();
         assert_eq!(url.authority, "tools.example:443");
+        assert_eq!(url.host, "tools.example");
         assert!(url.tls);
+        assert_eq!(parse_mcp_url("https://tools.example:443/").unwrap().host, "tools.example:443");
         assert!(!parse_mcp_url("http://x:8443/mcp").unwrap().tls);
         assert!(parse_mcp_url("ftp://x/mcp").unwrap_err().contains("use http or https"));
         assert!(parse_mcp_url("/mcp").is_err());

@@ -104,8 +104,11 @@ impl Workers {
             }
         }
         for thread in &mut self.threads {
-            if let Some(done) = thread.done.take() {
+            if let Some(done) = &mut thread.done {
+                // Cleared only once finished: if this wait is cancelled, `drop` must not
+                // join a thread still running.
                 let _ = done.await;
+                thread.done = None;
             }
         }
     }

@@ -76,6 +76,9 @@ pub(crate) struct Upstream {
     /// The proxy's main runtime, for work that must outlive the worker that starts it (a
     /// session's DELETE when its client left during a drain).
     pub(crate) background: Option<tokio::runtime::Handle>,
+    /// That background work, awaited at shutdown so a stopping proxy still ends the
+    /// sessions it opened (each within its server's timeout).
+    pub(crate) background_tasks: tokio_util::task::TaskTracker,
     /// What MCP servers covered by McpToolPins listed, kept across versions.
     pub(crate) tool_pins: Arc<PinObservations>,
     /// How often MCP servers said their lists changed, kept across versions.
@@ -98,6 +101,7 @@ impl Upstream {
             http2: http2::Connections::default(),
             private_ca: PrivateCaClients::default(),
             background: tokio::runtime::Handle::try_current().ok(),
+            background_tasks: tokio_util::task::TaskTracker::new(),
             health: HealthRegistry::default(),
             tool_pins: Arc::new(PinObservations::new(telemetry.clone())),
             list_changes: Arc::default(),
@@ -256,29 +260,39 @@ impl Upstream {
     }
 
     /// The calling thread's pooled HTTP/1.1 client, for work that outlives a request.
-    pub(crate) fn http1(&self) -> Http1 {
+    pub(crate) fn http1() -> Http1 {
         HTTP1.with(Http1::clone)
     }
 
     /// One HTTP/1.1 exchange on `client`, for a target that talks to its upstreams itself
     /// (MCP fans out and reads answers): no retries, the caller knows what is safe. The
-    /// error says what failed, without the body of anything.
+    /// error says what failed, without the body of anything; a TLS failure only by its
+    /// class (the full reason, which names the certificate's hosts, goes to the log).
     pub(crate) async fn http1_exchange(
         client: &Http1,
         request: Request<Body>,
     ) -> Result<Response<Incoming>, String> {
+        let authority = request.uri().authority().cloned();
         client.request(request).await.map_err(|error| {
             let mut message = if error.is_connect() {
                 "could not connect".to_string()
             } else {
                 error.to_string()
             };
+            let mut tls_failure = None;
             let mut source = error.source();
             while let Some(cause) = source {
                 message.push_str(&format!(": {cause}"));
+                tls_failure = tls_failure.or_else(|| tls::failure_class(cause));
                 source = cause.source();
             }
-            message
+            match tls_failure {
+                Some(class) => {
+                    tracing::warn!(upstream = ?authority, reason = %message, "TLS to an upstream failed");
+                    class.to_string()
+                }
+                None => message,
+            }
         })
     }
 

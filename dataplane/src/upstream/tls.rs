@@ -55,6 +55,38 @@ pub(super) fn default_http1() -> Http1 {
     http1(MOZILLA_ROOTS.clone())
 }
 
+/// What a client may learn of a failed TLS connection: its class. rustls' own text names the
+/// hosts a certificate is valid for, internal names a caller has no business seeing.
+pub(super) fn failure_class(error: &(dyn std::error::Error + 'static)) -> Option<&'static str> {
+    use rustls::CertificateError as Certificate;
+    // TLS errors reach hyper wrapped in `io::Error`s (tokio-rustls wraps, hyper-rustls wraps
+    // again), whose `source()` skips the wrapped error itself.
+    let mut error = error;
+    while let Some(inner) = error
+        .downcast_ref::<std::io::Error>()
+        .and_then(std::io::Error::get_ref)
+    {
+        error = inner;
+    }
+    let tls = error.downcast_ref::<rustls::Error>()?;
+    Some(match tls {
+        rustls::Error::InvalidCertificate(Certificate::UnknownIssuer | Certificate::BadSignature) => {
+            "TLS: the server's certificate does not chain to a trusted CA"
+        }
+        rustls::Error::InvalidCertificate(
+            Certificate::NotValidForName | Certificate::NotValidForNameContext { .. },
+        ) => "TLS: the server's certificate is not valid for its host",
+        rustls::Error::InvalidCertificate(
+            Certificate::Expired
+            | Certificate::ExpiredContext { .. }
+            | Certificate::NotValidYet
+            | Certificate::NotValidYetContext { .. },
+        ) => "TLS: the server's certificate is outside its validity period",
+        rustls::Error::InvalidCertificate(_) => "TLS: the server's certificate was refused",
+        _ => "TLS: the handshake with the server failed",
+    })
+}
+
 /// Clients for upstreams that trust only their own CAs, one per CA bundle, shared by every
 /// server and version naming that bundle: its connections live while a version uses it.
 #[derive(Default)]
@@ -69,12 +101,9 @@ impl PrivateCaClients {
         if let Some(client) = by_bundle.get(pem).and_then(Weak::upgrade) {
             return Ok(client);
         }
-        let mut roots = RootCertStore::empty();
-        for certificate in portcullis_config::tls::trust_anchors(pem)? {
-            roots
-                .add(certificate)
-                .map_err(|error| format!("tls.caCertificates: {error}"))?;
-        }
+        let roots = RootCertStore {
+            roots: portcullis_config::tls::trust_anchors(pem)?,
+        };
         let client = Arc::new(http1(Arc::new(client_config(roots))));
         by_bundle.insert(pem.to_string(), Arc::downgrade(&client));
         Ok(client)

@@ -76,7 +76,7 @@ pub(super) async fn listen_in_session(
             let subscribe = json!({"jsonrpc": "2.0", "id": format!("portcullis-subscribe-{number}"),
                 "method": "resources/subscribe", "params": {"uri": uri}});
             match server
-                .call(upstream, &headers, &subscribe)
+                .call(&headers, &subscribe)
                 .await
                 .and_then(|answer| answer.result(server))
             {
@@ -92,7 +92,7 @@ pub(super) async fn listen_in_session(
     if honors.is_empty() {
         return Ok(None);
     }
-    let response = server.get(upstream, &headers).await?;
+    let response = server.get(&headers).await?;
     if response.status() != StatusCode::OK || !server::is_event_stream(response.headers()) {
         tracing::debug!(server = %server.name, status = %response.status(),
             "an MCP server's session offers no stream to listen on");

@@ -204,7 +204,7 @@ impl McpTarget {
         let started = std::time::Instant::now();
         let (upstream, trace) = (exchange.upstream, &exchange.ctx.trace);
         let mut translated = None;
-        let sent = match reach::reach(server, downstream, upstream, trace).await {
+        let sent = match reach::reach(server, downstream, trace).await {
             // A server added to the McpBackend after this session began is not in it: the
             // client initializes again and gets it.
             Ok(None) => return session_not_found(&id),

@@ -194,7 +194,7 @@ impl McpTarget {
     }
 
     /// Ends every upstream session of `session` (best effort).
-    pub(super) async fn close(&self, upstream: &Upstream, trace: &RequestTrace, session: &Session) {
+    pub(super) async fn close(&self, trace: &RequestTrace, session: &Session) {
         let closing = session.servers.iter().filter_map(|state| {
             let server = &self.servers[self.server_index(&state.name)?];
             let id = state.id.as_deref()?;
@@ -205,7 +205,7 @@ impl McpTarget {
                 trace,
             };
             Some(async move {
-                if let Err(error) = server.delete(upstream, &headers).await {
+                if let Err(error) = server.delete(&headers).await {
                     tracing::debug!(target = %self.name, %error, "closing an upstream MCP session failed");
                 }
             })
@@ -229,7 +229,7 @@ async fn open_any_session(
         Err(error) if error.answered => error,
         Err(error) => return Err(error),
     };
-    if !server.speaks_modern(upstream, trace).await? {
+    if !server.speaks_modern(trace).await? {
         return Err(refused);
     }
     let offer = modern_offer(server, upstream, trace, client).await?;
@@ -253,7 +253,7 @@ async fn offer(
     trace: &RequestTrace,
     client: &ClientMeta,
 ) -> Result<(Value, bool), Failure> {
-    if server.speaks_modern(upstream, trace).await? {
+    if server.speaks_modern(trace).await? {
         return Ok((modern_offer(server, upstream, trace, client).await?, true));
     }
     // Only the offer is wanted: the session ends at once, in the background.
@@ -310,7 +310,7 @@ pub(super) async fn open_session(
         modern: false,
         trace,
     };
-    let answer = server.call(upstream, &initial, message).await?;
+    let answer = server.call(&initial, message).await?;
     let session = answer.session.clone();
     let result = answer.result(server)?;
     let version = result
@@ -329,7 +329,7 @@ pub(super) async fn open_session(
         trace,
     };
     let initialized = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
-    let refused = match server.post(upstream, &headers, &initialized).await {
+    let refused = match server.post(&headers, &initialized).await {
         Ok(response) if response.status().is_success() => {
             server.drain(response).await;
             None

@@ -71,7 +71,7 @@ impl McpTarget {
             Ok(session) => session,
             Err(answer) => return *answer,
         };
-        let (upstream, trace) = (exchange.upstream, &exchange.ctx.trace);
+        let trace = &exchange.ctx.trace;
         let mut opens: Late = self
             .servers
             .iter()
@@ -81,7 +81,7 @@ impl McpTarget {
                 // A 2026-07-28 server keeps no session, so it has no stream of one.
                 let id = state.id.clone().filter(|_| state.version != MODERN_VERSION)?;
                 let version = state.version.clone();
-                let (server, upstream, trace) = (server.clone(), upstream.clone(), trace.detached());
+                let (server, trace) = (server.clone(), trace.detached());
                 let (remap, watch) = (self.multiplexed, self.list_watch(index));
                 let open: BoxFuture<'static, Opened> = Box::pin(async move {
                     let headers = Headers {
@@ -90,7 +90,7 @@ impl McpTarget {
                         modern: false,
                         trace: &trace,
                     };
-                    let opened = server.get(&upstream, &headers).await;
+                    let opened = server.get(&headers).await;
                     Opened::classify(&server, opened, remap, watch)
                 });
                 Some(open)
@@ -348,7 +348,7 @@ impl McpTarget {
                 "params": {"notifications": notifications}});
             let (flags, resources) = (&flags, &resources[index]);
             async move {
-                let listening = match server.speaks_modern(upstream, trace).await {
+                let listening = match server.speaks_modern(trace).await {
                     Ok(true) => listen_modern(server, client, message, upstream, trace).await,
                     // Nothing asked of it: no session to open.
                     Ok(false) if flags.is_empty() && resources.is_empty() => Listened::Nothing,

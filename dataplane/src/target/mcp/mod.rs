@@ -467,7 +467,7 @@ impl McpTarget {
             Ok(session) => session,
             Err(answer) => return *answer,
         };
-        self.close(exchange.upstream, &exchange.ctx.trace, &session).await;
+        self.close(&exchange.ctx.trace, &session).await;
         Response::new(body::empty())
     }
 
@@ -510,7 +510,7 @@ impl McpTarget {
             let message = message(index);
             async move {
                 let server = &self.servers[index];
-                let outcome = match reach::reach(server, downstream, upstream, trace).await {
+                let outcome = match reach::reach(server, downstream, trace).await {
                     Ok(None) => return None,
                     Ok(Some(how)) => reach::ask(server, &how, message, upstream, trace).await,
                     Err(error) => Err(error),
@@ -540,8 +540,7 @@ impl McpTarget {
             let sends = self.servers.iter().map(|server| {
                 let message = message.clone();
                 async move {
-                    let Ok(Some(how @ Reach::Session { .. })) =
-                        reach::reach(server, downstream, upstream, trace).await
+                    let Ok(Some(how @ Reach::Session { .. })) = reach::reach(server, downstream, trace).await
                     else {
                         return;
                     };

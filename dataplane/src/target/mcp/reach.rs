@@ -100,7 +100,6 @@ pub(super) enum Sent {
 pub(super) async fn reach(
     server: &Server,
     downstream: &Downstream,
-    upstream: &Upstream,
     trace: &RequestTrace,
 ) -> Result<Option<Reach>, Failure> {
     match downstream {
@@ -120,7 +119,7 @@ pub(super) async fn reach(
                 version: state.version.clone(),
             }))
         }
-        Downstream::Modern(client) => Ok(Some(if server.speaks_modern(upstream, trace).await? {
+        Downstream::Modern(client) => Ok(Some(if server.speaks_modern(trace).await? {
             Reach::Modern(client.clone())
         } else {
             Reach::Bridge(client.clone())
@@ -166,7 +165,7 @@ pub(super) async fn send(
     trace: &RequestTrace,
 ) -> Result<Sent, Failure> {
     match reach.prepare(&mut message, trace) {
-        Ok(headers) => server.post(upstream, &headers, &message).await.map(Sent::Relay),
+        Ok(headers) => server.post(&headers, &message).await.map(Sent::Relay),
         Err(client) => bridge(server, client, &message, upstream, trace)
             .await
             .map(Sent::Answered),
@@ -182,7 +181,7 @@ pub(super) async fn ask(
     trace: &RequestTrace,
 ) -> Result<Value, Failure> {
     let answer = match reach.prepare(&mut message, trace) {
-        Ok(headers) => server.call(upstream, &headers, &message).await?,
+        Ok(headers) => server.call(&headers, &message).await?,
         Err(client) => bridge(server, client, &message, upstream, trace).await?,
     };
     answer.result(server)
@@ -268,7 +267,7 @@ async fn bridge(
             Reply::Refuse
         }
     };
-    match server.call_asked(upstream, &headers, &message, asked).await? {
+    match server.call_asked(&headers, &message, asked).await? {
         Asked::Answered(answer) => Ok(answer),
         Asked::Stopped => {
             let id = message.get("id").cloned().unwrap_or(Value::Null);

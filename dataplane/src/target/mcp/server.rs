@@ -96,7 +96,7 @@ impl Server {
         Ok(Server {
             name: Arc::from(spec.name.as_str()),
             url: Arc::from(spec.url.as_str()),
-            host: HeaderValue::from_str(authority.as_str()).map_err(|error| error.to_string())?,
+            host: HeaderValue::from_str(&url.host).map_err(|error| error.to_string())?,
             authority,
             uri,
             private_ca,
@@ -172,35 +172,26 @@ impl Server {
     /// Sends one message; the response headers must come within the server's timeout.
     pub(super) async fn post(
         &self,
-        upstream: &Upstream,
         headers: &Headers<'_>,
         message: &Value,
     ) -> Result<Response<Incoming>, Failure> {
         let request = self.request(Method::POST, headers, Some(message))?;
-        self.send(upstream, request, headers.session.is_some()).await
+        self.send(request, headers.session.is_some()).await
     }
 
     /// Opens the stream of the server's session; only its response headers are waited for.
-    pub(super) async fn get(
-        &self,
-        upstream: &Upstream,
-        headers: &Headers<'_>,
-    ) -> Result<Response<Incoming>, Failure> {
+    pub(super) async fn get(&self, headers: &Headers<'_>) -> Result<Response<Incoming>, Failure> {
         let request = self.request(Method::GET, headers, None)?;
-        self.send(upstream, request, headers.session.is_some()).await
+        self.send(request, headers.session.is_some()).await
     }
 
-    fn client(&self, upstream: &Upstream) -> Http1 {
-        match &self.private_ca {
-            Some(client) => Http1::clone(client),
-            None => upstream.http1(),
-        }
+    fn client(&self) -> Http1 {
+        client(self.private_ca.as_deref())
     }
 
     /// Ends `session` when the returned guard is dropped, in the background: for sessions
     /// whose end comes with no request to send it in (a client that left, a stream dropped).
     pub(super) fn close_on_drop(&self, upstream: &Upstream, session: &str, version: &str) -> Closing {
-        let client = self.client(upstream);
         let headers = Headers {
             session: Some(session),
             version: Some(version),
@@ -208,33 +199,25 @@ impl Server {
             trace: &RequestTrace::default(),
         };
         Closing {
-            client,
+            private_ca: self.private_ca.clone(),
             background: upstream.background.clone(),
+            tasks: upstream.background_tasks.clone(),
             delete: self.request(Method::DELETE, &headers, None).ok(),
             timeout: self.timeout,
         }
     }
 
     /// Ends the server's session (best effort: a server may answer 405).
-    pub(super) async fn delete(
-        &self,
-        upstream: &Upstream,
-        headers: &Headers<'_>,
-    ) -> Result<StatusCode, Failure> {
+    pub(super) async fn delete(&self, headers: &Headers<'_>) -> Result<StatusCode, Failure> {
         let request = self.request(Method::DELETE, headers, None)?;
-        let response = self.send(upstream, request, headers.session.is_some()).await?;
+        let response = self.send(request, headers.session.is_some()).await?;
         Ok(response.status())
     }
 
     /// A 404 to a request in a session means the server dropped the session; the client
     /// must initialize again. Without a session, a 404's body says what went wrong.
-    async fn send(
-        &self,
-        upstream: &Upstream,
-        request: Request<Body>,
-        in_session: bool,
-    ) -> Result<Response<Incoming>, Failure> {
-        let client = self.client(upstream);
+    async fn send(&self, request: Request<Body>, in_session: bool) -> Result<Response<Incoming>, Failure> {
+        let client = self.client();
         match tokio::time::timeout(self.timeout, Upstream::http1_exchange(&client, request)).await {
             Err(_) => Err(self.failure(format!("no answer within {:?}", self.timeout))),
             Ok(Err(reason)) => Err(self.failure(reason)),
@@ -257,11 +240,7 @@ impl Server {
 
     /// Whether the server speaks the 2026-07-28 revision: it answers `server/discover`
     /// listing it. Learned once; a server that cannot be reached is asked again next time.
-    pub(super) async fn speaks_modern(
-        &self,
-        upstream: &Upstream,
-        trace: &RequestTrace,
-    ) -> Result<bool, Failure> {
+    pub(super) async fn speaks_modern(&self, trace: &RequestTrace) -> Result<bool, Failure> {
         self.modern
             .get_or_try_init(|| async {
                 let probe = serde_json::json!({
@@ -274,7 +253,7 @@ impl Server {
                     modern: true,
                     trace,
                 };
-                match self.call(upstream, &headers, &probe).await {
+                match self.call(&headers, &probe).await {
                     Ok(answer) => Ok(answer.message["result"]["supportedVersions"]
                         .as_array()
                         .is_some_and(|versions| versions.iter().any(|version| version == MODERN_VERSION))),
@@ -291,14 +270,9 @@ impl Server {
     /// stream the server may answer with. The gateway calls this for requests it answers
     /// itself (lists, `initialize`), with no client to ask: a request the server sends the
     /// client meanwhile is refused, so the server does not wait for an answer in vain.
-    pub(super) async fn call(
-        &self,
-        upstream: &Upstream,
-        headers: &Headers<'_>,
-        message: &Value,
-    ) -> Result<Answer, Failure> {
+    pub(super) async fn call(&self, headers: &Headers<'_>, message: &Value) -> Result<Answer, Failure> {
         let refuse = &mut |_: &str, _: &Value| Reply::Refuse;
-        match self.call_asked(upstream, headers, message, refuse).await? {
+        match self.call_asked(headers, message, refuse).await? {
             Asked::Answered(answer) => Ok(answer),
             Asked::Stopped => Err(self.failure("stopped reading its answer")),
         }
@@ -308,15 +282,14 @@ impl Server {
     /// sends the client while it answers (`ping` is answered here).
     pub(super) async fn call_asked(
         &self,
-        upstream: &Upstream,
         headers: &Headers<'_>,
         message: &Value,
         asked: &mut (dyn FnMut(&str, &Value) -> Reply + Send),
     ) -> Result<Asked, Failure> {
         let id = message.get("id").cloned().unwrap_or(Value::Null);
         let exchange = async {
-            let response = self.post(upstream, headers, message).await?;
-            self.read_answer(upstream, headers, response, &id, asked).await
+            let response = self.post(headers, message).await?;
+            self.read_answer(headers, response, &id, asked).await
         };
         tokio::time::timeout(self.timeout, exchange)
             .await
@@ -325,7 +298,6 @@ impl Server {
 
     async fn read_answer(
         &self,
-        upstream: &Upstream,
         headers: &Headers<'_>,
         response: Response<Incoming>,
         id: &Value,
@@ -386,7 +358,7 @@ impl Server {
                         "message": format!("{method} cannot reach the client through the gateway here"),
                     }}),
                 };
-                let replied = self.post(upstream, headers, &reply).await?;
+                let replied = self.post(headers, &reply).await?;
                 self.drain(replied).await;
             }
         }
@@ -413,11 +385,17 @@ pub(super) fn is_event_stream(headers: &http::HeaderMap) -> bool {
         .is_some_and(|value| value.trim_start().starts_with("text/event-stream"))
 }
 
+/// The client for a server: its own CAs' if it has them, else the calling thread's pool.
+fn client(private_ca: Option<&Http1>) -> Http1 {
+    private_ca.map_or_else(Upstream::http1, Http1::clone)
+}
+
 /// Ends a session when dropped, unless [`Closing::keep`] says it lives on.
 pub(super) struct Closing {
-    client: Http1,
+    private_ca: Option<Arc<Http1>>,
     /// Where the DELETE runs: not the worker that dropped the guard, which may be stopping.
     background: Option<tokio::runtime::Handle>,
+    tasks: tokio_util::task::TaskTracker,
     delete: Option<Request<Body>>,
     timeout: Duration,
 }
@@ -438,15 +416,17 @@ impl Drop for Closing {
         let (Some(delete), Some(runtime)) = (self.delete.take(), runtime) else {
             return;
         };
-        let (client, timeout) = (self.client.clone(), self.timeout);
-        runtime.spawn(async move {
+        let (private_ca, timeout) = (self.private_ca.take(), self.timeout);
+        runtime.spawn(self.tasks.track_future(async move {
+            // Taken here: the dropping worker's pool belongs to a runtime that may be gone.
+            let client = client(private_ca.as_deref());
             if !matches!(
                 tokio::time::timeout(timeout, client.request(delete)).await,
                 Ok(Ok(_))
             ) {
                 tracing::debug!("closing an MCP session in the background failed");
             }
-        });
+        }));
     }
 }
 
@@ -557,6 +537,37 @@ pub(super) fn decode_header_value(value: &HeaderValue) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn host_is_the_url_s_authority_as_written() {
+        let telemetry =
+            Arc::new(crate::telemetry::Telemetry::new(crate::tests::support::quiet_telemetry()).unwrap());
+        let upstream = Upstream::new(telemetry, crate::placements::outbox().0);
+        for (url, host, connect_to) in [
+            ("https://tools.example/mcp", "tools.example", "tools.example:443"),
+            ("http://tools.internal/mcp", "tools.internal", "tools.internal:80"),
+            ("http://127.0.0.1:9001/mcp", "127.0.0.1:9001", "127.0.0.1:9001"),
+        ] {
+            let spec = McpServerSpec {
+                name: "tools".into(),
+                url: url.into(),
+                tls: None,
+                timeout: None,
+                failure_mode: McpFailureMode::Fail,
+                list_ttl: None,
+            };
+            let server = Server::compile(&spec, &upstream).unwrap();
+            let headers = Headers {
+                session: None,
+                version: None,
+                modern: false,
+                trace: &RequestTrace::default(),
+            };
+            let request = server.request(Method::POST, &headers, None).unwrap();
+            assert_eq!(request.headers()[HOST], host, "{url}");
+            assert_eq!(server.authority.as_str(), connect_to, "{url}");
+        }
+    }
 
     #[test]
     fn header_values_encode_what_headers_cannot_carry() {
