@@ -674,16 +674,12 @@ mod tests {
 
     /// A session-based server that asks for the client's roots while it answers `tools/list`;
     /// what it was sent, in order.
-    async fn questioning_server(
-        seen: Arc<Mutex<Vec<String>>>,
-        deleted: Arc<tokio::sync::Notify>,
-    ) -> std::net::SocketAddr {
+    async fn questioning_server(seen: Arc<Mutex<Vec<String>>>) -> std::net::SocketAddr {
         spawn_upstream(move |request: http::Request<Incoming>| {
-            let (seen, deleted) = (seen.clone(), deleted.clone());
+            let seen = seen.clone();
             async move {
                 if request.method() == http::Method::DELETE {
                     seen.lock().unwrap().push("DELETE".into());
-                    deleted.notify_one();
                     return text("");
                 }
                 let bytes = request.into_body().collect().await.unwrap().to_bytes();
@@ -733,8 +729,8 @@ mod tests {
 
     #[tokio::test]
     async fn a_bridged_list_refuses_the_server_s_questions_and_its_session_ends() {
-        let (seen, deleted) = (Arc::new(Mutex::new(Vec::new())), Arc::default());
-        let address = questioning_server(seen.clone(), Arc::clone(&deleted)).await;
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let address = questioning_server(seen.clone()).await;
         let telemetry = Arc::new(Telemetry::new(quiet_telemetry()).unwrap());
         let upstream = Upstream::new(telemetry, crate::placements::outbox().0);
         let server = Server::compile(
@@ -765,8 +761,9 @@ mod tests {
         .unwrap();
         // A list cannot ask the client: the answer is the list, the question refused.
         assert_eq!(result["tools"][0]["name"], "a", "{result}");
-        // The session ends in the background.
-        tokio::time::timeout(Duration::from_secs(30), deleted.notified())
+        // The session ends in the background, as a task a stopping proxy waits for.
+        upstream.background_tasks.close();
+        tokio::time::timeout(Duration::from_secs(30), upstream.background_tasks.wait())
             .await
             .expect("the session opened for the list ends");
         let seen = seen.lock().unwrap().clone();
