@@ -50,13 +50,24 @@ impl McpTarget {
         let message = json!({"jsonrpc": "2.0", "id": id, "method": "initialize", "params": upstream_params});
         let (upstream, trace) = (exchange.upstream, &exchange.ctx.trace);
         // Each session opened ends in the background unless the client gets its id: also
-        // when the client leaves before the answer (this future is dropped).
-        let opened = join_all(
-            self.servers
-                .iter()
-                .map(|server| open_any_session(server, upstream, trace, &message, &client)),
-        )
-        .await;
+        // when the client leaves before the answer (this future is dropped). Each server's
+        // initialize is a task of its own, run to its end whatever becomes of the client:
+        // cut off mid-answer, it would leave a session open that the gateway never learned
+        // of and so could not close.
+        let opening = self.servers.iter().map(|server| {
+            let (server, upstream, trace) = (server.clone(), upstream.clone(), trace.detached());
+            let (message, client) = (message.clone(), client.clone());
+            tokio::spawn(async move { open_any_session(&server, &upstream, &trace, &message, &client).await })
+        });
+        let opened: Vec<_> = join_all(opening)
+            .await
+            .into_iter()
+            .zip(&self.servers)
+            .map(|(joined, server)| {
+                joined
+                    .unwrap_or_else(|error| Err(server.failure(format!("opening a session failed: {error}"))))
+            })
+            .collect();
         let mut sessions = Vec::new();
         let mut offers = Vec::new();
         let mut closings = Vec::new();
