@@ -112,8 +112,8 @@ impl McpBackendSpec {
 pub struct McpUrl {
     /// `host:port`, the port filled in: what the proxy connects to and pools by.
     pub authority: String,
-    /// The authority as written, for the `Host` header: a default port left out of the
-    /// URL stays out of the header (RFC 9110 §7.2), as servers that check `Host` expect.
+    /// For the `Host` header: the port only when it is not the scheme's default (RFC 9110
+    /// §7.2), as servers that check `Host` expect.
     pub host: String,
     /// `https`: TLS to the server, verified for the URL's host.
     pub tls: bool,
@@ -136,23 +136,36 @@ pub fn parse_mcp_url(url: &str) -> Result<McpUrl, String> {
     if authority.as_str().contains('@') {
         return Err("credentials in the URL are not supported".into());
     }
-    let written = authority.as_str().to_string();
     let host = authority.host();
     if host.is_empty() {
         return Err(format!("{url:?} has no host"));
     }
-    let port = authority.port_u16().unwrap_or(default_port);
-    let authority = if host.contains(':') && !host.starts_with('[') {
-        format!("[{host}]:{port}")
+    // `http` takes any text after the colon for a port (and then reports none).
+    let port = match authority.as_str().get(host.len()..).unwrap_or_default() {
+        "" => default_port,
+        written => match written.strip_prefix(':').map(str::parse::<u16>) {
+            Some(Ok(port)) if port > 0 => port,
+            _ => return Err(format!("{url:?}: the port must be a number from 1 to 65535")),
+        },
+    };
+    let host = if host.contains(':') && !host.starts_with('[') {
+        format!("[{host}]")
     } else {
-        format!("{host}:{port}")
+        host.to_string()
+    };
+    let authority = format!("{host}:{port}");
+    // As hyper writes it: the port only when it is not the scheme's default.
+    let host = if port == default_port {
+        host
+    } else {
+        authority.clone()
     };
     let path_and_query = uri
         .path_and_query()
         .map_or_else(|| "/".to_string(), |path| path.as_str().to_string());
     Ok(McpUrl {
         authority,
-        host: written,
+        host,
         tls,
         path_and_query: if path_and_query.is_empty() {
             "/".to_string()
@@ -271,7 +284,11 @@ mod tests {
         assert_eq!(url.authority, "tools.example:443");
         assert_eq!(url.host, "tools.example");
         assert!(url.tls);
-        assert_eq!(parse_mcp_url("https://tools.example:443/").unwrap().host, "tools.example:443");
+        assert_eq!(parse_mcp_url("https://tools.example:443/").unwrap().host, "tools.example");
+        assert_eq!(parse_mcp_url("https://tools.example:8443/").unwrap().host, "tools.example:8443");
+        for bad in ["http://tools:abc/mcp", "http://tools:/mcp", "http://tools:99999/mcp", "http://tools:0/mcp"] {
+            assert!(parse_mcp_url(bad).is_err(), "{bad}");
+        }
         assert!(!parse_mcp_url("http://x:8443/mcp").unwrap().tls);
         assert!(parse_mcp_url("ftp://x/mcp").unwrap_err().contains("use http or https"));
         assert!(parse_mcp_url("/mcp").is_err());

@@ -83,7 +83,7 @@ pub(super) fn failure_class(error: &(dyn std::error::Error + 'static)) -> Option
             | Certificate::NotValidYetContext { .. },
         ) => "TLS: the server's certificate is outside its validity period",
         rustls::Error::InvalidCertificate(_) => "TLS: the server's certificate was refused",
-        _ => "TLS: the handshake with the server failed",
+        _ => "TLS with the server failed",
     })
 }
 

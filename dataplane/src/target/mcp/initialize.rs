@@ -64,8 +64,11 @@ impl McpTarget {
             .into_iter()
             .zip(&self.servers)
             .map(|(joined, server)| {
-                joined
-                    .unwrap_or_else(|error| Err(server.failure(format!("opening a session failed: {error}"))))
+                joined.unwrap_or_else(|error| {
+                    // A panic's message is for the log, not the client.
+                    tracing::error!(server = %server.name, %error, "opening an MCP session failed");
+                    Err(server.failure("opening a session failed"))
+                })
             })
             .collect();
         let mut sessions = Vec::new();

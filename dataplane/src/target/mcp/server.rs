@@ -30,6 +30,9 @@ pub(super) const META_CAPABILITIES: &str = "io.modelcontextprotocol/clientCapabi
 pub(super) const META_CLIENT_INFO: &str = "io.modelcontextprotocol/clientInfo";
 pub(super) const META_LOG_LEVEL: &str = "io.modelcontextprotocol/logLevel";
 const TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
+/// A background DELETE waits at most this long (or the server's timeout, if shorter): a
+/// stopping proxy awaits them, and a long tool timeout must not hold its exit.
+const CLOSE_TIMEOUT: Duration = Duration::from_secs(5);
 const TRACESTATE: HeaderName = HeaderName::from_static("tracestate");
 /// An answer the gateway reads whole (a list, an initialize result) may be this large.
 pub(super) const MAX_ANSWER_BYTES: usize = 16 * 1024 * 1024;
@@ -203,7 +206,7 @@ impl Server {
             background: upstream.background.clone(),
             tasks: upstream.background_tasks.clone(),
             delete: self.request(Method::DELETE, &headers, None).ok(),
-            timeout: self.timeout,
+            timeout: self.timeout.min(CLOSE_TIMEOUT),
         }
     }
 
