@@ -332,14 +332,7 @@ pub fn start_proxy(dir: &Path, id: &str, controlplane: &str, admin: u16, extra: 
 /// Writes `yaml` to `dir/file` and applies it; panics with the CLI's error unless accepted.
 /// Returns what `apply` printed.
 pub fn apply(dir: &Path, file: &str, yaml: &str, controlplane: &str) -> String {
-    let path = write_file(dir, file, yaml);
-    let output = cli(&[
-        "apply",
-        "-f",
-        path.to_str().unwrap(),
-        "--controlplane",
-        controlplane,
-    ]);
+    let output = write_and_apply(dir, file, yaml, controlplane);
     assert!(output.status.success(), "apply {file}: {}", stderr(&output));
     stdout(&output)
 }
@@ -347,16 +340,20 @@ pub fn apply(dir: &Path, file: &str, yaml: &str, controlplane: &str) -> String {
 /// Writes `yaml` to `dir/file` and applies it; panics if it is accepted. Returns the CLI's
 /// error.
 pub fn refused_apply(dir: &Path, file: &str, yaml: &str, controlplane: &str) -> String {
+    let output = write_and_apply(dir, file, yaml, controlplane);
+    assert!(!output.status.success(), "apply {file} was accepted:\n{yaml}");
+    stderr(&output)
+}
+
+fn write_and_apply(dir: &Path, file: &str, yaml: &str, controlplane: &str) -> Output {
     let path = write_file(dir, file, yaml);
-    let output = cli(&[
+    cli(&[
         "apply",
         "-f",
         path.to_str().unwrap(),
         "--controlplane",
         controlplane,
-    ]);
-    assert!(!output.status.success(), "apply {file} was accepted:\n{yaml}");
-    stderr(&output)
+    ])
 }
 
 /// Simulated vLLM pods from 127.0.0.1:`port`, once the first is healthy.

@@ -77,7 +77,7 @@ pub(crate) struct Upstream {
     /// session's DELETE when its client left during a drain).
     pub(crate) background: Option<tokio::runtime::Handle>,
     /// That background work, awaited at shutdown so a stopping proxy still ends the
-    /// sessions it opened (each within its server's timeout).
+    /// sessions it opened (each bounded: see `target::mcp::server::Closing`).
     pub(crate) background_tasks: tokio_util::task::TaskTracker,
     /// What MCP servers covered by McpToolPins listed, kept across versions.
     pub(crate) tool_pins: Arc<PinObservations>,
@@ -86,6 +86,14 @@ pub(crate) struct Upstream {
     /// Session-based MCP clients' answers to questions of 2026-07-28 servers, awaited by
     /// calls that may have begun in an earlier version.
     pub(crate) input_waits: Arc<InputWaits>,
+}
+
+/// Why an [`Upstream::http1_exchange`] failed.
+pub(crate) struct ExchangeFailure {
+    /// What a client may read: for a TLS failure only its class.
+    pub(crate) reason: String,
+    /// rustls' full reason, which names the hosts a certificate is valid for: for the log.
+    pub(crate) tls_detail: Option<String>,
 }
 
 enum Failure {
@@ -266,13 +274,11 @@ impl Upstream {
 
     /// One HTTP/1.1 exchange on `client`, for a target that talks to its upstreams itself
     /// (MCP fans out and reads answers): no retries, the caller knows what is safe. The
-    /// error says what failed, without the body of anything; a TLS failure only by its
-    /// class (the full reason, which names the certificate's hosts, goes to the log).
+    /// error says what failed, without the body of anything.
     pub(crate) async fn http1_exchange(
         client: &Http1,
         request: Request<Body>,
-    ) -> Result<Response<Incoming>, String> {
-        let authority = request.uri().authority().cloned();
+    ) -> Result<Response<Incoming>, ExchangeFailure> {
         client.request(request).await.map_err(|error| {
             let mut message = if error.is_connect() {
                 "could not connect".to_string()
@@ -287,11 +293,14 @@ impl Upstream {
                 source = cause.source();
             }
             match tls_failure {
-                Some(class) => {
-                    tracing::warn!(upstream = ?authority, reason = %message, "TLS to an upstream failed");
-                    class.to_string()
-                }
-                None => message,
+                Some(class) => ExchangeFailure {
+                    reason: class.to_string(),
+                    tls_detail: Some(message),
+                },
+                None => ExchangeFailure {
+                    reason: message,
+                    tls_detail: None,
+                },
             }
         })
     }

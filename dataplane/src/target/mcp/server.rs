@@ -223,7 +223,12 @@ impl Server {
         let client = self.client();
         match tokio::time::timeout(self.timeout, Upstream::http1_exchange(&client, request)).await {
             Err(_) => Err(self.failure(format!("no answer within {:?}", self.timeout))),
-            Ok(Err(reason)) => Err(self.failure(reason)),
+            Ok(Err(failure)) => {
+                if let Some(detail) = &failure.tls_detail {
+                    tracing::warn!(server = %self.name, upstream = %self.authority, reason = %detail, "TLS to an MCP server failed");
+                }
+                Err(self.failure(failure.reason))
+            }
             Ok(Ok(response)) if in_session && response.status() == StatusCode::NOT_FOUND => Err(Failure {
                 session_gone: true,
                 ..self.answered("no longer knows this session")
