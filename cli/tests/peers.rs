@@ -17,6 +17,7 @@ mod support;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use serde_json::json;
 use support::*;
 
 fn repo_root() -> PathBuf {
@@ -245,15 +246,25 @@ fn mcp_python_sdk_client_and_server_through_a_multiplexing_mcp_backend() {
     }
 }
 
+/// List changes reach Python SDK clients of either revision: a 2026-07-28 client's
+/// subscription, and a session-based client's session stream, on which the changes of a
+/// 2026-07-28-only server (`new`, which keeps no session) come through a subscription the
+/// gateway holds for that stream.
 #[test]
 fn mcp_python_sdk_listens_for_list_changes_through_a_multiplexing_mcp_backend() {
     let dir = tempfile::tempdir().unwrap();
-    let (python_port, test_port, port) = (free_port(), free_port(), free_port());
+    let (python_port, new_port, test_port, port) = (free_port(), free_port(), free_port(), free_port());
     let _python_server = PythonPeer::start_with(
         dir.path(),
         "mcp_server.py",
         &[&python_port.to_string()],
         &[("WITH_CHANGE_TOOL", "1")],
+    );
+    let _new_server = PythonPeer::start_with(
+        dir.path(),
+        "mcp_server.py",
+        &[&new_port.to_string()],
+        &[("WITH_CHANGE_TOOL", "1"), ("ONLY_ERA", "2026-07-28")],
     );
     // Portcullis' test server speaks 2026-07-28 but offers no subscriptions: it honors
     // nothing, and the subscription still stands.
@@ -268,18 +279,94 @@ fn mcp_python_sdk_listens_for_list_changes_through_a_multiplexing_mcp_backend() 
             "0",
         ],
     );
-    for server in [python_port, test_port] {
+    for server in [python_port, new_port, test_port] {
         wait_for("MCP servers", TIMEOUT, || {
             std::net::TcpStream::connect(("127.0.0.1", server)).is_ok()
         });
     }
-    let config = mcp_route(port, &[("py", python_port), ("test", test_port)]);
-    let _gateway = start_gateway(dir.path(), &config);
-    let output = peer(
-        "mcp_listen.py",
-        &[&format!("http://127.0.0.1:{port}/mcp"), "py__change"],
+    let config = mcp_route(
+        port,
+        &[("py", python_port), ("new", new_port), ("test", test_port)],
     );
+    let _gateway = start_gateway(dir.path(), &config);
+    let url = format!("http://127.0.0.1:{port}/mcp");
+    let output = peer("mcp_listen.py", &[&url, "py__change", "2026-07-28"]);
     assert!(output.contains("OK"), "{output}");
+    let output = peer("mcp_listen.py", &[&url, "new__change", "legacy"]);
+    assert!(output.contains("OK"), "{output}");
+}
+
+/// A session-based client cancels a call to a 2026-07-28-only server (which takes no
+/// `notifications/cancelled`): the gateway ends the upstream request, which the Python SDK
+/// server hears as its client leaving and cancels the tool, and ends the client's answer
+/// without a response.
+#[test]
+fn a_session_client_s_cancellation_ends_its_call_at_a_2026_server() {
+    let dir = tempfile::tempdir().unwrap();
+    let (new_port, port) = (free_port(), free_port());
+    let tool_log = dir.path().join("slow.log");
+    let _new = PythonPeer::start_with(
+        dir.path(),
+        "mcp_server.py",
+        &[&new_port.to_string()],
+        &[
+            ("SLOW_TOOL_LOG", tool_log.to_str().unwrap()),
+            ("ONLY_ERA", "2026-07-28"),
+        ],
+    );
+    wait_for("the MCP server", TIMEOUT, || {
+        std::net::TcpStream::connect(("127.0.0.1", new_port)).is_ok()
+    });
+    let _gateway = start_gateway(dir.path(), &mcp_route(port, &[("new", new_port)]));
+    let initialize = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {},
+        "clientInfo": {"name": "cancelling", "version": "1"}}});
+    let accept = ("Accept", "application/json, text/event-stream");
+    let opened = http_request_with(port, "POST", "/mcp", &[accept], Some(&initialize.to_string())).unwrap();
+    assert_eq!(opened.status, 200, "{}", opened.body);
+    let session = opened
+        .head
+        .lines()
+        .find_map(|line| {
+            let (name, value) = line.split_once(':')?;
+            name.eq_ignore_ascii_case("mcp-session-id")
+                .then(|| value.trim().to_string())
+        })
+        .expect("a session id");
+    let in_session = move |body: &serde_json::Value| {
+        let headers = [
+            accept,
+            ("Mcp-Session-Id", session.as_str()),
+            ("MCP-Protocol-Version", "2025-11-25"),
+        ];
+        http_request_with(port, "POST", "/mcp", &headers, Some(&body.to_string()))
+    };
+    let call = json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call",
+        "params": {"name": "slow", "arguments": {}}});
+    let (answered, answer) = std::sync::mpsc::channel();
+    let calling = in_session.clone();
+    std::thread::spawn(move || answered.send(calling(&call)));
+    let log = || std::fs::read_to_string(&tool_log).unwrap_or_default();
+    wait_for("the slow tool to start", TIMEOUT, || log().contains("started"));
+
+    let cancel = json!({"jsonrpc": "2.0", "method": "notifications/cancelled",
+        "params": {"requestId": 7, "reason": "the user gave up"}});
+    let accepted = in_session(&cancel).unwrap();
+    assert_eq!(accepted.status, 202, "{}", accepted.body);
+    wait_for("the server to cancel the tool", TIMEOUT, || {
+        log().contains("cancelled")
+    });
+    // The tool waits a minute, the client's read 30 s: only a cancelled call ends sooner.
+    let answer = answer
+        .recv_timeout(std::time::Duration::from_secs(20))
+        .expect("the call's answer ends once cancelled")
+        .expect("an answer");
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    assert!(
+        !answer.body.contains("\"result\"") && !answer.body.contains("\"error\""),
+        "a cancelled request is not answered: {}",
+        answer.body
+    );
 }
 
 /// A server's questions cross revisions: the Python SDK's `ask-sum` elicits a confirmation,

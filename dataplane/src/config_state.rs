@@ -402,8 +402,7 @@ impl ConfigState {
         listeners.workers.stop().await;
         drop(listeners);
         // The workers' last tasks dropped ended their sessions on the main runtime.
-        self.upstream.background_tasks.close();
-        self.upstream.background_tasks.wait().await;
+        self.upstream.background.drain().await;
     }
 }
 

@@ -7,6 +7,9 @@ sessions on, SSE answers: the SDK's defaults). `GET_SUM_DESCRIPTION` in the envi
 replaces get-sum's description: a server that changes a tool after it was reviewed.
 With `WITH_CHANGE_TOOL` set it also serves `change`, which tells `subscriptions/listen`
 subscribers (2026-07-28) that its tool list changed.
+With `SLOW_TOOL_LOG` set to a file it also serves `slow`, which waits a minute, writing
+`started` to that file when it begins and `cancelled` if it is cancelled (in 2026-07-28, by
+its client closing the request's stream).
 With `WITH_ASK_TOOL` set it also serves `ask-sum(a, b)`, which asks the client to confirm
 (elicitation) before it adds: mid-call in a session-based revision, as an `input_required`
 round in 2026-07-28 (the SDK picks by the revision the client speaks).
@@ -20,6 +23,7 @@ import os
 import sys
 from typing import Annotated
 
+import anyio
 import uvicorn
 from pydantic import BaseModel
 
@@ -52,6 +56,24 @@ if os.environ.get("WITH_CHANGE_TOOL"):
         """Tell listeners the tool list changed."""
         await ctx.notify_tools_changed()
         return "told"
+
+
+if os.environ.get("SLOW_TOOL_LOG"):
+
+    def note(line: str) -> None:
+        with open(os.environ["SLOW_TOOL_LOG"], "a") as log:
+            log.write(line + "\n")
+
+    @server.tool()
+    async def slow() -> str:
+        """Wait a minute."""
+        note("started")
+        try:
+            await anyio.sleep(60)
+        except anyio.get_cancelled_exc_class():
+            note("cancelled")
+            raise
+        return "done"
 
 
 if os.environ.get("WITH_ASK_TOOL"):

@@ -47,7 +47,7 @@ pub(crate) trait Target: Send + Sync {
 }
 
 pub(crate) use inference_pool::InferencePoolTarget;
-pub(crate) use mcp::{InputWaits, ListChanges, PinObservations};
+pub(crate) use mcp::{Cancellations, InputWaits, ListChanges, PinObservations};
 
 /// Every target of a config version.
 #[derive(Default)]

@@ -13,6 +13,7 @@
 //! its attribute values.
 
 mod access_log;
+mod log_throttle;
 mod metrics;
 mod trace;
 
@@ -33,6 +34,7 @@ use opentelemetry_sdk::trace::{Sampler, SdkTracer, SdkTracerProvider};
 use opentelemetry_sdk::Resource;
 
 use self::access_log::AccessLog;
+pub(crate) use self::log_throttle::LogThrottle;
 use self::metrics::Metrics;
 pub(crate) use self::trace::RequestTrace;
 

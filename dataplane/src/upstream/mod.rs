@@ -1,6 +1,7 @@
 //! The last stage: sending a request to one of a target's endpoints, over pooled
 //! connections shared by every config version, with retries where they are safe.
 
+mod background;
 mod health;
 mod http2;
 mod request;
@@ -20,6 +21,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use portcullis_config::EjectionSpec;
 
+pub(crate) use background::Background;
 pub(crate) use health::{Endpoint, HealthRegistry};
 pub(crate) use retry::RetryPolicy;
 
@@ -28,7 +30,7 @@ use crate::placements::Outbox;
 use crate::policy::RequestContext;
 use crate::response;
 use crate::route::Route;
-use crate::target::{InputWaits, ListChanges, PinObservations};
+use crate::target::{Cancellations, InputWaits, ListChanges, PinObservations};
 use crate::telemetry::Telemetry;
 
 /// Request bodies up to this size are kept so a failed connect can be retried.
@@ -73,12 +75,10 @@ pub(crate) struct Upstream {
     pub(crate) placements: Outbox,
     /// Clients of `https://` upstreams with their own CAs.
     pub(crate) private_ca: PrivateCaClients,
-    /// The proxy's main runtime, for work that must outlive the worker that starts it (a
-    /// session's DELETE when its client left during a drain).
-    pub(crate) background: Option<tokio::runtime::Handle>,
-    /// That background work, awaited at shutdown so a stopping proxy still ends the
-    /// sessions it opened (each bounded: see `target::mcp::server::Closing`).
-    pub(crate) background_tasks: tokio_util::task::TaskTracker,
+    /// Work that must outlive the worker that starts it (opening a session for a client
+    /// that may leave, a session's DELETE when its client left during a drain), awaited at
+    /// shutdown so a stopping proxy still ends the sessions it opened.
+    pub(crate) background: Background,
     /// What MCP servers covered by McpToolPins listed, kept across versions.
     pub(crate) tool_pins: Arc<PinObservations>,
     /// How often MCP servers said their lists changed, kept across versions.
@@ -86,6 +86,9 @@ pub(crate) struct Upstream {
     /// Session-based MCP clients' answers to questions of 2026-07-28 servers, awaited by
     /// calls that may have begun in an earlier version.
     pub(crate) input_waits: Arc<InputWaits>,
+    /// Requests session-based MCP clients sent on to 2026-07-28 servers, which their
+    /// `notifications/cancelled` ends.
+    pub(crate) cancellations: Arc<Cancellations>,
 }
 
 /// Why an [`Upstream::http1_exchange`] failed.
@@ -108,12 +111,12 @@ impl Upstream {
         Upstream {
             http2: http2::Connections::default(),
             private_ca: PrivateCaClients::default(),
-            background: tokio::runtime::Handle::try_current().ok(),
-            background_tasks: tokio_util::task::TaskTracker::new(),
+            background: Background::on_current_runtime(),
             health: HealthRegistry::default(),
             tool_pins: Arc::new(PinObservations::new(telemetry.clone())),
             list_changes: Arc::default(),
             input_waits: Arc::default(),
+            cancellations: Arc::default(),
             telemetry,
             placements,
         }

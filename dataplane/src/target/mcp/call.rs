@@ -201,40 +201,63 @@ impl McpTarget {
         if let Some(record) = &mut exchange.ctx.mcp {
             record.server = Some(server.name.clone());
         }
-        let started = std::time::Instant::now();
-        let (upstream, trace) = (exchange.upstream, &exchange.ctx.trace);
-        let mut translated = None;
-        let sent = match reach::reach(server, downstream, trace).await {
+        let trace = &exchange.ctx.trace;
+        let how = match reach::reach(server, downstream, trace).await {
             // A server added to the McpBackend after this session began is not in it: the
             // client initializes again and gets it.
             Ok(None) => return session_not_found(&id),
-            Ok(Some(how)) => {
-                // A 2026-07-28 server's questions reach a session-based client as requests.
-                if let (Downstream::Legacy(_), Reach::Modern(client)) = (downstream, &how) {
-                    let method = message.get("method").and_then(Value::as_str).unwrap_or_default();
-                    if input::INTERACTIVE.contains(&method) {
-                        translated = Some(input::Call {
-                            target: self.name.clone(),
-                            server: server.clone(),
-                            upstream: upstream.clone(),
-                            client: client.clone(),
-                            trace: trace.detached(),
-                            session: session_header(&exchange.headers).unwrap_or_default().to_string(),
-                            message: message.clone(),
-                            idle: exchange.route.body_idle_timeout,
-                        });
-                    }
-                }
-                reach::send(server, &how, message, upstream, trace)
-                    .await
-                    .map(|sent| (sent, matches!(how, Reach::Session { .. })))
-            }
-            Err(error) => Err(error),
+            Ok(Some(how)) => how,
+            Err(error) if error.session_gone => return session_not_found(&id),
+            Err(error) => return upstream_failed(&id, &self.name, &error.to_string()),
         };
+        // A session-based client's `notifications/cancelled` reaches a 2026-07-28 server as
+        // the end of the request ([`cancel`](super::cancel)).
+        let session = session_header(&exchange.headers).unwrap_or_default();
+        let cancellable = matches!((downstream, &how), (Downstream::Legacy(_), Reach::Modern(_)))
+            .then(|| exchange.upstream.cancellations.register(session, &id));
+        let answering = self.send(exchange, downstream, index, how, message);
+        match cancellable {
+            Some(cancellable) => cancellable.run(answering).await,
+            None => answering.await,
+        }
+    }
+
+    /// Sends one message to one server, reached `how`, and relays its answer as it comes.
+    async fn send(
+        &self,
+        exchange: &mut Exchange<'_>,
+        downstream: &Downstream,
+        index: usize,
+        how: Reach,
+        message: Value,
+    ) -> Response<Body> {
+        let server = &self.servers[index];
+        let id = message.get("id").cloned().unwrap_or(Value::Null);
+        let started = std::time::Instant::now();
+        let (upstream, trace) = (exchange.upstream, &exchange.ctx.trace);
+        // A 2026-07-28 server's questions reach a session-based client as requests.
+        let mut translated = None;
+        if let (Downstream::Legacy(_), Reach::Modern(client)) = (downstream, &how) {
+            let method = message.get("method").and_then(Value::as_str).unwrap_or_default();
+            if input::INTERACTIVE.contains(&method) {
+                translated = Some(input::Call {
+                    target: self.name.clone(),
+                    server: server.clone(),
+                    upstream: upstream.clone(),
+                    client: client.clone(),
+                    trace: trace.detached(),
+                    session: session_header(&exchange.headers).unwrap_or_default().to_string(),
+                    message: message.clone(),
+                    idle: exchange.route.body_idle_timeout,
+                });
+            }
+        }
+        let in_session = matches!(how, Reach::Session { .. });
+        let sent = reach::send(server, &how, message, upstream, trace).await;
         match sent {
             Err(error) if error.session_gone => session_not_found(&id),
             Err(error) => upstream_failed(&id, &self.name, &error.to_string()),
-            Ok((Sent::Answered(answer), _)) => {
+            Ok(Sent::Answered(answer)) => {
                 exchange.ctx.upstream_headers = Some(started.elapsed());
                 let mut message = answer.message;
                 if let Some(Value::Object(result)) = message.get_mut("result") {
@@ -244,7 +267,7 @@ impl McpTarget {
                 }
                 jsonrpc::message(&message)
             }
-            Ok((Sent::Relay(response), in_session)) => {
+            Ok(Sent::Relay(response)) => {
                 exchange.ctx.upstream_headers = Some(started.elapsed());
                 if let Some(call) = translated {
                     return input::relay(call, response).await;

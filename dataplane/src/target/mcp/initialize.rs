@@ -51,26 +51,33 @@ impl McpTarget {
         let (upstream, trace) = (exchange.upstream, &exchange.ctx.trace);
         // Each session opened ends in the background unless the client gets its id: also
         // when the client leaves before the answer (this future is dropped). Each server's
-        // initialize is a task of its own, run to its end whatever becomes of the client:
-        // cut off mid-answer, it would leave a session open that the gateway never learned
-        // of and so could not close.
+        // initialize is background work of its own, run to its end whatever becomes of the
+        // client or of this worker: cut off mid-answer, it would leave a session open that
+        // the gateway never learned of and so could not close.
         let opening = self.servers.iter().map(|server| {
             let (server, upstream, trace) = (server.clone(), upstream.clone(), trace.detached());
             let (message, client) = (message.clone(), client.clone());
-            tokio::spawn(async move { open_any_session(&server, &upstream, &trace, &message, &client).await })
+            let background = upstream.background.clone();
+            background
+                .spawn(async move { open_any_session(&server, &upstream, &trace, &message, &client).await })
         });
-        let opened: Vec<_> = join_all(opening)
-            .await
-            .into_iter()
-            .zip(&self.servers)
-            .map(|(joined, server)| {
-                joined.unwrap_or_else(|error| {
-                    // A panic's message is for the log, not the client.
-                    tracing::error!(server = %server.name, %error, "opening an MCP session failed");
-                    Err(server.failure("opening a session failed"))
-                })
+        let opened: Vec<_> = join_all(opening.map(|task| async move {
+            match task {
+                Some(task) => task.await.map_err(|error| error.to_string()),
+                None => Err("no runtime to run it on".to_string()),
+            }
+        }))
+        .await
+        .into_iter()
+        .zip(&self.servers)
+        .map(|(joined, server)| {
+            joined.unwrap_or_else(|error| {
+                // A panic's message is for the log, not the client.
+                tracing::error!(server = %server.name, %error, "opening an MCP session failed");
+                Err(server.failure("opening a session failed"))
             })
-            .collect();
+        })
+        .collect();
         let mut sessions = Vec::new();
         let mut offers = Vec::new();
         let mut closings = Vec::new();
@@ -79,11 +86,18 @@ impl McpTarget {
             match outcome {
                 Ok(opened) => {
                     let session = opened.session;
-                    // Its list changes reach the client on the session's stream only if it
-                    // keeps a session to open one in.
-                    let streams = session.id.is_some() && session.version != MODERN_VERSION;
+                    // What it sends outside requests reaches the client on the session's
+                    // stream: a server's own session's stream carries it all, a 2026-07-28
+                    // server's subscription held for the stream its list changes.
+                    let heard = if session.version == MODERN_VERSION {
+                        Heard::ListChanges
+                    } else if session.id.is_some() {
+                        Heard::Everything
+                    } else {
+                        Heard::Nothing
+                    };
                     sessions.push(session);
-                    offers.push((server, opened.offer, streams));
+                    offers.push((server, opened.offer, heard));
                     closings.extend(opened.closing);
                 }
                 Err(error) if server.failure_mode == McpFailureMode::Omit => {
@@ -136,7 +150,7 @@ impl McpTarget {
         let mut merged_offers = Vec::new();
         for (server, outcome) in self.servers.iter().zip(offers) {
             match outcome {
-                Ok((offer, streams)) => merged_offers.push((server, offer, streams)),
+                Ok((offer, heard)) => merged_offers.push((server, offer, heard)),
                 Err(error) if server.failure_mode == McpFailureMode::Omit => {
                     tracing::warn!(target = %self.name, %error, "MCP server left out of server/discover");
                 }
@@ -157,12 +171,12 @@ impl McpTarget {
     }
 
     /// Capabilities, instructions and server info of the servers as one server's. Each offer
-    /// comes with whether the server's notifications can reach the client: `listChanged` and
-    /// resource `subscribe` are offered only for those.
-    fn merge_offers(&self, offers: &[(&Arc<Server>, Value, bool)]) -> Map<String, Value> {
+    /// comes with which of the server's notifications can reach the client: `listChanged`
+    /// and resource `subscribe` are offered only where they can.
+    fn merge_offers(&self, offers: &[(&Arc<Server>, Value, Heard)]) -> Map<String, Value> {
         let mut capabilities = Map::new();
         let mut instructions = Vec::new();
-        for (server, offer, streams) in offers {
+        for (server, offer, heard) in offers {
             if let Some(Value::Object(offered)) = offer.get("capabilities") {
                 // Only what the gateway delivers: no tasks, no extensions.
                 let deliverable = offered
@@ -172,7 +186,12 @@ impl McpTarget {
                     let merged = capabilities.entry(name.clone()).or_insert_with(|| json!({}));
                     if let (Value::Object(merged), Value::Object(value)) = (merged, value) {
                         for (flag, on) in value {
-                            if (flag == "subscribe" || flag == "listChanged") && !*streams {
+                            let deliverable = match flag.as_str() {
+                                "subscribe" => *heard == Heard::Everything,
+                                "listChanged" => *heard != Heard::Nothing,
+                                _ => true,
+                            };
+                            if !deliverable {
                                 continue;
                             }
                             if on.as_bool() == Some(true) || !merged.contains_key(flag) {
@@ -258,21 +277,39 @@ async fn open_any_session(
     })
 }
 
-/// What a server offers, in whichever revision it speaks, and whether its notifications
-/// can reach a 2026-07-28 client's `subscriptions/listen`: a 2026-07-28 server's stream, or
-/// a session-based server's session opened for the subscription (one that keeps sessions).
+/// Which of a server's notifications reach the client: what decides the `listChanged` and
+/// resource `subscribe` flags the gateway offers for it.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Heard {
+    Nothing,
+    /// Its list changes only (a 2026-07-28 server behind a session-based client's stream).
+    ListChanges,
+    Everything,
+}
+
+/// What a server offers, in whichever revision it speaks, and what of its notifications can
+/// reach a 2026-07-28 client's `subscriptions/listen`: all of a 2026-07-28 server's, and a
+/// session-based server's in a session opened for the subscription (if it keeps sessions).
 async fn offer(
     server: &Server,
     upstream: &Upstream,
     trace: &RequestTrace,
     client: &ClientMeta,
-) -> Result<(Value, bool), Failure> {
+) -> Result<(Value, Heard), Failure> {
     if server.speaks_modern(trace).await? {
-        return Ok((modern_offer(server, upstream, trace, client).await?, true));
+        return Ok((
+            modern_offer(server, upstream, trace, client).await?,
+            Heard::Everything,
+        ));
     }
     // Only the offer is wanted: the session ends at once, in the background.
     let opened = open_session(server, upstream, trace, &bridge_initialize(client)).await?;
-    Ok((opened.offer, opened.session.id.is_some()))
+    let heard = if opened.session.id.is_some() {
+        Heard::Everything
+    } else {
+        Heard::Nothing
+    };
+    Ok((opened.offer, heard))
 }
 
 async fn modern_offer(

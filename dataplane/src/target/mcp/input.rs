@@ -762,8 +762,7 @@ mod tests {
         // A list cannot ask the client: the answer is the list, the question refused.
         assert_eq!(result["tools"][0]["name"], "a", "{result}");
         // The session ends in the background, as a task a stopping proxy waits for.
-        upstream.background_tasks.close();
-        tokio::time::timeout(Duration::from_secs(30), upstream.background_tasks.wait())
+        tokio::time::timeout(Duration::from_secs(30), upstream.background.drain())
             .await
             .expect("the session opened for the list ends");
         let seen = seen.lock().unwrap().clone();

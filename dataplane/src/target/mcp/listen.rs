@@ -1,7 +1,8 @@
 //! What servers send outside any request. For a session-based client, the standalone GET stream
 //! (<https://modelcontextprotocol.io/specification/2025-11-25/basic/transports#listening-for-messages-from-the-server>):
-//! one GET to each server of the session that keeps a session of its own, their event
-//! streams merged into one for the client. Servers send on it what belongs to no request:
+//! one GET to each server of the session that keeps a session of its own and a
+//! `subscriptions/listen` for list changes to each 2026-07-28 server, which keeps none, their
+//! event streams merged into one for the client. Servers send on it what belongs to no request:
 //! `list_changed` notifications, which also drop the server's reused list pages and make its
 //! pinned tools be listed again before the next call, and requests to the client, whose ids
 //! name their server when the route multiplexes ([`super::remap`]). For a 2026-07-28 client,
@@ -78,11 +79,20 @@ impl McpTarget {
             .enumerate()
             .filter_map(|(index, server)| {
                 let state = session.server(&server.name)?;
-                // A 2026-07-28 server keeps no session, so it has no stream of one.
-                let id = state.id.clone().filter(|_| state.version != MODERN_VERSION)?;
-                let version = state.version.clone();
                 let (server, trace) = (server.clone(), trace.detached());
                 let (remap, watch) = (self.multiplexed, self.list_watch(index));
+                if state.version == MODERN_VERSION {
+                    // A 2026-07-28 server keeps no session, so it has no stream of one: its
+                    // list changes come on a subscription the gateway holds for this stream.
+                    let client = Arc::new(session.client.clone()?);
+                    let upstream = exchange.upstream.clone();
+                    let open: BoxFuture<'static, Opened> = Box::pin(async move {
+                        list_changes_of_modern(&server, &client, &upstream, &trace, remap, watch).await
+                    });
+                    return Some(open);
+                }
+                let id = state.id.clone()?;
+                let version = state.version.clone();
                 let open: BoxFuture<'static, Opened> = Box::pin(async move {
                     let headers = Headers {
                         session: Some(&id),
@@ -192,6 +202,59 @@ impl Opened {
                 tracing::warn!(server = %server.name, %failure, "an MCP server's stream could not be opened");
                 Opened::Failed
             }
+        }
+    }
+}
+
+/// The id of the `subscriptions/listen` the gateway holds at a 2026-07-28 server for a
+/// session-based client's stream; the client never sees it.
+const SESSION_STREAM_SUBSCRIPTION: &str = "portcullis-session-stream";
+
+/// A 2026-07-28 server's list changes for a session-based client's stream: a
+/// `subscriptions/listen` for every list the server's changes can be heard of, its
+/// notifications passed on as a session's stream carries them (no subscription id). A server
+/// that honors none of it has no stream to offer.
+async fn list_changes_of_modern(
+    server: &Server,
+    client: &Arc<ClientMeta>,
+    upstream: &Upstream,
+    trace: &RequestTrace,
+    remap: bool,
+    watch: ListWatch,
+) -> Opened {
+    let lists: Map<String, Value> = LIST_FLAGS
+        .iter()
+        .map(|(flag, ..)| ((*flag).to_string(), Value::Bool(true)))
+        .collect();
+    let message = json!({"jsonrpc": "2.0", "id": SESSION_STREAM_SUBSCRIPTION,
+        "method": "subscriptions/listen", "params": {"notifications": lists}});
+    let response = match listen_modern(server, client, message, upstream, trace).await {
+        Listened::Modern(response) => response,
+        Listened::Failed(failure) => {
+            tracing::warn!(server = %server.name, %failure, "an MCP server's list changes cannot be listened to");
+            return Opened::Failed;
+        }
+        Listened::Nothing | Listened::InSession(_) => return Opened::NoStream,
+    };
+    let events = RemapRequests::new(body::boxed(response.into_body()), &server.name)
+        .remapping(remap)
+        .watching(watch);
+    match acknowledgment(events, server.timeout).await {
+        Ok((honors, events)) => {
+            let heard: Vec<&'static str> = LIST_FLAGS
+                .iter()
+                .filter(|(flag, ..)| honors.get(*flag).and_then(Value::as_bool) == Some(true))
+                .map(|(.., notification)| *notification)
+                .collect();
+            if heard.is_empty() {
+                return Opened::NoStream;
+            }
+            let events = events.only(heard).untagged();
+            Opened::Stream(server.name.clone(), Box::new(events))
+        }
+        Err(why) => {
+            tracing::warn!(server = %server.name, %why, "an MCP server's list changes cannot be listened to");
+            Opened::Failed
         }
     }
 }

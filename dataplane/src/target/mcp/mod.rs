@@ -12,6 +12,7 @@ mod authz;
 mod bridged_listen;
 mod cache;
 mod call;
+mod cancel;
 mod downstream;
 mod guarded;
 mod initialize;
@@ -40,6 +41,7 @@ use serde_json::{json, Map, Value};
 
 use self::authz::ServerRules;
 pub(crate) use self::cache::ListChanges;
+pub(crate) use self::cancel::Cancellations;
 use self::downstream::Era;
 use self::guarded::ServerGuards;
 pub(crate) use self::input::InputWaits;
@@ -531,6 +533,15 @@ impl McpTarget {
         // Each server had its own `notifications/initialized` right after `initialize`;
         // anything but these few is dropped: a notification is never a way around routing
         // and rules (a server built on a plain JSON-RPC library would run any method).
+        if let (Downstream::Legacy(_), "notifications/cancelled", Some(session)) =
+            (downstream, method, session_header(&exchange.headers))
+        {
+            // Ends the request here if it went to a 2026-07-28 server; the session-based
+            // servers below get the notification itself.
+            if let Some(request) = params.as_ref().and_then(|params| params.get("requestId")) {
+                exchange.upstream.cancellations.cancel(session, request);
+            }
+        }
         if FORWARDED_NOTIFICATIONS.contains(&method) {
             let mut message = json!({"jsonrpc": "2.0", "method": method});
             if let Some(params) = params {

@@ -66,6 +66,7 @@ pub(super) struct RemapRequests {
     remap: bool,
     watch: Option<ListWatch>,
     subscription: Option<Value>,
+    untagged: bool,
     only: Option<Vec<&'static str>>,
     merged: bool,
     parser: sse::Parser,
@@ -82,6 +83,7 @@ impl RemapRequests {
             remap: true,
             watch: None,
             subscription: None,
+            untagged: false,
             only: None,
             merged: false,
             parser: sse::Parser::default(),
@@ -108,6 +110,13 @@ impl RemapRequests {
     /// only when every server's has.
     pub(super) fn for_subscription(mut self, id: Value) -> RemapRequests {
         self.subscription = Some(id);
+        self
+    }
+
+    /// A subscription the gateway holds for a client that never asked for one (a
+    /// session-based client's stream): notifications lose the subscription id.
+    pub(super) fn untagged(mut self) -> RemapRequests {
+        self.untagged = true;
         self
     }
 
@@ -165,6 +174,10 @@ impl RemapRequests {
                     if let Some(subscription) = &self.subscription {
                         self.tag(&method, &mut message, subscription);
                         event.data = Value::Object(message).to_string();
+                    } else if self.untagged {
+                        untag(&mut message);
+                        self.prefix_uri(&method, &mut message);
+                        event.data = Value::Object(message).to_string();
                     } else if self.prefix_uri(&method, &mut message) {
                         event.data = Value::Object(message).to_string();
                     }
@@ -204,6 +217,20 @@ impl RemapRequests {
             .or_insert_with(|| Value::Object(Default::default()));
         if let Value::Object(meta) = meta {
             meta.insert(SUBSCRIPTION_ID.into(), subscription.clone());
+        }
+    }
+}
+
+/// Takes the subscription id out of a notification's `_meta` (and `_meta` with it, when that
+/// was all it held).
+fn untag(message: &mut serde_json::Map<String, Value>) {
+    let Some(Value::Object(params)) = message.get_mut("params") else {
+        return;
+    };
+    if let Some(Value::Object(meta)) = params.get_mut("_meta") {
+        meta.remove(SUBSCRIPTION_ID);
+        if meta.is_empty() {
+            params.remove("_meta");
         }
     }
 }
@@ -319,6 +346,41 @@ mod tests {
         assert!(
             lists.get(at(1, "tools/list"), 1).is_some(),
             "other servers' are kept"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_subscription_held_for_a_session_stream_passes_its_list_changes_untagged() {
+        let stream = concat!(
+            "data: {\"jsonrpc\":\"2.0\",\"method\":\"notifications/tools/list_changed\",",
+            "\"params\":{\"_meta\":{\"io.modelcontextprotocol/subscriptionId\":\"portcullis-session-stream\"}}}\n\n",
+            "data: {\"jsonrpc\":\"2.0\",\"method\":\"notifications/prompts/list_changed\",",
+            "\"params\":{\"_meta\":{\"io.modelcontextprotocol/subscriptionId\":\"portcullis-session-stream\",\"note\":1}}}\n\n",
+            "data: {\"jsonrpc\":\"2.0\",\"method\":\"notifications/message\",\"params\":{}}\n\n",
+            "data: {\"jsonrpc\":\"2.0\",\"id\":\"portcullis-session-stream\",\"result\":{}}\n\n",
+        );
+        let body = RemapRequests::new(crate::body::full(stream), "math")
+            .only(vec![
+                "notifications/tools/list_changed",
+                "notifications/prompts/list_changed",
+            ])
+            .untagged();
+        let out = body.collect().await.unwrap().to_bytes();
+        let mut events = Vec::new();
+        sse::Parser::default().feed(&out, &mut events);
+        let messages: Vec<Value> = events
+            .iter()
+            .map(|event| serde_json::from_str(&event.data).unwrap())
+            .collect();
+        assert_eq!(
+            messages,
+            vec![
+                serde_json::json!({"jsonrpc": "2.0", "method": "notifications/tools/list_changed", "params": {}}),
+                serde_json::json!({"jsonrpc": "2.0", "method": "notifications/prompts/list_changed",
+                    "params": {"_meta": {"note": 1}}}),
+            ],
+            "the list changes pass without the subscription the client never made; the rest and \
+             the subscription's own end do not"
         );
     }
 

@@ -16,8 +16,8 @@ use serde_json::Value;
 
 use crate::body::{self, Body};
 use crate::sse;
-use crate::telemetry::RequestTrace;
-use crate::upstream::{Http1, Upstream};
+use crate::telemetry::{LogThrottle, RequestTrace};
+use crate::upstream::{Background, Http1, Upstream};
 
 pub(super) const SESSION_ID: HeaderName = HeaderName::from_static("mcp-session-id");
 pub(super) const PROTOCOL_VERSION: HeaderName = HeaderName::from_static("mcp-protocol-version");
@@ -33,6 +33,8 @@ const TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
 /// A background DELETE waits at most this long (or the server's timeout, if shorter): a
 /// stopping proxy awaits them, and a long tool timeout must not hold its exit.
 const CLOSE_TIMEOUT: Duration = Duration::from_secs(5);
+/// A server whose TLS fails, fails every request: its warning is logged once per interval.
+const TLS_WARN_INTERVAL: Duration = Duration::from_secs(30);
 const TRACESTATE: HeaderName = HeaderName::from_static("tracestate");
 /// An answer the gateway reads whole (a list, an initialize result) may be this large.
 pub(super) const MAX_ANSWER_BYTES: usize = 16 * 1024 * 1024;
@@ -53,6 +55,7 @@ pub(super) struct Server {
     /// Whether the server speaks the 2026-07-28 revision, learned once per config version
     /// from `server/discover`.
     modern: tokio::sync::OnceCell<bool>,
+    tls_warnings: LogThrottle,
 }
 
 /// Why a server could not answer; the message names the server, never a session id.
@@ -107,6 +110,7 @@ impl Server {
             failure_mode: spec.failure_mode,
             list_ttl: spec.list_ttl.map(|ttl| ttl.0),
             modern: tokio::sync::OnceCell::new(),
+            tls_warnings: LogThrottle::new(TLS_WARN_INTERVAL),
         })
     }
 
@@ -204,7 +208,6 @@ impl Server {
         Closing {
             private_ca: self.private_ca.clone(),
             background: upstream.background.clone(),
-            tasks: upstream.background_tasks.clone(),
             delete: self.request(Method::DELETE, &headers, None).ok(),
             timeout: self.timeout.min(CLOSE_TIMEOUT),
         }
@@ -225,7 +228,15 @@ impl Server {
             Err(_) => Err(self.failure(format!("no answer within {:?}", self.timeout))),
             Ok(Err(failure)) => {
                 if let Some(detail) = &failure.tls_detail {
-                    tracing::warn!(server = %self.name, upstream = %self.authority, reason = %detail, "TLS to an MCP server failed");
+                    if let Some(left_out) = self.tls_warnings.admit() {
+                        tracing::warn!(
+                            server = %self.name,
+                            upstream = %self.authority,
+                            reason = %detail,
+                            same_failures_not_logged = left_out,
+                            "TLS to an MCP server failed"
+                        );
+                    }
                 }
                 Err(self.failure(failure.reason))
             }
@@ -402,8 +413,7 @@ fn client(private_ca: Option<&Http1>) -> Http1 {
 pub(super) struct Closing {
     private_ca: Option<Arc<Http1>>,
     /// Where the DELETE runs: not the worker that dropped the guard, which may be stopping.
-    background: Option<tokio::runtime::Handle>,
-    tasks: tokio_util::task::TaskTracker,
+    background: Background,
     delete: Option<Request<Body>>,
     timeout: Duration,
 }
@@ -417,15 +427,11 @@ impl Closing {
 
 impl Drop for Closing {
     fn drop(&mut self) {
-        let runtime = self
-            .background
-            .clone()
-            .or_else(|| tokio::runtime::Handle::try_current().ok());
-        let (Some(delete), Some(runtime)) = (self.delete.take(), runtime) else {
+        let Some(delete) = self.delete.take() else {
             return;
         };
         let (private_ca, timeout) = (self.private_ca.take(), self.timeout);
-        runtime.spawn(self.tasks.track_future(async move {
+        self.background.spawn(async move {
             // Taken here: the dropping worker's pool belongs to a runtime that may be gone.
             let client = client(private_ca.as_deref());
             if !matches!(
@@ -434,7 +440,7 @@ impl Drop for Closing {
             ) {
                 tracing::debug!("closing an MCP session in the background failed");
             }
-        }));
+        });
     }
 }
 
