@@ -22,6 +22,7 @@ pub mod mcp_rules;
 mod object;
 pub mod path;
 mod reference;
+mod secret;
 mod set;
 pub mod tls;
 
@@ -32,4 +33,5 @@ pub use kind::{Kind, KindInfo, KindSpec};
 pub use kinds::*;
 pub use object::{collect_objects, Metadata, Object, ObjectKey, API_VERSION};
 pub use reference::{target_refs, Reference, Role, TargetRef};
+pub use secret::SecretSource;
 pub use set::{Change, ConfigSet, ShardSelector, Slicer};

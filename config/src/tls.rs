@@ -1,11 +1,15 @@
-//! TLS to an upstream: which certificate authorities a proxy trusts for it.
+//! TLS to an upstream: which certificate authorities a proxy trusts for it, the name it
+//! verifies, and the certificate it presents of its own.
 
 use rustls_pki_types::pem::{PemObject, SectionKind};
-use rustls_pki_types::{CertificateDer, TrustAnchor};
+use rustls_pki_types::{CertificateDer, ServerName, TrustAnchor};
 use serde::{Deserialize, Serialize};
 
-/// How a proxy verifies an `https://` upstream. Without it (or without
-/// `caCertificates`), the server's certificate must chain to a root of the Mozilla set the
+use crate::error::Checker;
+use crate::SecretSource;
+
+/// How a proxy verifies an `https://` upstream, and proves itself to it. Without
+/// `caCertificates`, the server's certificate must chain to a root of the Mozilla set the
 /// proxy is built with.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
@@ -14,6 +18,83 @@ pub struct UpstreamTls {
     /// material: no key belongs here.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ca_certificates: Option<String>,
+    /// The name sent in SNI and that the server's certificate must be valid for, when it is
+    /// not the URL's host (a server reached by IP address, or through a tunnel).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server_name: Option<String>,
+    /// The certificate the proxy presents to a server that asks for one (mutual TLS).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_certificate: Option<ClientCertificate>,
+}
+
+/// A client certificate: the chain in config, the private key only on the proxies' side.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ClientCertificate {
+    /// PEM certificates, the proxy's own first, then any intermediates. Public material.
+    pub certificates: String,
+    /// Where each proxy reads the certificate's private key (PEM: PKCS#8, PKCS#1 or SEC1).
+    pub key: SecretSource,
+}
+
+impl UpstreamTls {
+    /// Refuses what no proxy could use, naming the field (`field` is this section's).
+    pub fn check(&self, checker: &mut Checker<'_>, field: &str) {
+        if let Some(pem) = &self.ca_certificates {
+            if let Err(problem) = trust_anchors(pem) {
+                checker.fail(format!("{field}.caCertificates"), problem);
+            }
+        }
+        if let Some(name) = &self.server_name {
+            if let Err(problem) = server_name(name) {
+                checker.fail(format!("{field}.serverName"), problem);
+            }
+        }
+        if let Some(client) = &self.client_certificate {
+            if let Err(problem) = certificate_chain(&client.certificates) {
+                checker.fail(format!("{field}.clientCertificate.certificates"), problem);
+            }
+            client
+                .key
+                .check(checker, &format!("{field}.clientCertificate.key"));
+        }
+    }
+}
+
+/// A name to verify a server's certificate for: a DNS name or an IP address.
+pub fn server_name(name: &str) -> Result<ServerName<'static>, String> {
+    ServerName::try_from(name.to_string())
+        .map_err(|_| format!("{name:?} is neither a DNS name nor an IP address"))
+}
+
+/// The certificates of a client certificate's chain, the first one its own. Like a CA bundle,
+/// it holds certificates only: a private key pasted along would be stored and sent to every
+/// proxy.
+pub fn certificate_chain(pem: &str) -> Result<Vec<CertificateDer<'static>>, String> {
+    let mut chain = Vec::new();
+    for (index, section) in <(SectionKind, Vec<u8>)>::pem_slice_iter(pem.as_bytes()).enumerate() {
+        let (kind, der) =
+            section.map_err(|error| format!("section {}: not valid PEM: {error}", index + 1))?;
+        if kind != SectionKind::Certificate {
+            return Err(format!(
+                "section {}: only certificates belong here (the key is read by each proxy from \
+                 `key`), not a {kind:?} section",
+                index + 1
+            ));
+        }
+        let certificate = CertificateDer::from(der);
+        if let Err(error) = webpki::EndEntityCert::try_from(&certificate) {
+            return Err(format!(
+                "section {}: not a certificate rustls can use: {error}",
+                index + 1
+            ));
+        }
+        chain.push(certificate);
+    }
+    if chain.is_empty() {
+        return Err("no PEM certificate (-----BEGIN CERTIFICATE-----) in it".into());
+    }
+    Ok(chain)
 }
 
 /// The trust anchors of a PEM bundle of certificates, as rustls takes them; the error says
@@ -75,6 +156,65 @@ mod tests {
         assert!(
             error.starts_with("section 2: not a certificate rustls can trust"),
             "{error}"
+        );
+    }
+
+    #[test]
+    fn a_client_certificate_is_a_chain_of_certificates_with_its_key_elsewhere() {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let leaf = rcgen::CertificateParams::new(vec!["proxy.test".to_string()])
+            .unwrap()
+            .self_signed(&key)
+            .unwrap()
+            .pem();
+        assert_eq!(certificate_chain(&leaf).unwrap().len(), 1);
+        assert_eq!(certificate_chain(&format!("{leaf}{leaf}")).unwrap().len(), 2);
+        let key_pem = key.serialize_pem();
+        let error = certificate_chain(&format!("{leaf}{key_pem}")).unwrap_err();
+        assert!(error.contains("only certificates belong here"), "{error}");
+        assert!(!error.contains("BEGIN"), "the error echoes no content: {error}");
+        assert!(certificate_chain("").unwrap_err().contains("no PEM certificate"));
+        let garbled = "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n";
+        assert!(certificate_chain(garbled)
+            .unwrap_err()
+            .starts_with("section 1: not a certificate rustls can use"));
+    }
+
+    #[test]
+    fn a_server_name_is_a_dns_name_or_an_ip_address() {
+        for name in ["mcp.internal", "localhost", "10.0.0.7", "::1"] {
+            assert!(server_name(name).is_ok(), "{name}");
+        }
+        for name in ["", "two words", "host:443", "https://mcp.internal"] {
+            let error = server_name(name).unwrap_err();
+            assert!(
+                error.contains("neither a DNS name nor an IP address"),
+                "{name}: {error}"
+            );
+        }
+    }
+
+    #[test]
+    fn each_field_of_a_tls_section_is_checked_where_it_is() {
+        let tls = UpstreamTls {
+            ca_certificates: Some("not pem".into()),
+            server_name: Some("no such name!".into()),
+            client_certificate: Some(ClientCertificate {
+                certificates: String::new(),
+                key: SecretSource::File("relative/key.pem".into()),
+            }),
+        };
+        let mut checker = Checker::new("McpBackend/tools");
+        tls.check(&mut checker, "spec.servers[0].tls");
+        let fields: Vec<&str> = checker.errors.iter().map(|error| error.field.as_str()).collect();
+        assert_eq!(
+            fields,
+            [
+                "spec.servers[0].tls.caCertificates",
+                "spec.servers[0].tls.serverName",
+                "spec.servers[0].tls.clientCertificate.certificates",
+                "spec.servers[0].tls.clientCertificate.key.file",
+            ]
         );
     }
 }

@@ -44,25 +44,61 @@ impl TestCa {
             .unwrap();
         (certificate.der().clone(), key)
     }
+
+    /// A client certificate signed by this CA, as PEM, and its key as PEM.
+    fn client(&self, name: &str) -> (String, String) {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut params = rcgen::CertificateParams::new(Vec::new()).unwrap();
+        params.distinguished_name.push(rcgen::DnType::CommonName, name);
+        params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
+        let certificate = params.signed_by(&key, &self.issuer).unwrap();
+        (certificate.pem(), key.serialize_pem())
+    }
+
+    /// This CA as the only root a server trusts for client certificates.
+    fn client_verifier(&self) -> Arc<dyn rustls::server::danger::ClientCertVerifier> {
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(self.issuer.der().clone()).unwrap();
+        rustls::server::WebPkiClientVerifier::builder_with_provider(
+            Arc::new(roots),
+            Arc::new(rustls::crypto::ring::default_provider()),
+        )
+        .build()
+        .unwrap()
+    }
 }
 
 /// A TLS terminator in front of `backend` presenting `certificate`; returns its address and
 /// how many handshakes completed.
-#[allow(deprecated)] // ring's provider: the one the proxy uses (see upstream/tls.rs).
 async fn tls_front(
     backend: SocketAddr,
-    (certificate, key): (rustls::pki_types::CertificateDer<'static>, rcgen::KeyPair),
+    certificate: (rustls::pki_types::CertificateDer<'static>, rcgen::KeyPair),
 ) -> (SocketAddr, Arc<AtomicUsize>) {
-    let config =
+    tls_front_asking(backend, certificate, None).await
+}
+
+/// [`tls_front`] that asks for a client certificate of `clients`, when given, and completes
+/// no handshake without one.
+#[allow(deprecated)] // ring's provider: the one the proxy uses (see upstream/tls.rs).
+async fn tls_front_asking(
+    backend: SocketAddr,
+    (certificate, key): (rustls::pki_types::CertificateDer<'static>, rcgen::KeyPair),
+    clients: Option<&TestCa>,
+) -> (SocketAddr, Arc<AtomicUsize>) {
+    let builder =
         rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
             .with_safe_default_protocol_versions()
-            .unwrap()
-            .with_no_client_auth()
-            .with_single_cert(
-                vec![certificate],
-                rustls::pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into()),
-            )
             .unwrap();
+    let builder = match clients {
+        Some(clients) => builder.with_client_cert_verifier(clients.client_verifier()),
+        None => builder.with_no_client_auth(),
+    };
+    let config = builder
+        .with_single_cert(
+            vec![certificate],
+            rustls::pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into()),
+        )
+        .unwrap();
     let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let address = listener.local_addr().unwrap();
@@ -230,4 +266,150 @@ fn an_https_server_is_reached_only_with_a_certificate_its_backend_trusts() {
         assert!(error.contains(field) && error.contains(reason), "{error}");
     }
     assert_eq!(config_version(&gateway.address), version);
+}
+
+/// A server that asks for a client certificate gets the one its McpBackend names (the key read
+/// by the proxy from a file, never in config), and one that must be reached by a name other
+/// than the URL's host is verified for `serverName`. Without the certificate, or with a key the
+/// proxy cannot read, nothing is sent to the server, and the reason names no key.
+#[test]
+fn a_server_asking_for_a_client_certificate_gets_the_proxy_s_and_a_server_name_can_be_set() {
+    let dir = tempfile::tempdir().unwrap();
+    let runtime = runtime();
+    let math = runtime.block_on(serve("math", true));
+    let (servers, clients) = (TestCa::new("servers"), TestCa::new("clients"));
+    let (certificate, key) = clients.client("portcullis-proxy");
+    let key_file = write_file(dir.path(), "proxy-key.pem", &key);
+    let mutual_section = |key_file: &str| {
+        format!(
+            "    tls:\n      caCertificates: {:?}\n      clientCertificate:\n        certificates: {:?}\n        key: {{file: {:?}}}\n",
+            servers.pem(),
+            certificate,
+            key_file
+        )
+    };
+    let (mutual, mutual_handshakes) =
+        runtime.block_on(tls_front_asking(math, servers.leaf("127.0.0.1"), Some(&clients)));
+    let (named, named_handshakes) = runtime.block_on(tls_front(math, servers.leaf("mcp.internal")));
+    let entries = vec![
+        (
+            "mutual",
+            free_port(),
+            mutual,
+            mutual_section(key_file.to_str().unwrap()),
+        ),
+        ("nocert", free_port(), mutual, ca_section(&servers.pem())),
+        (
+            "named",
+            free_port(),
+            named,
+            format!(
+                "    tls: {{caCertificates: {:?}, serverName: mcp.internal}}\n",
+                servers.pem()
+            ),
+        ),
+    ];
+    let gateway = start_gateway(dir.path(), &https_config(&entries));
+
+    for (case, port, handshakes) in [
+        ("mutual", entries[0].1, &mutual_handshakes),
+        ("named", entries[2].1, &named_handshakes),
+    ] {
+        runtime.block_on(async {
+            let client = rmcp_client(port).await;
+            let sum = client
+                .call_tool(
+                    CallToolRequestParams::new("get-sum").with_arguments(arguments(json!({"a": 2, "b": 3}))),
+                )
+                .await
+                .unwrap();
+            assert_eq!(text_of(&sum), "5", "{case}");
+            client.cancel().await.unwrap();
+        });
+        assert!(
+            handshakes.load(Ordering::SeqCst) >= 1,
+            "{case}: the gateway spoke TLS to it"
+        );
+    }
+    // The same server without the proxy's certificate: the handshake fails, and the client
+    // hears so by class.
+    let before = mutual_handshakes.load(Ordering::SeqCst);
+    let message = initialize_error(entries[1].1);
+    assert!(
+        message.contains("server math") && message.contains("TLS"),
+        "{message}"
+    );
+    assert_eq!(
+        mutual_handshakes.load(Ordering::SeqCst),
+        before,
+        "no handshake completed"
+    );
+
+    // A key pasted with the certificates is refused at apply, and the error shows none of it.
+    let version = config_version(&gateway.address);
+    let mut pasted = entries.clone();
+    pasted[0].3 = mutual_section(key_file.to_str().unwrap()).replacen(
+        &format!("{certificate:?}"),
+        &format!("{:?}", format!("{certificate}{key}")),
+        1,
+    );
+    let error = refused_apply(
+        dir.path(),
+        "pasted.yaml",
+        &https_config(&pasted),
+        &gateway.address,
+    );
+    assert!(
+        error.contains("spec.servers[0].tls.clientCertificate.certificates")
+            && error.contains("only certificates belong here"),
+        "{error}"
+    );
+    assert!(!error.contains("PRIVATE KEY"), "{error}");
+    let mut relative = entries.clone();
+    relative[0].3 = mutual_section("proxy-key.pem");
+    let error = refused_apply(
+        dir.path(),
+        "relative.yaml",
+        &https_config(&relative),
+        &gateway.address,
+    );
+    assert!(
+        error.contains("spec.servers[0].tls.clientCertificate.key.file")
+            && error.contains("not an absolute path"),
+        "{error}"
+    );
+    assert_eq!(config_version(&gateway.address), version);
+
+    // A key the proxy cannot read: the control plane accepts the object (the key is the
+    // proxy's), the proxy refuses the version, saying where it looked, and keeps serving the
+    // one in force.
+    let mut unreadable = entries.clone();
+    let missing = dir.path().join("no-such-key.pem");
+    unreadable[0].3 = mutual_section(missing.to_str().unwrap());
+    apply(
+        dir.path(),
+        "unreadable.yaml",
+        &https_config(&unreadable),
+        &gateway.address,
+    );
+    wait_for("the proxy refusing the version", TIMEOUT, || {
+        proxy_applied(&gateway.address, "gw") == Some((version, false))
+    });
+    let status = status_json(&gateway.address);
+    let reason = status["proxies"][0]["lastError"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(
+        reason.contains("clientCertificate.key") && reason.contains("no-such-key.pem"),
+        "{reason}"
+    );
+    runtime.block_on(async {
+        let client = rmcp_client(entries[0].1).await;
+        assert!(
+            tool_names(&client).await.contains(&"get-sum".to_string()),
+            "the version in force serves"
+        );
+        client.cancel().await.unwrap();
+    });
 }

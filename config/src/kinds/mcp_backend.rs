@@ -4,8 +4,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::Checker;
 use crate::kind::{KindInfo, KindSpec};
-use crate::tls::{self, UpstreamTls};
-use crate::HumanDuration;
+use crate::tls::UpstreamTls;
+use crate::{HumanDuration, SecretSource};
 
 /// Several MCP servers behind one route (Streamable HTTP). Their tools, prompts, resources
 /// and resource templates are merged; with more than one server each name is prefixed
@@ -28,17 +28,6 @@ pub struct McpBackendSpec {
     /// Default and longest: 24 h.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub session_ttl: Option<HumanDuration>,
-}
-
-/// Where a proxy reads a secret: the secret itself is never in the config.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
-pub enum SecretSource {
-    /// An environment variable of the proxy process.
-    Env(String),
-    /// A file on the proxy's disk (a mounted Kubernetes Secret); read again with each
-    /// config version.
-    File(String),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -218,10 +207,8 @@ impl KindSpec for McpBackendSpec {
                 ),
                 Ok(_) => {}
             }
-            if let Some(pem) = server.tls.as_ref().and_then(|tls| tls.ca_certificates.as_deref()) {
-                if let Err(problem) = tls::trust_anchors(pem) {
-                    checker.fail(format!("{field}.tls.caCertificates"), problem);
-                }
+            if let Some(tls) = &server.tls {
+                tls.check(checker, &format!("{field}.tls"));
             }
             if server.timeout.is_some_and(|timeout| timeout.0.is_zero()) {
                 checker.fail(format!("{field}.timeout"), "must be above 0");
@@ -241,21 +228,7 @@ impl KindSpec for McpBackendSpec {
         }
         for (index, source) in self.session_keys.iter().enumerate() {
             let field = format!("spec.sessionKeys[{index}]");
-            match source {
-                SecretSource::Env(name) => {
-                    let valid = !name.is_empty()
-                        && !name.starts_with(|c: char| c.is_ascii_digit())
-                        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
-                    if !valid {
-                        checker.fail(format!("{field}.env"), format!("invalid variable name {name:?}"));
-                    }
-                }
-                SecretSource::File(path) => {
-                    if !path.starts_with('/') {
-                        checker.fail(format!("{field}.file"), format!("{path:?} is not an absolute path"));
-                    }
-                }
-            }
+            source.check(checker, &field);
             if self.session_keys[..index].contains(source) {
                 checker.fail(field, "this key is listed twice");
             }

@@ -54,7 +54,7 @@ pub(crate) struct Dispatch<'a> {
 
 /// The pooled HTTP/1.1 client, for `http://` and `https://` upstreams.
 pub(crate) type Http1 = Client<HttpsConnector<HttpConnector>, Body>;
-pub(crate) use tls::PrivateCaClients;
+pub(crate) use tls::TlsClients;
 
 thread_local! {
     /// One pool per thread: a worker's requests reuse connections its own runtime drives,
@@ -73,8 +73,8 @@ pub(crate) struct Upstream {
     /// Where pickers post their placements for the other proxies: like the connections, it
     /// outlives config versions.
     pub(crate) placements: Outbox,
-    /// Clients of `https://` upstreams with their own CAs.
-    pub(crate) private_ca: PrivateCaClients,
+    /// Clients of `https://` upstreams with TLS settings of their own.
+    pub(crate) tls_clients: TlsClients,
     /// Work that must outlive the worker that starts it (opening a session for a client
     /// that may leave, a session's DELETE when its client left during a drain), awaited at
     /// shutdown so a stopping proxy still ends the sessions it opened.
@@ -110,7 +110,7 @@ impl Upstream {
     pub(crate) fn new(telemetry: Arc<Telemetry>, placements: Outbox) -> Upstream {
         Upstream {
             http2: http2::Connections::default(),
-            private_ca: PrivateCaClients::default(),
+            tls_clients: TlsClients::default(),
             background: Background::on_current_runtime(),
             health: HealthRegistry::default(),
             tool_pins: Arc::new(PinObservations::new(telemetry.clone())),

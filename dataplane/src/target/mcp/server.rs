@@ -46,9 +46,9 @@ pub(super) struct Server {
     pub(super) url: Arc<str>,
     uri: Uri,
     host: HeaderValue,
-    /// Set for an `https://` server trusting only its own CAs; otherwise the calling
-    /// thread's pool (built-in roots for `https://`).
-    private_ca: Option<Arc<Http1>>,
+    /// Set for an `https://` server with TLS settings of its own (CAs, server name, client
+    /// certificate); otherwise the calling thread's pool (built-in roots for `https://`).
+    own_tls: Option<Arc<Http1>>,
     pub(super) timeout: Duration,
     pub(super) failure_mode: McpFailureMode,
     pub(super) list_ttl: Option<Duration>,
@@ -89,8 +89,13 @@ impl Server {
     pub(super) fn compile(spec: &McpServerSpec, upstream: &Upstream) -> Result<Server, String> {
         let url = portcullis_config::parse_mcp_url(&spec.url)?;
         let authority: http::uri::Authority = url.authority.parse().map_err(|error| format!("{error}"))?;
-        let private_ca = match spec.tls.as_ref().and_then(|tls| tls.ca_certificates.as_deref()) {
-            Some(pem) => Some(upstream.private_ca.client(pem)?),
+        let own_tls = match &spec.tls {
+            Some(tls) => Some(
+                upstream
+                    .tls_clients
+                    .client(tls)
+                    .map_err(|problem| format!("tls.{problem}"))?,
+            ),
             None => None,
         };
         let uri = Uri::builder()
@@ -105,7 +110,7 @@ impl Server {
             host: HeaderValue::from_str(&url.host).map_err(|error| error.to_string())?,
             authority,
             uri,
-            private_ca,
+            own_tls,
             timeout: spec.timeout(),
             failure_mode: spec.failure_mode,
             list_ttl: spec.list_ttl.map(|ttl| ttl.0),
@@ -193,7 +198,7 @@ impl Server {
     }
 
     fn client(&self) -> Http1 {
-        client(self.private_ca.as_deref())
+        client(self.own_tls.as_deref())
     }
 
     /// Ends `session` when the returned guard is dropped, in the background: for sessions
@@ -206,7 +211,7 @@ impl Server {
             trace: &RequestTrace::default(),
         };
         Closing {
-            private_ca: self.private_ca.clone(),
+            own_tls: self.own_tls.clone(),
             background: upstream.background.clone(),
             delete: self.request(Method::DELETE, &headers, None).ok(),
             timeout: self.timeout.min(CLOSE_TIMEOUT),
@@ -404,14 +409,15 @@ pub(super) fn is_event_stream(headers: &http::HeaderMap) -> bool {
         .is_some_and(|value| value.trim_start().starts_with("text/event-stream"))
 }
 
-/// The client for a server: its own CAs' if it has them, else the calling thread's pool.
-fn client(private_ca: Option<&Http1>) -> Http1 {
-    private_ca.map_or_else(Upstream::http1, Http1::clone)
+/// The client for a server: the one for its own TLS settings if it has them, else the calling
+/// thread's pool.
+fn client(own_tls: Option<&Http1>) -> Http1 {
+    own_tls.map_or_else(Upstream::http1, Http1::clone)
 }
 
 /// Ends a session when dropped, unless [`Closing::keep`] says it lives on.
 pub(super) struct Closing {
-    private_ca: Option<Arc<Http1>>,
+    own_tls: Option<Arc<Http1>>,
     /// Where the DELETE runs: not the worker that dropped the guard, which may be stopping.
     background: Background,
     delete: Option<Request<Body>>,
@@ -430,10 +436,10 @@ impl Drop for Closing {
         let Some(delete) = self.delete.take() else {
             return;
         };
-        let (private_ca, timeout) = (self.private_ca.take(), self.timeout);
+        let (own_tls, timeout) = (self.own_tls.take(), self.timeout);
         self.background.spawn(async move {
             // Taken here: the dropping worker's pool belongs to a runtime that may be gone.
-            let client = client(private_ca.as_deref());
+            let client = client(own_tls.as_deref());
             if !matches!(
                 tokio::time::timeout(timeout, client.request(delete)).await,
                 Ok(Ok(_))
