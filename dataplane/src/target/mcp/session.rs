@@ -167,13 +167,7 @@ impl Sealer {
 }
 
 fn read_key(source: &SecretSource) -> Result<[u8; KEY_BYTES], String> {
-    let text =
-        match source {
-            SecretSource::Env(name) => std::env::var(name)
-                .map_err(|_| format!("environment variable {name} is not set or not UTF-8"))?,
-            SecretSource::File(path) => std::fs::read_to_string(path)
-                .map_err(|error| format!("cannot read {path}: {}", error.kind()))?,
-        };
+    let text = source.read()?;
     let text = text.trim();
     let bytes = if text.len() == 2 * KEY_BYTES && text.bytes().all(|byte| byte.is_ascii_hexdigit()) {
         (0..KEY_BYTES)
