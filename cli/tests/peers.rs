@@ -294,6 +294,15 @@ fn mcp_python_sdk_listens_for_list_changes_through_a_multiplexing_mcp_backend() 
     assert!(output.contains("OK"), "{output}");
     let output = peer("mcp_listen.py", &[&url, "new__change", "legacy"]);
     assert!(output.contains("OK"), "{output}");
+    // With the 2026-07-28-only server alone behind it, `tools.listChanged` is offered to a
+    // session-based client because of that subscription, and the change still arrives.
+    let alone = dir.path().join("alone");
+    std::fs::create_dir_all(&alone).unwrap();
+    let alone_port = free_port();
+    let _alone_gateway = start_gateway(&alone, &mcp_route(alone_port, &[("new", new_port)]));
+    let url = format!("http://127.0.0.1:{alone_port}/mcp");
+    let output = peer("mcp_listen.py", &[&url, "change", "legacy"]);
+    assert!(output.contains("OK"), "{output}");
 }
 
 /// A session-based client cancels a call to a 2026-07-28-only server (which takes no

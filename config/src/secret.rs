@@ -16,6 +16,16 @@ pub enum SecretSource {
     File(String),
 }
 
+/// Where, never what: `env MCP_KEY`, `file /run/secrets/key.pem`.
+impl std::fmt::Display for SecretSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SecretSource::Env(name) => write!(f, "env {name}"),
+            SecretSource::File(path) => write!(f, "file {path}"),
+        }
+    }
+}
+
 impl SecretSource {
     /// Refuses a source no proxy could read from: an invalid variable name, a relative path.
     pub fn check(&self, checker: &mut Checker<'_>, field: &str) {

@@ -28,6 +28,10 @@ use crate::target::{self, InferencePoolTarget, Targets, WeightedTargets};
 use crate::telemetry::Telemetry;
 use crate::upstream::{RetryPolicy, Upstream};
 
+/// How long a stopping proxy waits for background work (MCP sessions being opened for
+/// clients that left, and closed) once its workers have stopped.
+const BACKGROUND_GRACE: Duration = Duration::from_secs(10);
+
 /// One applied config version, compiled for serving.
 #[derive(Default)]
 pub(crate) struct Snapshot {
@@ -402,7 +406,7 @@ impl ConfigState {
         listeners.workers.stop().await;
         drop(listeners);
         // The workers' last tasks dropped ended their sessions on the main runtime.
-        self.upstream.background.drain().await;
+        self.upstream.background.drain(BACKGROUND_GRACE).await;
     }
 }
 

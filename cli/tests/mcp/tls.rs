@@ -395,15 +395,35 @@ fn a_server_asking_for_a_client_certificate_gets_the_proxy_s_and_a_server_name_c
     wait_for("the proxy refusing the version", TIMEOUT, || {
         proxy_applied(&gateway.address, "gw") == Some((version, false))
     });
-    let status = status_json(&gateway.address);
-    let reason = status["proxies"][0]["lastError"]
-        .as_str()
-        .unwrap_or_default()
-        .to_string();
+    let last_error = || {
+        status_json(&gateway.address)["proxies"][0]["lastError"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string()
+    };
+    let reason = last_error();
     assert!(
         reason.contains("clientCertificate.key") && reason.contains("no-such-key.pem"),
         "{reason}"
     );
+    // A key that is not the certificate's: refused the same way, naming where it was read.
+    let (_, other_key) = clients.client("someone-else");
+    let other_key_file = write_file(dir.path(), "other-key.pem", &other_key);
+    let mut mismatched = entries.clone();
+    mismatched[0].3 = mutual_section(other_key_file.to_str().unwrap());
+    apply(
+        dir.path(),
+        "mismatched.yaml",
+        &https_config(&mismatched),
+        &gateway.address,
+    );
+    wait_for("the proxy refusing the mismatched key", TIMEOUT, || {
+        last_error().contains("does not fit")
+    });
+    let reason = last_error();
+    assert!(reason.contains("other-key.pem"), "{reason}");
+    assert!(!reason.contains("PRIVATE KEY"), "{reason}");
+    assert_eq!(proxy_applied(&gateway.address, "gw"), Some((version, false)));
     runtime.block_on(async {
         let client = rmcp_client(entries[0].1).await;
         assert!(

@@ -2,7 +2,6 @@
 //! each one) is logged at most once per interval, with the count of those left out, so one
 //! broken upstream cannot flood the log or spend the proxy's time writing it.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -10,16 +9,15 @@ use tokio::time::Instant;
 
 pub(crate) struct LogThrottle {
     interval: Duration,
-    last: Mutex<Option<Instant>>,
-    suppressed: AtomicU64,
+    /// When one was logged last, and how many were left out since.
+    state: Mutex<(Option<Instant>, u64)>,
 }
 
 impl LogThrottle {
     pub(crate) fn new(interval: Duration) -> Self {
         Self {
             interval,
-            last: Mutex::new(None),
-            suppressed: AtomicU64::new(0),
+            state: Mutex::new((None, 0)),
         }
     }
 
@@ -27,15 +25,16 @@ impl LogThrottle {
     /// since the last one logged; `None` when it is to be left out.
     pub(crate) fn admit(&self) -> Option<u64> {
         let now = Instant::now();
-        let mut last = self.last.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut state = self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let (last, left_out) = &mut *state;
         match *last {
             Some(at) if now.duration_since(at) < self.interval => {
-                self.suppressed.fetch_add(1, Ordering::Relaxed);
+                *left_out += 1;
                 None
             }
             _ => {
                 *last = Some(now);
-                Some(self.suppressed.swap(0, Ordering::Relaxed))
+                Some(std::mem::take(left_out))
             }
         }
     }

@@ -1,11 +1,12 @@
 //! Work a request starts that must run to its end even if the request's worker stops first:
 //! opening and closing MCP sessions whose client may have left. It runs on the proxy's main
-//! runtime, which outlives the workers, and shutdown waits for it after the workers stop
-//! (each piece bounded by its own timeout).
+//! runtime, which outlives the workers, and shutdown waits for it after the workers stop, for
+//! a bounded time: each piece has its own timeouts, but opening a session takes several
+//! exchanges, each bounded by the server's (possibly long) timeout.
 
 use std::future::Future;
+use std::time::Duration;
 
-use tokio::task::JoinHandle;
 use tokio_util::task::TaskTracker;
 
 #[derive(Clone)]
@@ -25,23 +26,34 @@ impl Background {
         }
     }
 
-    /// Runs `work` on the main runtime, counted until it ends. `None` only when there is no
-    /// runtime at all to run it on (a guard dropped outside one).
-    pub(crate) fn spawn<F>(&self, work: F) -> Option<JoinHandle<F::Output>>
+    /// Runs `work` on the main runtime, counted until it ends; it is dropped unrun only where
+    /// there is no runtime at all (a guard dropped outside one). What it produces goes
+    /// nowhere: anything to hand back goes over a channel, from inside the work.
+    pub(crate) fn spawn<F>(&self, work: F)
     where
-        F: Future + Send + 'static,
-        F::Output: Send + 'static,
+        F: Future<Output = ()> + Send + 'static,
     {
-        let runtime = self
+        if let Some(runtime) = self
             .runtime
             .clone()
-            .or_else(|| tokio::runtime::Handle::try_current().ok())?;
-        Some(runtime.spawn(self.tasks.track_future(work)))
+            .or_else(|| tokio::runtime::Handle::try_current().ok())
+        {
+            runtime.spawn(self.tasks.track_future(work));
+        }
     }
 
-    /// Waits for every piece of background work, including any started meanwhile.
-    pub(crate) async fn drain(&self) {
+    /// Waits for every piece of background work, including any started meanwhile, for at
+    /// most `grace`; what is still running then is left to end with the runtime. Whether
+    /// everything ended.
+    pub(crate) async fn drain(&self, grace: Duration) -> bool {
         self.tasks.close();
-        self.tasks.wait().await;
+        let ended = tokio::time::timeout(grace, self.tasks.wait()).await.is_ok();
+        if !ended {
+            tracing::warn!(
+                running = self.tasks.len(),
+                "background work (opening or closing MCP sessions) did not end in time; stopping anyway"
+            );
+        }
+        ended
     }
 }

@@ -59,7 +59,10 @@ pub(crate) use tls::TlsClients;
 thread_local! {
     /// One pool per thread: a worker's requests reuse connections its own runtime drives,
     /// so a request and its upstream connection never wake another core (see
-    /// `listener::workers`). Like every pool here it outlives config versions.
+    /// `listener::workers`). Like every pool here it outlives config versions. The main
+    /// runtime's threads have theirs, for [`Background`] work: opening a session for a
+    /// client costs the connection to each server a worker would have reused, but the
+    /// session is opened and closed whatever becomes of the client or the worker.
     static HTTP1: Http1 = tls::default_http1();
 }
 

@@ -149,11 +149,19 @@ impl TlsClients {
                 let chain = portcullis_config::tls::certificate_chain(&client.certificates)
                     .map_err(|problem| format!("clientCertificate.certificates: {problem}"))?;
                 let key = PrivateKeyDer::from_pem_slice(key.as_bytes()).map_err(|_| {
-                    "clientCertificate.key: no PEM private key (PKCS#8, PKCS#1 or SEC1) in it".to_string()
+                    format!(
+                        "clientCertificate.key: no PEM private key (PKCS#8, PKCS#1 or SEC1) in {}",
+                        client.key
+                    )
                 })?;
                 client_config(roots)
                     .with_client_auth_cert(chain, key)
-                    .map_err(|error| format!("clientCertificate: the key cannot be used with it: {error}"))?
+                    .map_err(|error| {
+                        format!(
+                            "clientCertificate.key: the key in {} does not fit the certificates: {error}",
+                            client.key
+                        )
+                    })?
             }
             _ => client_config(roots).with_no_client_auth(),
         };

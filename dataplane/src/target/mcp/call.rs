@@ -210,16 +210,7 @@ impl McpTarget {
             Err(error) if error.session_gone => return session_not_found(&id),
             Err(error) => return upstream_failed(&id, &self.name, &error.to_string()),
         };
-        // A session-based client's `notifications/cancelled` reaches a 2026-07-28 server as
-        // the end of the request ([`cancel`](super::cancel)).
-        let session = session_header(&exchange.headers).unwrap_or_default();
-        let cancellable = matches!((downstream, &how), (Downstream::Legacy(_), Reach::Modern(_)))
-            .then(|| exchange.upstream.cancellations.register(session, &id));
-        let answering = self.send(exchange, downstream, index, how, message);
-        match cancellable {
-            Some(cancellable) => cancellable.run(answering).await,
-            None => answering.await,
-        }
+        self.send(exchange, downstream, index, how, message).await
     }
 
     /// Sends one message to one server, reached `how`, and relays its answer as it comes.

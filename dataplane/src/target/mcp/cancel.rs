@@ -1,13 +1,19 @@
 //! A session-based client cancels a request with `notifications/cancelled`
 //! (<https://modelcontextprotocol.io/specification/2025-11-25/basic/utilities/cancellation>).
-//! A 2026-07-28 server takes no such notification: in that revision a client cancels by
-//! closing the request's stream. So for a request the gateway sent on to a 2026-07-28 server,
-//! the notification ends the upstream request, which the server hears as its client leaving,
-//! and ends the client's answer without a response, as the cancellation utility asks.
+//! Servers that keep sessions get the notification itself; a 2026-07-28 server takes no such
+//! notification: in that revision a client cancels by closing the request's stream. So every
+//! request of a session-based client is cancellable on the proxy from the moment it arrives:
+//! the notification ends the gateway's work on it (pins, guardrails, whatever it sent
+//! upstream, which a 2026-07-28 server hears as its client leaving) and ends the client's
+//! answer without a response, as the cancellation utility asks.
 //!
 //! Only the proxy that carries the request can end it: a notification that reaches another
 //! replica finds nothing to cancel there (the request runs to its end, and its answer is
 //! ignored by the client).
+//!
+//! The same registry holds the subscriptions the gateway keeps at 2026-07-28 servers for a
+//! session's stream ([`Cancellations::take_over`]): one per session and server, so a server's
+//! notification reaches the client on one stream only.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -20,11 +26,11 @@ use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
 use super::listen::event_stream;
-use super::server;
 use crate::body::{self, Body};
 
 /// A request in flight: the client's session id as it sent it, and the request's id as JSON
-/// (`5` and `"5"` are different ids).
+/// (`5` and `"5"` are different ids). A held subscription's second part is not JSON, so no
+/// request id can name it.
 type Key = (String, String);
 
 /// The requests a session-based client may cancel, on this proxy; kept across config
@@ -50,6 +56,23 @@ impl Cancellations {
         // A client that reuses the id of a request still in flight can cancel only the
         // newer one.
         self.requests().insert(key.clone(), (serial, token.clone()));
+        Cancellable {
+            registry: self.clone(),
+            key,
+            serial,
+            token,
+        }
+    }
+
+    /// Holds the subscription to `server` for `session`'s stream until the returned guard is
+    /// dropped, ending the one held before (a client that opens its stream again).
+    pub(super) fn take_over(self: &Arc<Self>, session: &str, server: &str) -> Cancellable {
+        let key = (session.to_string(), format!("stream of {server}"));
+        let serial = self.serial.fetch_add(1, Ordering::Relaxed);
+        let token = CancellationToken::new();
+        if let Some((_, previous)) = self.requests().insert(key.clone(), (serial, token.clone())) {
+            previous.cancel();
+        }
         Cancellable {
             registry: self.clone(),
             key,
@@ -97,10 +120,10 @@ impl Drop for Cancellable {
 }
 
 impl Cancellable {
-    /// `answering` (the request sent on and its answer relayed), unless the client cancels
-    /// it first: then the upstream request is dropped and the client's answer is an event
-    /// stream that ends with no response. An answer that is itself an event stream ends the
-    /// same way when the client cancels later; any other was read whole already.
+    /// `answering` (the request handled, its answer relayed), unless the client cancels it
+    /// first: then everything it was doing is dropped, upstream requests included, and the
+    /// client's answer is an event stream that ends with no response. A cancellation while
+    /// the answer is being sent ends it where it is.
     pub(super) async fn run(
         self,
         answering: impl std::future::Future<Output = Response<Body>>,
@@ -109,17 +132,19 @@ impl Cancellable {
             answer = answering => answer,
             () = self.token.cancelled() => return event_stream(body::empty()),
         };
-        if !server::is_event_stream(answer.headers()) {
-            return answer;
-        }
         let (parts, inner) = answer.into_parts();
+        Response::from_parts(parts, self.until_cancelled(inner))
+    }
+
+    /// `body` until this is cancelled; the guard goes with it, so what it carries stays
+    /// cancellable until it ends.
+    pub(super) fn until_cancelled(self, body: Body) -> Body {
         let cancelled = self.token.clone().cancelled_owned();
-        // The guard goes with the stream, so the request stays cancellable until it ends.
-        let frames = BodyStream::new(inner).take_until(cancelled).map(move |frame| {
+        let frames = BodyStream::new(body).take_until(cancelled).map(move |frame| {
             let _registered = &self;
             frame
         });
-        Response::from_parts(parts, body::boxed(StreamBody::new(frames)))
+        body::boxed(StreamBody::new(frames))
     }
 }
 
@@ -151,7 +176,7 @@ mod tests {
                 std::future::pending::<Response<Body>>().await
             })
             .await;
-        assert!(server::is_event_stream(answer.headers()));
+        assert!(super::super::server::is_event_stream(answer.headers()));
         assert!(answer.into_body().collect().await.unwrap().to_bytes().is_empty());
         assert_eq!(registry.in_flight(), 0);
 
@@ -199,6 +224,28 @@ mod tests {
             "the older one's end leaves the newer one"
         );
         drop(newer);
+        assert_eq!(registry.in_flight(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_stream_held_again_ends_the_one_held_before_and_no_request_id_names_it() {
+        let registry = Arc::new(Cancellations::default());
+        let first = registry.take_over("s", "math");
+        let first_held = first.token.clone();
+        assert!(
+            !registry.cancel("s", &json!("stream of math")),
+            "a client cannot cancel it"
+        );
+        let second = registry.take_over("s", "math");
+        assert!(first_held.is_cancelled(), "the earlier stream ends");
+        assert!(!second.token.is_cancelled());
+        drop(first);
+        assert_eq!(
+            registry.in_flight(),
+            1,
+            "the earlier one's end leaves the later one held"
+        );
+        drop(second);
         assert_eq!(registry.in_flight(), 0);
     }
 }

@@ -57,27 +57,28 @@ impl McpTarget {
         let opening = self.servers.iter().map(|server| {
             let (server, upstream, trace) = (server.clone(), upstream.clone(), trace.detached());
             let (message, client) = (message.clone(), client.clone());
-            let background = upstream.background.clone();
-            background
-                .spawn(async move { open_any_session(&server, &upstream, &trace, &message, &client).await })
+            let (opened, outcome) = tokio::sync::oneshot::channel();
+            // The outcome comes back over a channel, not as the task's output: one nobody
+            // takes (the client left) is dropped inside the task, so the session it opened
+            // is closed as background work shutdown still waits for. A task's unclaimed
+            // output is dropped only after the task stopped counting as running.
+            upstream.background.clone().spawn(async move {
+                let _ = opened.send(open_any_session(&server, &upstream, &trace, &message, &client).await);
+            });
+            outcome
         });
-        let opened: Vec<_> = join_all(opening.map(|task| async move {
-            match task {
-                Some(task) => task.await.map_err(|error| error.to_string()),
-                None => Err("no runtime to run it on".to_string()),
-            }
-        }))
-        .await
-        .into_iter()
-        .zip(&self.servers)
-        .map(|(joined, server)| {
-            joined.unwrap_or_else(|error| {
-                // A panic's message is for the log, not the client.
-                tracing::error!(server = %server.name, %error, "opening an MCP session failed");
-                Err(server.failure("opening a session failed"))
+        let opened: Vec<_> = join_all(opening)
+            .await
+            .into_iter()
+            .zip(&self.servers)
+            .map(|(outcome, server)| {
+                outcome.unwrap_or_else(|_| {
+                    // A panic's message went to the log.
+                    tracing::error!(server = %server.name, "opening an MCP session ended without an outcome");
+                    Err(server.failure("opening a session failed"))
+                })
             })
-        })
-        .collect();
+            .collect();
         let mut sessions = Vec::new();
         let mut offers = Vec::new();
         let mut closings = Vec::new();

@@ -8,6 +8,7 @@
 //! name their server when the route multiplexes ([`super::remap`]). For a 2026-07-28 client,
 //! `subscriptions/listen` (SEP-2575), merged the same way.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -24,11 +25,12 @@ use portcullis_config::McpFailureMode;
 use serde_json::{json, Map, Value};
 
 use super::bridged_listen;
+use super::cancel::Cancellable;
 use super::jsonrpc::{invalid_params, upstream_failed};
 use super::reach::{self, ClientMeta, Reach, Sent};
 use super::remap::{ListWatch, RemapRequests, SUBSCRIPTION_ID};
 use super::server::{self, Headers, Server, MODERN_VERSION};
-use super::{jsonrpc, Exchange, McpTarget};
+use super::{jsonrpc, session_header, Exchange, McpTarget};
 use crate::body::{self, Body};
 use crate::sse;
 use crate::telemetry::RequestTrace;
@@ -83,11 +85,16 @@ impl McpTarget {
                 let (remap, watch) = (self.multiplexed, self.list_watch(index));
                 if state.version == MODERN_VERSION {
                     // A 2026-07-28 server keeps no session, so it has no stream of one: its
-                    // list changes come on a subscription the gateway holds for this stream.
+                    // list changes come on a subscription the gateway holds for this stream,
+                    // and for this stream only (one opened again ends the one before).
                     let client = Arc::new(session.client.clone()?);
                     let upstream = exchange.upstream.clone();
+                    let held = upstream.cancellations.take_over(
+                        session_header(&exchange.headers).unwrap_or_default(),
+                        &server.name,
+                    );
                     let open: BoxFuture<'static, Opened> = Box::pin(async move {
-                        list_changes_of_modern(&server, &client, &upstream, &trace, remap, watch).await
+                        list_changes_of_modern(&server, &client, &upstream, &trace, held, remap, watch).await
                     });
                     return Some(open);
                 }
@@ -206,9 +213,9 @@ impl Opened {
     }
 }
 
-/// The id of the `subscriptions/listen` the gateway holds at a 2026-07-28 server for a
-/// session-based client's stream; the client never sees it.
-const SESSION_STREAM_SUBSCRIPTION: &str = "portcullis-session-stream";
+/// Numbers the `subscriptions/listen` requests the gateway holds at 2026-07-28 servers for
+/// session-based clients' streams, so no two share an id; clients never see them.
+static HELD_SUBSCRIPTIONS: AtomicU64 = AtomicU64::new(0);
 
 /// A 2026-07-28 server's list changes for a session-based client's stream: a
 /// `subscriptions/listen` for every list the server's changes can be heard of, its
@@ -219,6 +226,7 @@ async fn list_changes_of_modern(
     client: &Arc<ClientMeta>,
     upstream: &Upstream,
     trace: &RequestTrace,
+    held: Cancellable,
     remap: bool,
     watch: ListWatch,
 ) -> Opened {
@@ -226,7 +234,11 @@ async fn list_changes_of_modern(
         .iter()
         .map(|(flag, ..)| ((*flag).to_string(), Value::Bool(true)))
         .collect();
-    let message = json!({"jsonrpc": "2.0", "id": SESSION_STREAM_SUBSCRIPTION,
+    let id = format!(
+        "portcullis-session-stream-{}",
+        HELD_SUBSCRIPTIONS.fetch_add(1, Ordering::Relaxed)
+    );
+    let message = json!({"jsonrpc": "2.0", "id": id,
         "method": "subscriptions/listen", "params": {"notifications": lists}});
     let response = match listen_modern(server, client, message, upstream, trace).await {
         Listened::Modern(response) => response,
@@ -236,9 +248,12 @@ async fn list_changes_of_modern(
         }
         Listened::Nothing | Listened::InSession(_) => return Opened::NoStream,
     };
-    let events = RemapRequests::new(body::boxed(response.into_body()), &server.name)
-        .remapping(remap)
-        .watching(watch);
+    let events = RemapRequests::new(
+        held.until_cancelled(body::boxed(response.into_body())),
+        &server.name,
+    )
+    .remapping(remap)
+    .watching(watch);
     match acknowledgment(events, server.timeout).await {
         Ok((honors, events)) => {
             let heard: Vec<&'static str> = LIST_FLAGS

@@ -280,7 +280,12 @@ impl McpTarget {
         let downstream = Downstream::Legacy(session);
         match message {
             Message::Request { id, method, params } => {
-                self.request(exchange, &downstream, &id, &method, params).await
+                // Cancellable from here, by the client's `notifications/cancelled`.
+                let session = session_header(&exchange.headers).unwrap_or_default();
+                let cancellable = exchange.upstream.cancellations.register(session, &id);
+                cancellable
+                    .run(self.request(exchange, &downstream, &id, &method, params))
+                    .await
             }
             Message::Notification { method, params } => {
                 self.notify(exchange, &downstream, &method, params).await
@@ -536,8 +541,8 @@ impl McpTarget {
         if let (Downstream::Legacy(_), "notifications/cancelled", Some(session)) =
             (downstream, method, session_header(&exchange.headers))
         {
-            // Ends the request here if it went to a 2026-07-28 server; the session-based
-            // servers below get the notification itself.
+            // Ends the gateway's work on the request (what it sent a 2026-07-28 server
+            // included); the session-based servers below get the notification itself.
             if let Some(request) = params.as_ref().and_then(|params| params.get("requestId")) {
                 exchange.upstream.cancellations.cancel(session, request);
             }
