@@ -17,6 +17,7 @@ mod support;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use rmcp::ClientServiceExt;
 use serde_json::json;
 use support::*;
 
@@ -260,12 +261,15 @@ fn mcp_python_sdk_listens_for_list_changes_through_a_multiplexing_mcp_backend() 
         &[&python_port.to_string()],
         &[("WITH_CHANGE_TOOL", "1")],
     );
-    let _new_server = PythonPeer::start_with(
-        dir.path(),
-        "mcp_server.py",
-        &[&new_port.to_string()],
-        &[("WITH_CHANGE_TOOL", "1"), ("ONLY_ERA", "2026-07-28")],
-    );
+    let new_server = || {
+        PythonPeer::start_with(
+            dir.path(),
+            "mcp_server.py",
+            &[&new_port.to_string()],
+            &[("WITH_CHANGE_TOOL", "1"), ("ONLY_ERA", "2026-07-28")],
+        )
+    };
+    let new = new_server();
     // Portcullis' test server speaks 2026-07-28 but offers no subscriptions: it honors
     // nothing, and the subscription still stands.
     let _test_server = Process::start(
@@ -289,7 +293,8 @@ fn mcp_python_sdk_listens_for_list_changes_through_a_multiplexing_mcp_backend() 
         &[("py", python_port), ("new", new_port), ("test", test_port)],
     );
     let _gateway = start_gateway(dir.path(), &config);
-    let url = format!("http://127.0.0.1:{port}/mcp");
+    let multiplexed = format!("http://127.0.0.1:{port}/mcp");
+    let url = multiplexed.clone();
     let output = peer("mcp_listen.py", &[&url, "py__change", "2026-07-28"]);
     assert!(output.contains("OK"), "{output}");
     let output = peer("mcp_listen.py", &[&url, "new__change", "legacy"]);
@@ -303,6 +308,66 @@ fn mcp_python_sdk_listens_for_list_changes_through_a_multiplexing_mcp_backend() 
     let url = format!("http://127.0.0.1:{alone_port}/mcp");
     let output = peer("mcp_listen.py", &[&url, "change", "legacy"]);
     assert!(output.contains("OK"), "{output}");
+
+    // The server restarts under a client whose stream stays open (rmcp, session-based; the
+    // other servers' streams keep the merged one going): the gateway subscribes again, and the
+    // client hears the restarted server's changes.
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let _restarted = runtime.block_on(async {
+        let (changes, mut changed) = tokio::sync::mpsc::unbounded_channel();
+        let transport = rmcp::transport::StreamableHttpClientTransport::from_uri(multiplexed.clone());
+        let client = ToolChanges(changes)
+            .serve_with_lifecycle(transport, rmcp::ClientLifecycleMode::Initialize)
+            .await
+            .expect("an rmcp client initializes through the gateway");
+        assert!(
+            hear(&client, &mut changed).await,
+            "new's change reached the client"
+        );
+        drop(new);
+        let restarted = new_server();
+        wait_for("the restarted MCP server", TIMEOUT, || {
+            std::net::TcpStream::connect(("127.0.0.1", new_port)).is_ok()
+        });
+        while changed.try_recv().is_ok() {}
+        assert!(
+            hear(&client, &mut changed).await,
+            "the restarted server's change reached the client on the stream it kept"
+        );
+        client.cancel().await.unwrap();
+        restarted
+    });
+}
+
+/// Calls `new__change` until the client hears a tool list change: its stream opens in the
+/// background, and the server may still be starting.
+async fn hear(
+    client: &rmcp::service::RunningService<rmcp::RoleClient, ToolChanges>,
+    changed: &mut tokio::sync::mpsc::UnboundedReceiver<()>,
+) -> bool {
+    for _ in 0..60 {
+        let _ = client
+            .call_tool(rmcp::model::CallToolRequestParams::new("new__change"))
+            .await;
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_millis(500);
+        if tokio::time::timeout_at(deadline, changed.recv()).await.is_ok() {
+            return true;
+        }
+    }
+    false
+}
+
+/// A client that hears tool list changes.
+#[derive(Clone)]
+struct ToolChanges(tokio::sync::mpsc::UnboundedSender<()>);
+
+impl rmcp::ClientHandler for ToolChanges {
+    async fn on_tool_list_changed(&self, _context: rmcp::service::NotificationContext<rmcp::RoleClient>) {
+        let _ = self.0.send(());
+    }
 }
 
 /// A session-based client cancels a call to a 2026-07-28-only server (which takes no

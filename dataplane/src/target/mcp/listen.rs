@@ -93,9 +93,14 @@ impl McpTarget {
                         session_header(&exchange.headers).unwrap_or_default(),
                         &server.name,
                     );
-                    let open: BoxFuture<'static, Opened> = Box::pin(async move {
-                        list_changes_of_modern(&server, &client, &upstream, &trace, held, remap, watch).await
-                    });
+                    let again = Resubscribe {
+                        server,
+                        client,
+                        upstream,
+                        trace,
+                    };
+                    let open: BoxFuture<'static, Opened> =
+                        Box::pin(list_changes_of_modern(again, held, remap, watch));
                     return Some(open);
                 }
                 let id = state.id.clone()?;
@@ -216,20 +221,13 @@ impl Opened {
 /// Numbers the `subscriptions/listen` requests the gateway holds at 2026-07-28 servers for
 /// session-based clients' streams, so no two share an id; clients never see them.
 static HELD_SUBSCRIPTIONS: AtomicU64 = AtomicU64::new(0);
+/// The first pause before a held subscription the server ended is made again; it doubles up
+/// to [`RESUBSCRIBE_MAX`] while the server cannot be reached.
+const RESUBSCRIBE_FIRST: Duration = Duration::from_secs(1);
+const RESUBSCRIBE_MAX: Duration = Duration::from_secs(30);
 
-/// A 2026-07-28 server's list changes for a session-based client's stream: a
-/// `subscriptions/listen` for every list the server's changes can be heard of, its
-/// notifications passed on as a session's stream carries them (no subscription id). A server
-/// that honors none of it has no stream to offer.
-async fn list_changes_of_modern(
-    server: &Server,
-    client: &Arc<ClientMeta>,
-    upstream: &Upstream,
-    trace: &RequestTrace,
-    held: Cancellable,
-    remap: bool,
-    watch: ListWatch,
-) -> Opened {
+/// A `subscriptions/listen` for every list whose changes a server can tell.
+fn held_subscription() -> Value {
     let lists: Map<String, Value> = LIST_FLAGS
         .iter()
         .map(|(flag, ..)| ((*flag).to_string(), Value::Bool(true)))
@@ -238,9 +236,36 @@ async fn list_changes_of_modern(
         "portcullis-session-stream-{}",
         HELD_SUBSCRIPTIONS.fetch_add(1, Ordering::Relaxed)
     );
-    let message = json!({"jsonrpc": "2.0", "id": id,
-        "method": "subscriptions/listen", "params": {"notifications": lists}});
-    let response = match listen_modern(server, client, message, upstream, trace).await {
+    json!({"jsonrpc": "2.0", "id": id, "method": "subscriptions/listen", "params": {"notifications": lists}})
+}
+
+/// What a held subscription needs to subscribe again.
+struct Resubscribe {
+    server: Arc<Server>,
+    client: Arc<ClientMeta>,
+    upstream: Arc<Upstream>,
+    trace: RequestTrace,
+}
+
+/// A 2026-07-28 server's list changes for a session-based client's stream: a
+/// `subscriptions/listen` for every list the server's changes can be heard of, its
+/// notifications passed on as a session's stream carries them (no subscription id). A server
+/// that honors none of it has no stream to offer. One that ends the subscription (it
+/// restarted: it keeps nothing the session depends on, so nothing else would tell the client
+/// to open its stream again) is subscribed to again, after a pause.
+async fn list_changes_of_modern(
+    again: Resubscribe,
+    held: Cancellable,
+    remap: bool,
+    watch: ListWatch,
+) -> Opened {
+    let Resubscribe {
+        server,
+        client,
+        upstream,
+        trace,
+    } = &again;
+    let response = match listen_modern(server, client, held_subscription(), upstream, trace).await {
         Listened::Modern(response) => response,
         Listened::Failed(failure) => {
             tracing::warn!(server = %server.name, %failure, "an MCP server's list changes cannot be listened to");
@@ -248,13 +273,12 @@ async fn list_changes_of_modern(
         }
         Listened::Nothing | Listened::InSession(_) => return Opened::NoStream,
     };
-    let events = RemapRequests::new(
-        held.until_cancelled(body::boxed(response.into_body())),
-        &server.name,
-    )
-    .remapping(remap)
-    .watching(watch);
-    match acknowledgment(events, server.timeout).await {
+    let (name, timeout) = (server.name.clone(), server.timeout);
+    let subscribed = resubscribing(body::boxed(response.into_body()), again);
+    let events = RemapRequests::new(held.until_cancelled(subscribed), &name)
+        .remapping(remap)
+        .watching(watch);
+    match acknowledgment(events, timeout).await {
         Ok((honors, events)) => {
             let heard: Vec<&'static str> = LIST_FLAGS
                 .iter()
@@ -264,14 +288,62 @@ async fn list_changes_of_modern(
             if heard.is_empty() {
                 return Opened::NoStream;
             }
+            // Later subscriptions' acknowledgments and ends are not list changes: left out.
             let events = events.only(heard).untagged();
-            Opened::Stream(server.name.clone(), Box::new(events))
+            Opened::Stream(name, Box::new(events))
         }
         Err(why) => {
-            tracing::warn!(server = %server.name, %why, "an MCP server's list changes cannot be listened to");
+            tracing::warn!(server = %name, %why, "an MCP server's list changes cannot be listened to");
             Opened::Failed
         }
     }
+}
+
+/// `first`, then, each time the server ends or drops the subscription, a new one's events,
+/// after a pause that doubles while the server cannot be reached. It ends when the server
+/// no longer takes subscriptions at all, or when dropped (the client left, or opened its
+/// stream again).
+fn resubscribing(first: Body, again: Resubscribe) -> Body {
+    let frames = futures::stream::unfold(
+        (Some(first), RESUBSCRIBE_FIRST, again),
+        |(mut current, mut pause, again)| async move {
+            loop {
+                if let Some(events) = &mut current {
+                    match events.frame().await {
+                        Some(Ok(frame)) => {
+                            return Some((Ok::<_, body::BoxError>(frame), (current, pause, again)))
+                        }
+                        Some(Err(error)) => {
+                            tracing::debug!(server = %again.server.name, %error, "a held MCP subscription failed")
+                        }
+                        None => {}
+                    }
+                    // An event cut off by the end is closed, so the next stream's first does
+                    // not run into it.
+                    return Some((Ok(Frame::data(Bytes::from_static(b"\n\n"))), (None, pause, again)));
+                }
+                tokio::time::sleep(pause).await;
+                let Resubscribe {
+                    server,
+                    client,
+                    upstream,
+                    trace,
+                } = &again;
+                match listen_modern(server, client, held_subscription(), upstream, trace).await {
+                    Listened::Modern(response) => {
+                        current = Some(body::boxed(response.into_body()));
+                        pause = RESUBSCRIBE_FIRST;
+                    }
+                    Listened::Nothing | Listened::InSession(_) => return None,
+                    Listened::Failed(failure) => {
+                        tracing::debug!(server = %server.name, %failure, "a held MCP subscription could not be made again");
+                        pause = (pause * 2).min(RESUBSCRIBE_MAX);
+                    }
+                }
+            }
+        },
+    );
+    body::boxed(StreamBody::new(frames))
 }
 
 /// A `text/event-stream` answer.
