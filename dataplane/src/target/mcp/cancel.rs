@@ -27,6 +27,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::listen::event_stream;
 use crate::body::{self, Body};
+use crate::response::ProxyError;
 
 /// A request in flight: the client's session id as it sent it, and the request's id as JSON
 /// (`5` and `"5"` are different ids). A held subscription's second part is not JSON, so no
@@ -130,7 +131,12 @@ impl Cancellable {
     ) -> Response<Body> {
         let answer = tokio::select! {
             answer = answering => answer,
-            () = self.token.cancelled() => return event_stream(body::empty()),
+            () = self.token.cancelled() => {
+                let mut answer = event_stream(body::empty());
+                // Recorded as such: a 200 that carried nothing would look like a success.
+                answer.extensions_mut().insert(ProxyError("mcp_cancelled"));
+                return answer;
+            }
         };
         let (parts, inner) = answer.into_parts();
         Response::from_parts(parts, self.until_cancelled(inner))
@@ -177,6 +183,10 @@ mod tests {
             })
             .await;
         assert!(super::super::server::is_event_stream(answer.headers()));
+        assert_eq!(
+            answer.extensions().get::<ProxyError>().map(|error| error.0),
+            Some("mcp_cancelled")
+        );
         assert!(answer.into_body().collect().await.unwrap().to_bytes().is_empty());
         assert_eq!(registry.in_flight(), 0);
 
