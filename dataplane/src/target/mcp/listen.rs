@@ -87,7 +87,7 @@ impl McpTarget {
                     // A 2026-07-28 server keeps no session, so it has no stream of one: its
                     // list changes come on a subscription the gateway holds for this stream,
                     // and for this stream only (one opened again ends the one before).
-                    let client = Arc::new(session.client.clone()?);
+                    let client = session.modern_client();
                     let upstream = exchange.upstream.clone();
                     let held = upstream.cancellations.take_over(
                         session_header(&exchange.headers).unwrap_or_default(),

@@ -108,11 +108,7 @@ pub(super) async fn reach(
                 return Ok(None);
             };
             if state.version == MODERN_VERSION {
-                let client = session
-                    .client
-                    .clone()
-                    .unwrap_or_else(|| ClientMeta::from_initialize(&json!({})));
-                return Ok(Some(Reach::Modern(Arc::new(client))));
+                return Ok(Some(Reach::Modern(session.modern_client())));
             }
             Ok(Some(Reach::Session {
                 id: state.id.clone(),

@@ -77,6 +77,16 @@ impl Session {
     pub(super) fn server(&self, name: &str) -> Option<&ServerSession> {
         self.servers.iter().find(|server| server.name == name)
     }
+
+    /// What a 2026-07-28 server is told of the client on each request: what it said at
+    /// `initialize` (a session sealed without it, by an older build, says nothing).
+    pub(super) fn modern_client(&self) -> Arc<ClientMeta> {
+        Arc::new(
+            self.client
+                .clone()
+                .unwrap_or_else(|| ClientMeta::from_initialize(&serde_json::json!({}))),
+        )
+    }
 }
 
 pub(super) struct Sealer {
