@@ -156,11 +156,15 @@ impl TlsClients {
                 })?;
                 client_config(roots)
                     .with_client_auth_cert(chain, key)
-                    .map_err(|error| {
-                        format!(
-                            "clientCertificate.key: the key in {} does not fit the certificates: {error}",
+                    .map_err(|error| match error {
+                        rustls::Error::InconsistentKeys(_) => format!(
+                            "clientCertificate.key: the key in {} does not fit the certificates",
                             client.key
-                        )
+                        ),
+                        error => format!(
+                            "clientCertificate.key: the key in {} cannot be used: {error}",
+                            client.key
+                        ),
                     })?
             }
             _ => client_config(roots).with_no_client_auth(),

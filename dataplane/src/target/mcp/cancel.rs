@@ -12,7 +12,7 @@
 //! ignored by the client).
 //!
 //! The same registry holds the subscriptions the gateway keeps at 2026-07-28 servers for a
-//! session's stream ([`Cancellations::take_over`]): one per session and server, so a server's
+//! session's stream ([`Cancellations::reserve`]): one per session and server, so a server's
 //! notification reaches the client on one stream only.
 
 use std::collections::HashMap;
@@ -26,6 +26,7 @@ use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
 use super::listen::event_stream;
+use super::server::is_event_stream;
 use crate::body::{self, Body};
 use crate::response::ProxyError;
 
@@ -65,20 +66,14 @@ impl Cancellations {
         }
     }
 
-    /// Holds the subscription to `server` for `session`'s stream until the returned guard is
-    /// dropped, ending the one held before (a client that opens its stream again).
-    pub(super) fn take_over(self: &Arc<Self>, session: &str, server: &str) -> Cancellable {
-        let key = (session.to_string(), format!("stream of {server}"));
-        let serial = self.serial.fetch_add(1, Ordering::Relaxed);
-        let token = CancellationToken::new();
-        if let Some((_, previous)) = self.requests().insert(key.clone(), (serial, token.clone())) {
-            previous.cancel();
-        }
+    /// A guard for the subscription to `server` held for `session`'s stream, not in force
+    /// until [`Cancellable::hold`]: a stream that fails to open must not end the one before.
+    pub(super) fn reserve(self: &Arc<Self>, session: &str, server: &str) -> Cancellable {
         Cancellable {
             registry: self.clone(),
-            key,
-            serial,
-            token,
+            key: (session.to_string(), format!("stream of {server}")),
+            serial: self.serial.fetch_add(1, Ordering::Relaxed),
+            token: CancellationToken::new(),
         }
     }
 
@@ -121,10 +116,20 @@ impl Drop for Cancellable {
 }
 
 impl Cancellable {
+    /// Puts a reserved subscription in force, ending the one held before for the same
+    /// session and server (a client that opened its stream again).
+    pub(super) fn hold(&self) {
+        let entry = (self.serial, self.token.clone());
+        if let Some((_, previous)) = self.registry.requests().insert(self.key.clone(), entry) {
+            previous.cancel();
+        }
+    }
+
     /// `answering` (the request handled, its answer relayed), unless the client cancels it
     /// first: then everything it was doing is dropped, upstream requests included, and the
-    /// client's answer is an event stream that ends with no response. A cancellation while
-    /// the answer is being sent ends it where it is.
+    /// client's answer is an event stream that ends with no response. An answer that is an
+    /// event stream ends where it is when the client cancels later; any other is decided by
+    /// then, and goes out as it is (its framing intact).
     pub(super) async fn run(
         self,
         answering: impl std::future::Future<Output = Response<Body>>,
@@ -138,13 +143,16 @@ impl Cancellable {
                 return answer;
             }
         };
+        if !is_event_stream(answer.headers()) {
+            return answer;
+        }
         let (parts, inner) = answer.into_parts();
-        Response::from_parts(parts, self.until_cancelled(inner))
+        Response::from_parts(parts, Arc::new(self).until_cancelled(inner))
     }
 
     /// `body` until this is cancelled; the guard goes with it, so what it carries stays
     /// cancellable until it ends.
-    pub(super) fn until_cancelled(self, body: Body) -> Body {
+    pub(super) fn until_cancelled(self: Arc<Self>, body: Body) -> Body {
         let cancelled = self.token.clone().cancelled_owned();
         let frames = BodyStream::new(body).take_until(cancelled).map(move |frame| {
             let _registered = &self;
@@ -182,7 +190,7 @@ mod tests {
                 std::future::pending::<Response<Body>>().await
             })
             .await;
-        assert!(super::super::server::is_event_stream(answer.headers()));
+        assert!(is_event_stream(answer.headers()));
         assert_eq!(
             answer.extensions().get::<ProxyError>().map(|error| error.0),
             Some("mcp_cancelled")
@@ -223,8 +231,18 @@ mod tests {
             .register("s", &json!(1))
             .run(async { Response::new(body::full("{}")) })
             .await;
-        assert_eq!(answered.into_body().collect().await.unwrap().to_bytes(), "{}");
-        assert_eq!(registry.in_flight(), 0);
+        assert_eq!(
+            registry.in_flight(),
+            0,
+            "a JSON answer is decided: nothing left to cancel"
+        );
+        let body = answered.into_body();
+        assert_eq!(
+            http_body::Body::size_hint(&body).exact(),
+            Some(2),
+            "and it goes out as it was framed"
+        );
+        assert_eq!(body.collect().await.unwrap().to_bytes(), "{}");
         let older = registry.register("s", &json!(2));
         let newer = registry.register("s", &json!(2));
         drop(older);
@@ -240,13 +258,21 @@ mod tests {
     #[tokio::test]
     async fn a_stream_held_again_ends_the_one_held_before_and_no_request_id_names_it() {
         let registry = Arc::new(Cancellations::default());
-        let first = registry.take_over("s", "math");
+        let first = registry.reserve("s", "math");
+        first.hold();
         let first_held = first.token.clone();
         assert!(
             !registry.cancel("s", &json!("stream of math")),
             "a client cannot cancel it"
         );
-        let second = registry.take_over("s", "math");
+        let second = registry.reserve("s", "math");
+        drop(registry.reserve("s", "math"));
+        assert!(
+            !first_held.is_cancelled(),
+            "a stream that never opened ends nothing"
+        );
+        assert_eq!(registry.in_flight(), 1);
+        second.hold();
         assert!(first_held.is_cancelled(), "the earlier stream ends");
         assert!(!second.token.is_cancelled());
         drop(first);

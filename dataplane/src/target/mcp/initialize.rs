@@ -58,10 +58,12 @@ impl McpTarget {
             let (server, upstream, trace) = (server.clone(), upstream.clone(), trace.detached());
             let (message, client) = (message.clone(), client.clone());
             let (opened, outcome) = tokio::sync::oneshot::channel();
-            // The outcome comes back over a channel, not as the task's output: one nobody
-            // takes (the client left) is dropped inside the task, so the session it opened
-            // is closed as background work shutdown still waits for. A task's unclaimed
-            // output is dropped only after the task stopped counting as running.
+            // The outcome comes back over a channel, not as the task's output: one sent when
+            // nobody waits any more (the client left) is dropped inside the task, so the
+            // session it opened is closed as background work shutdown still waits for (a
+            // task's unclaimed output is dropped only after it stopped counting as running).
+            // One taken and then dropped on the worker is closed on the main runtime too:
+            // `Closing` spawns its DELETE there.
             upstream.background.clone().spawn(async move {
                 let _ = opened.send(open_any_session(&server, &upstream, &trace, &message, &client).await);
             });
@@ -73,7 +75,7 @@ impl McpTarget {
             .zip(&self.servers)
             .map(|(outcome, server)| {
                 outcome.unwrap_or_else(|_| {
-                    // A panic's message went to the log.
+                    // Only a panic ends the task without sending; its message went to stderr.
                     tracing::error!(server = %server.name, "opening an MCP session ended without an outcome");
                     Err(server.failure("opening a session failed"))
                 })

@@ -9,7 +9,7 @@
 //! `subscriptions/listen` (SEP-2575), merged the same way.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock, Weak};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -89,18 +89,13 @@ impl McpTarget {
                     // and for this stream only (one opened again ends the one before).
                     let client = session.modern_client();
                     let upstream = exchange.upstream.clone();
-                    let held = upstream.cancellations.take_over(
+                    let held = upstream.cancellations.reserve(
                         session_header(&exchange.headers).unwrap_or_default(),
                         &server.name,
                     );
-                    let again = Resubscribe {
-                        server,
-                        client,
-                        upstream,
-                        trace,
-                    };
-                    let open: BoxFuture<'static, Opened> =
-                        Box::pin(list_changes_of_modern(again, held, remap, watch));
+                    let open: BoxFuture<'static, Opened> = Box::pin(list_changes_of_modern(
+                        server, client, upstream, trace, held, remap, watch,
+                    ));
                     return Some(open);
                 }
                 let id = state.id.clone()?;
@@ -222,7 +217,8 @@ impl Opened {
 /// session-based clients' streams, so no two share an id; clients never see them.
 static HELD_SUBSCRIPTIONS: AtomicU64 = AtomicU64::new(0);
 /// The first pause before a held subscription the server ended is made again; it doubles up
-/// to [`RESUBSCRIBE_MAX`] while the server cannot be reached.
+/// to [`RESUBSCRIBE_MAX`] until a subscription lasts that long, so a server that keeps ending
+/// them (one at its limit of subscriptions) is not asked every second.
 const RESUBSCRIBE_FIRST: Duration = Duration::from_secs(1);
 const RESUBSCRIBE_MAX: Duration = Duration::from_secs(30);
 
@@ -239,9 +235,10 @@ fn held_subscription() -> Value {
     json!({"jsonrpc": "2.0", "id": id, "method": "subscriptions/listen", "params": {"notifications": lists}})
 }
 
-/// What a held subscription needs to subscribe again.
+/// What a held subscription needs to subscribe again. The server only while a config
+/// version still has it: a server removed or changed since is not asked again.
 struct Resubscribe {
-    server: Arc<Server>,
+    server: Weak<Server>,
     client: Arc<ClientMeta>,
     upstream: Arc<Upstream>,
     trace: RequestTrace,
@@ -254,18 +251,15 @@ struct Resubscribe {
 /// restarted: it keeps nothing the session depends on, so nothing else would tell the client
 /// to open its stream again) is subscribed to again, after a pause.
 async fn list_changes_of_modern(
-    again: Resubscribe,
+    server: Arc<Server>,
+    client: Arc<ClientMeta>,
+    upstream: Arc<Upstream>,
+    trace: RequestTrace,
     held: Cancellable,
     remap: bool,
     watch: ListWatch,
 ) -> Opened {
-    let Resubscribe {
-        server,
-        client,
-        upstream,
-        trace,
-    } = &again;
-    let response = match listen_modern(server, client, held_subscription(), upstream, trace).await {
+    let response = match listen_modern(&server, &client, held_subscription(), &upstream, &trace).await {
         Listened::Modern(response) => response,
         Listened::Failed(failure) => {
             tracing::warn!(server = %server.name, %failure, "an MCP server's list changes cannot be listened to");
@@ -273,12 +267,18 @@ async fn list_changes_of_modern(
         }
         Listened::Nothing | Listened::InSession(_) => return Opened::NoStream,
     };
-    let (name, timeout) = (server.name.clone(), server.timeout);
+    let again = Resubscribe {
+        server: Arc::downgrade(&server),
+        client,
+        upstream,
+        trace,
+    };
     let subscribed = resubscribing(body::boxed(response.into_body()), again);
-    let events = RemapRequests::new(held.until_cancelled(subscribed), &name)
+    let held = Arc::new(held);
+    let events = RemapRequests::new(held.clone().until_cancelled(subscribed), &server.name)
         .remapping(remap)
         .watching(watch);
-    match acknowledgment(events, timeout).await {
+    match acknowledgment(events, server.timeout).await {
         Ok((honors, events)) => {
             let heard: Vec<&'static str> = LIST_FLAGS
                 .iter()
@@ -288,61 +288,80 @@ async fn list_changes_of_modern(
             if heard.is_empty() {
                 return Opened::NoStream;
             }
+            // In force from here: this stream, and no earlier one of the session, gets them.
+            held.hold();
             // Later subscriptions' acknowledgments and ends are not list changes: left out.
             let events = events.only(heard).untagged();
-            Opened::Stream(name, Box::new(events))
+            Opened::Stream(server.name.clone(), Box::new(events))
         }
         Err(why) => {
-            tracing::warn!(server = %name, %why, "an MCP server's list changes cannot be listened to");
+            tracing::warn!(server = %server.name, %why, "an MCP server's list changes cannot be listened to");
             Opened::Failed
         }
     }
 }
 
+/// What a server may have changed while no subscription was held: every list, told as
+/// changed (the stream's filter passes those the server honors), so the client and the
+/// gateway's reused pages ask again.
+static CHANGED_MEANWHILE: LazyLock<Bytes> = LazyLock::new(|| {
+    let mut events = b"\n\n".to_vec();
+    for (.., notification) in LIST_FLAGS {
+        events.extend_from_slice(&event(&json!({"jsonrpc": "2.0", "method": notification})));
+    }
+    Bytes::from(events)
+});
+
 /// `first`, then, each time the server ends or drops the subscription, a new one's events,
-/// after a pause that doubles while the server cannot be reached. It ends when the server
-/// no longer takes subscriptions at all, or when dropped (the client left, or opened its
-/// stream again).
+/// after a pause (jittered, so the sessions of a restarted server do not all come back at
+/// once). It ends when the server no longer takes subscriptions, when no config version has
+/// the server any more, or when dropped (the client left, or opened its stream again).
 fn resubscribing(first: Body, again: Resubscribe) -> Body {
-    let frames = futures::stream::unfold(
-        (Some(first), RESUBSCRIBE_FIRST, again),
-        |(mut current, mut pause, again)| async move {
-            loop {
-                if let Some(events) = &mut current {
-                    match events.frame().await {
-                        Some(Ok(frame)) => {
-                            return Some((Ok::<_, body::BoxError>(frame), (current, pause, again)))
-                        }
-                        Some(Err(error)) => {
-                            tracing::debug!(server = %again.server.name, %error, "a held MCP subscription failed")
-                        }
-                        None => {}
+    let state = (Some(first), tokio::time::Instant::now(), RESUBSCRIBE_FIRST, again);
+    let frames = futures::stream::unfold(state, |(mut current, mut since, mut pause, again)| async move {
+        loop {
+            if let Some(events) = &mut current {
+                match events.frame().await {
+                    Some(Ok(frame)) => {
+                        return Some((Ok::<_, body::BoxError>(frame), (current, since, pause, again)))
                     }
-                    // An event cut off by the end is closed, so the next stream's first does
-                    // not run into it.
-                    return Some((Ok(Frame::data(Bytes::from_static(b"\n\n"))), (None, pause, again)));
+                    Some(Err(error)) => {
+                        tracing::debug!(%error, "a held MCP subscription failed")
+                    }
+                    None => {}
                 }
-                tokio::time::sleep(pause).await;
-                let Resubscribe {
-                    server,
-                    client,
-                    upstream,
-                    trace,
-                } = &again;
-                match listen_modern(server, client, held_subscription(), upstream, trace).await {
-                    Listened::Modern(response) => {
-                        current = Some(body::boxed(response.into_body()));
-                        pause = RESUBSCRIBE_FIRST;
-                    }
-                    Listened::Nothing | Listened::InSession(_) => return None,
-                    Listened::Failed(failure) => {
-                        tracing::debug!(server = %server.name, %failure, "a held MCP subscription could not be made again");
-                        pause = (pause * 2).min(RESUBSCRIBE_MAX);
-                    }
+                if since.elapsed() >= RESUBSCRIBE_MAX {
+                    pause = RESUBSCRIBE_FIRST;
+                }
+                current = None;
+            }
+            tokio::time::sleep(pause.mul_f64(rand::random_range(0.5..1.5))).await;
+            pause = (pause * 2).min(RESUBSCRIBE_MAX);
+            let server = again.server.upgrade()?;
+            let Resubscribe {
+                client,
+                upstream,
+                trace,
+                ..
+            } = &again;
+            match listen_modern(&server, client, held_subscription(), upstream, trace).await {
+                Listened::Modern(response) => {
+                    since = tokio::time::Instant::now();
+                    // The end of the last stream closes any event it cut off, so the next
+                    // one's first does not run into it.
+                    let frame = Frame::data(CHANGED_MEANWHILE.clone());
+                    return Some((
+                        Ok(frame),
+                        (Some(body::boxed(response.into_body())), since, pause, again),
+                    ));
+                }
+                Listened::Nothing | Listened::InSession(_) => return None,
+                Listened::Failed(failure) => {
+                    tracing::warn!(server = %server.name, %failure, "a held MCP subscription could not be made again");
                 }
             }
-        },
-    );
+        }
+    });
     body::boxed(StreamBody::new(frames))
 }
 
@@ -614,6 +633,22 @@ async fn listen_modern(
             if response.status() == StatusCode::OK && server::is_event_stream(response.headers()) =>
         {
             Listened::Modern(response)
+        }
+        // A server that is down or overloaded (behind a proxy or load balancer, a restart
+        // reads as 502 or 503) is failing, not refusing.
+        Ok(Sent::Relay(response))
+            if response.status().is_server_error()
+                || matches!(
+                    response.status(),
+                    StatusCode::REQUEST_TIMEOUT | StatusCode::TOO_MANY_REQUESTS
+                ) =>
+        {
+            let status = response.status();
+            server.drain(response).await;
+            Listened::Failed(format!(
+                "server {}: subscriptions/listen answered HTTP {status}",
+                server.name
+            ))
         }
         // An answer without a stream (an error such as -32601): the server offers no
         // subscriptions, and honors nothing.
