@@ -292,7 +292,7 @@ fn mcp_python_sdk_listens_for_list_changes_through_a_multiplexing_mcp_backend() 
         port,
         &[("py", python_port), ("new", new_port), ("test", test_port)],
     );
-    let _gateway = start_gateway(dir.path(), &config);
+    let gateway = start_gateway(dir.path(), &config);
     let multiplexed = format!("http://127.0.0.1:{port}/mcp");
     let url = multiplexed.clone();
     let output = peer("mcp_listen.py", &[&url, "py__change", "2026-07-28"]);
@@ -327,6 +327,14 @@ fn mcp_python_sdk_listens_for_list_changes_through_a_multiplexing_mcp_backend() 
             hear(&client, &mut changed).await,
             "new's change reached the client"
         );
+        // A config version comes in force meanwhile (every McpBackend is compiled again):
+        // the subscription is made again with the server as the new version has it.
+        let spare = format!(
+            "{config}---\napiVersion: portcullis.dev/v1alpha1\nkind: Listener\nmetadata: {{name: spare}}\n\
+             spec: {{address: 127.0.0.1, port: {}}}\n",
+            free_port()
+        );
+        gateway.apply(dir.path(), &spare);
         drop(new);
         let restarted = new_server();
         wait_for("the restarted MCP server", TIMEOUT, || {

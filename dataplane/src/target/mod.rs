@@ -47,7 +47,7 @@ pub(crate) trait Target: Send + Sync {
 }
 
 pub(crate) use inference_pool::InferencePoolTarget;
-pub(crate) use mcp::{Cancellations, InputWaits, ListChanges, PinObservations};
+pub(crate) use mcp::{Cancellations, InputWaits, ListChanges, PinObservations, ServersInForce};
 
 /// Every target of a config version.
 #[derive(Default)]
@@ -62,8 +62,8 @@ pub(crate) struct Targets {
 
 impl Targets {
     /// Once this version is in force: what was seen of pinned servers is judged against its
-    /// pins, and what was seen of servers it no longer has (their tools, their list changes)
-    /// is forgotten.
+    /// pins, what was seen of servers it no longer has (their tools, their list changes) is
+    /// forgotten, and its servers are the ones held subscriptions ask again.
     pub(crate) fn put_mcp_in_force(&self, upstream: &Upstream) {
         let mut servers = Vec::new();
         for target in &self.mcp {
@@ -72,6 +72,7 @@ impl Targets {
         }
         upstream.tool_pins.retain(&servers);
         upstream.list_changes.retain(&servers);
+        upstream.mcp_servers.put_in_force(&self.mcp);
     }
 }
 

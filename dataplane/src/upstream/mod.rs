@@ -30,7 +30,7 @@ use crate::placements::Outbox;
 use crate::policy::RequestContext;
 use crate::response;
 use crate::route::Route;
-use crate::target::{Cancellations, InputWaits, ListChanges, PinObservations};
+use crate::target::{Cancellations, InputWaits, ListChanges, PinObservations, ServersInForce};
 use crate::telemetry::Telemetry;
 
 /// Request bodies up to this size are kept so a failed connect can be retried.
@@ -92,6 +92,8 @@ pub(crate) struct Upstream {
     /// Requests session-based MCP clients sent on to 2026-07-28 servers, which their
     /// `notifications/cancelled` ends.
     pub(crate) cancellations: Arc<Cancellations>,
+    /// The MCP servers of the version in force, for subscriptions held across versions.
+    pub(crate) mcp_servers: ServersInForce,
 }
 
 /// Why an [`Upstream::http1_exchange`] failed.
@@ -120,6 +122,7 @@ impl Upstream {
             list_changes: Arc::default(),
             input_waits: Arc::default(),
             cancellations: Arc::default(),
+            mcp_servers: ServersInForce::default(),
             telemetry,
             placements,
         }

@@ -9,7 +9,7 @@
 //! `subscriptions/listen` (SEP-2575), merged the same way.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, LazyLock, Weak};
+use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -93,9 +93,15 @@ impl McpTarget {
                         session_header(&exchange.headers).unwrap_or_default(),
                         &server.name,
                     );
-                    let open: BoxFuture<'static, Opened> = Box::pin(list_changes_of_modern(
-                        server, client, upstream, trace, held, remap, watch,
-                    ));
+                    let again = Resubscribe {
+                        target: self.name.clone(),
+                        server: server.name.clone(),
+                        client,
+                        upstream,
+                        trace,
+                    };
+                    let open: BoxFuture<'static, Opened> =
+                        Box::pin(list_changes_of_modern(server, again, held, remap, watch));
                     return Some(open);
                 }
                 let id = state.id.clone()?;
@@ -235,10 +241,11 @@ fn held_subscription() -> Value {
     json!({"jsonrpc": "2.0", "id": id, "method": "subscriptions/listen", "params": {"notifications": lists}})
 }
 
-/// What a held subscription needs to subscribe again. The server only while a config
-/// version still has it: a server removed or changed since is not asked again.
+/// What a held subscription needs to subscribe again: the server as the version in force has
+/// it (its URL and TLS settings may have changed; once it is gone it is not asked again).
 struct Resubscribe {
-    server: Weak<Server>,
+    target: Arc<str>,
+    server: Arc<str>,
     client: Arc<ClientMeta>,
     upstream: Arc<Upstream>,
     trace: RequestTrace,
@@ -252,26 +259,24 @@ struct Resubscribe {
 /// to open its stream again) is subscribed to again, after a pause.
 async fn list_changes_of_modern(
     server: Arc<Server>,
-    client: Arc<ClientMeta>,
-    upstream: Arc<Upstream>,
-    trace: RequestTrace,
+    again: Resubscribe,
     held: Cancellable,
     remap: bool,
     watch: ListWatch,
 ) -> Opened {
-    let response = match listen_modern(&server, &client, held_subscription(), &upstream, &trace).await {
+    let Resubscribe {
+        client,
+        upstream,
+        trace,
+        ..
+    } = &again;
+    let response = match listen_modern(&server, client, held_subscription(), upstream, trace).await {
         Listened::Modern(response) => response,
         Listened::Failed(failure) => {
             tracing::warn!(server = %server.name, %failure, "an MCP server's list changes cannot be listened to");
             return Opened::Failed;
         }
         Listened::Nothing | Listened::InSession(_) => return Opened::NoStream,
-    };
-    let again = Resubscribe {
-        server: Arc::downgrade(&server),
-        client,
-        upstream,
-        trace,
     };
     let subscribed = resubscribing(body::boxed(response.into_body()), again);
     let held = Arc::new(held);
@@ -337,13 +342,14 @@ fn resubscribing(first: Body, again: Resubscribe) -> Body {
             }
             tokio::time::sleep(pause.mul_f64(rand::random_range(0.5..1.5))).await;
             pause = (pause * 2).min(RESUBSCRIBE_MAX);
-            let server = again.server.upgrade()?;
             let Resubscribe {
+                target,
+                server,
                 client,
                 upstream,
                 trace,
-                ..
             } = &again;
+            let server = upstream.mcp_servers.get(target, server)?;
             match listen_modern(&server, client, held_subscription(), upstream, trace).await {
                 Listened::Modern(response) => {
                     since = tokio::time::Instant::now();

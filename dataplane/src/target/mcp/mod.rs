@@ -59,6 +59,42 @@ use crate::route::Route;
 use crate::telemetry::McpRecord;
 use crate::upstream::Upstream;
 
+/// The servers of the config version in force: McpBackend, server name, the server.
+type ServerInForce = (Arc<str>, Arc<str>, std::sync::Weak<Server>);
+
+/// The servers of the config version in force, by McpBackend and name: what a subscription
+/// held across versions asks again, so it follows a server's new URL or TLS settings and ends
+/// with the server.
+#[derive(Default)]
+pub(crate) struct ServersInForce(std::sync::Mutex<Vec<ServerInForce>>);
+
+impl ServersInForce {
+    fn servers(&self) -> std::sync::MutexGuard<'_, Vec<ServerInForce>> {
+        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Server `server` of McpBackend `target` as the version in force has it.
+    fn get(&self, target: &str, server: &str) -> Option<Arc<Server>> {
+        self.servers()
+            .iter()
+            .find(|(of, name, _)| **of == *target && **name == *server)
+            .and_then(|(.., server)| server.upgrade())
+    }
+
+    /// The servers of `targets`, the version now in force, in place of the last one's.
+    pub(crate) fn put_in_force(&self, targets: &[Arc<McpTarget>]) {
+        *self.servers() = targets
+            .iter()
+            .flat_map(|target| {
+                target
+                    .servers
+                    .iter()
+                    .map(|server| (target.name.clone(), server.name.clone(), Arc::downgrade(server)))
+            })
+            .collect();
+    }
+}
+
 /// Between a server's name and a resource URI of it: `math+file:///notes`.
 pub(super) const URI_SEPARATOR: char = '+';
 /// Client notifications sent on to the servers of a session.
