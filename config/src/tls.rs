@@ -69,32 +69,14 @@ pub fn server_name(name: &str) -> Result<ServerName<'static>, String> {
 
 /// The certificates of a client certificate's chain, the first one its own. Like a CA bundle,
 /// it holds certificates only: a private key pasted along would be stored and sent to every
-/// proxy.
+/// proxy (the key is read by each proxy from `key`).
 pub fn certificate_chain(pem: &str) -> Result<Vec<CertificateDer<'static>>, String> {
-    let mut chain = Vec::new();
-    for (index, section) in <(SectionKind, Vec<u8>)>::pem_slice_iter(pem.as_bytes()).enumerate() {
-        let (kind, der) =
-            section.map_err(|error| format!("section {}: not valid PEM: {error}", index + 1))?;
-        if kind != SectionKind::Certificate {
-            return Err(format!(
-                "section {}: only certificates belong here (the key is read by each proxy from \
-                 `key`), not a {kind:?} section",
-                index + 1
-            ));
+    certificates(pem, |certificate| {
+        match webpki::EndEntityCert::try_from(&certificate) {
+            Ok(_) => Ok(certificate),
+            Err(error) => Err(format!("not a certificate rustls can use: {error}")),
         }
-        let certificate = CertificateDer::from(der);
-        if let Err(error) = webpki::EndEntityCert::try_from(&certificate) {
-            return Err(format!(
-                "section {}: not a certificate rustls can use: {error}",
-                index + 1
-            ));
-        }
-        chain.push(certificate);
-    }
-    if chain.is_empty() {
-        return Err("no PEM certificate (-----BEGIN CERTIFICATE-----) in it".into());
-    }
-    Ok(chain)
+    })
 }
 
 /// The trust anchors of a PEM bundle of certificates, as rustls takes them; the error says
@@ -102,30 +84,38 @@ pub fn certificate_chain(pem: &str) -> Result<Vec<CertificateDer<'static>>, Stri
 /// other PEM section is refused too: a private key pasted along would otherwise be stored
 /// and sent to every proxy.
 pub fn trust_anchors(pem: &str) -> Result<Vec<TrustAnchor<'static>>, String> {
-    let mut anchors = Vec::new();
+    certificates(pem, |certificate| {
+        webpki::anchor_from_trusted_cert(&certificate)
+            .map(|anchor| anchor.to_owned())
+            .map_err(|error| format!("not a certificate rustls can trust: {error}"))
+    })
+}
+
+/// Each PEM section of `pem` as `take` makes it of a certificate, at least one; an error
+/// names the section, never its content.
+fn certificates<T>(
+    pem: &str,
+    take: impl Fn(CertificateDer<'static>) -> Result<T, String>,
+) -> Result<Vec<T>, String> {
+    let mut taken = Vec::new();
     for (index, section) in <(SectionKind, Vec<u8>)>::pem_slice_iter(pem.as_bytes()).enumerate() {
+        let section_number = index + 1;
         let (kind, der) =
-            section.map_err(|error| format!("section {}: not valid PEM: {error}", index + 1))?;
+            section.map_err(|error| format!("section {section_number}: not valid PEM: {error}"))?;
         if kind != SectionKind::Certificate {
             return Err(format!(
-                "section {}: only certificates belong here, not a {kind:?} section",
-                index + 1
+                "section {section_number}: only certificates belong here, not a {kind:?} section"
             ));
         }
-        let anchor = webpki::anchor_from_trusted_cert(&CertificateDer::from(der))
-            .map_err(|error| {
-                format!(
-                    "section {}: not a certificate rustls can trust: {error}",
-                    index + 1
-                )
-            })?
-            .to_owned();
-        anchors.push(anchor);
+        taken.push(
+            take(CertificateDer::from(der))
+                .map_err(|problem| format!("section {section_number}: {problem}"))?,
+        );
     }
-    if anchors.is_empty() {
+    if taken.is_empty() {
         return Err("no PEM certificate (-----BEGIN CERTIFICATE-----) in it".into());
     }
-    Ok(anchors)
+    Ok(taken)
 }
 
 #[cfg(test)]
