@@ -128,6 +128,11 @@ pub struct ProxyArgs {
     /// Threads serving traffic, each with its own runtime and connections; 0: one per core.
     #[arg(long, env = "PORTCULLIS_WORKERS", default_value_t = 0)]
     pub workers: usize,
+    /// Where the other proxy replicas reach this one's admin port (HOST:PORT, e.g. the pod
+    /// IP), to hand it MCP clients' answers that reached them; defaults to --admin-listen
+    /// unless that is 0.0.0.0 or [::].
+    #[arg(long, env = "PORTCULLIS_PEER_ADDRESS")]
+    pub peer_address: Option<String>,
     #[command(flatten)]
     pub telemetry: TelemetryArgs,
 }
@@ -178,6 +183,7 @@ pub async fn up(args: UpArgs) -> anyhow::Result<()> {
         cache_dir: Some(args.data_dir.join("proxy")),
         drain_grace: args.drain_grace,
         workers: args.workers,
+        peer_address: None,
         telemetry: args.telemetry.config(proxy_id)?,
     })
     .await
@@ -235,6 +241,7 @@ pub async fn proxy(args: ProxyArgs) -> anyhow::Result<()> {
         cache_dir: args.cache_dir,
         drain_grace: args.drain_grace,
         workers: args.workers,
+        peer_address: args.peer_address,
     })
     .await
     .context("starting the proxy")?;

@@ -487,6 +487,173 @@ fn server_questions_reach_python_sdk_clients_of_either_revision_through_a_multip
     }
 }
 
+/// Two replicas of one McpBackend behind a load balancer that does not keep a session on
+/// one replica: a session-based client's call to the Python SDK's 2026-07-28-only server
+/// runs on replica A, which passes the server's question on; the client's answer reaches
+/// replica B, which hands it over to A (the question's id names A, sealed), and the call
+/// ends on A with the server's result. An answer no call awaits, a forged id, and a holder
+/// that is gone each get their own error from B.
+#[test]
+fn an_answer_that_reaches_another_replica_is_handed_to_the_one_holding_the_call() {
+    let dir = tempfile::tempdir().unwrap();
+    let (server, port_a, port_b, cp_port, admin_a, admin_b) = (
+        free_port(),
+        free_port(),
+        free_port(),
+        free_port(),
+        free_port(),
+        free_port(),
+    );
+    let _server = PythonPeer::start_with(
+        dir.path(),
+        "mcp_server.py",
+        &[&server.to_string()],
+        &[("WITH_ASK_TOOL", "1"), ("ONLY_ERA", "2026-07-28")],
+    );
+    wait_for("the MCP server", TIMEOUT, || {
+        std::net::TcpStream::connect(("127.0.0.1", server)).is_ok()
+    });
+    let key = write_file(dir.path(), "session.key", &"5a".repeat(32));
+    let header = "apiVersion: portcullis.dev/v1alpha1";
+    let config: String = [("a", port_a), ("b", port_b)]
+        .iter()
+        .map(|(replica, port)| {
+            format!(
+                "{header}\nkind: Listener\nmetadata: {{name: gw-{replica}, labels: {{replica: {replica}}}}}\nspec: {{address: 127.0.0.1, port: {port}}}\n---\n\
+                 {header}\nkind: Route\nmetadata: {{name: mcp-{replica}}}\nspec: {{listeners: [gw-{replica}], backends: [{{kind: McpBackend, name: tools}}]}}\n---\n"
+            )
+        })
+        .collect::<String>()
+        + &format!(
+            "{header}\nkind: McpBackend\nmetadata: {{name: tools}}\nspec:\n  sessionKeys: [{{file: {}}}]\n  servers:\n  - {{name: new, url: 'http://127.0.0.1:{server}/mcp'}}\n",
+            key.display()
+        );
+    let controlplane = format!("127.0.0.1:{cp_port}");
+    let _controlplane = start_controlplane(dir.path(), cp_port);
+    let mut proxy_a = start_proxy(dir.path(), "a", &controlplane, admin_a, &["--shard", "replica=a"]);
+    let _proxy_b = start_proxy(dir.path(), "b", &controlplane, admin_b, &["--shard", "replica=b"]);
+    apply(dir.path(), "replicas.yaml", &config, &controlplane);
+    let version = config_version(&controlplane);
+    for replica in ["a", "b"] {
+        wait_for("both replicas on the config", TIMEOUT, || {
+            proxy_applied(&controlplane, replica) == Some((version, true))
+        });
+    }
+
+    let initialize = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {"elicitation": {}},
+        "clientInfo": {"name": "two-replicas", "version": "1"}}});
+    let accept = ("Accept", "application/json, text/event-stream");
+    let opened = http_request_with(port_a, "POST", "/mcp", &[accept], Some(&initialize.to_string())).unwrap();
+    assert_eq!(opened.status, 200, "{}", opened.body);
+    let session = mcp_wire::header(&opened, "mcp-session-id").expect("a session id");
+    let headers = [
+        accept,
+        ("Mcp-Session-Id", session.as_str()),
+        ("MCP-Protocol-Version", "2025-11-25"),
+    ];
+    let answer_on_b = |id: &serde_json::Value| {
+        let answer = json!({"jsonrpc": "2.0", "id": id,
+            "result": {"action": "accept", "content": {"ok": true}}});
+        http_request_with(port_b, "POST", "/mcp", &headers, Some(&answer.to_string())).unwrap()
+    };
+    let call = |id: u64| {
+        json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+            "params": {"name": "ask-sum", "arguments": {"a": 2, "b": 3}}})
+    };
+
+    let mut on_a = EventStream::post(port_a, &headers, &call(7));
+    let question = on_a.next(|message| message["method"] == "elicitation/create");
+    assert_eq!(question["params"]["message"], "Add 2 and 3?", "{question}");
+    let handed = answer_on_b(&question["id"]);
+    assert_eq!(handed.status, 202, "{}", handed.body);
+    let result = on_a.next(|message| message["id"] == 7);
+    assert_eq!(result["result"]["content"][0]["text"], "5", "{result}");
+
+    // Answered already: nothing awaits it, on either replica.
+    let again = answer_on_b(&question["id"]);
+    assert_eq!(again.status, 400, "{}", again.body);
+    assert!(
+        again.body.contains("no call awaits this response"),
+        "{}",
+        again.body
+    );
+    // An id the gateway did not seal names no replica: B hands nothing over.
+    let forged = answer_on_b(&json!("portcullis:input:AXh5eg"));
+    assert_eq!(forged.status, 400, "{}", forged.body);
+
+    // The holder gone mid-call: B says it could not hand the answer over.
+    let mut on_a = EventStream::post(port_a, &headers, &call(8));
+    let question = on_a.next(|message| message["method"] == "elicitation/create");
+    proxy_a.kill();
+    let lost = answer_on_b(&question["id"]);
+    let error: serde_json::Value = serde_json::from_str(&lost.body).unwrap();
+    assert_eq!(
+        (lost.status, error["error"]["code"].clone()),
+        (502, json!(-32011)),
+        "{}",
+        lost.body
+    );
+    assert!(
+        error["error"]["message"]
+            .as_str()
+            .is_some_and(|message| message.contains("could not take the response")),
+        "{error}"
+    );
+}
+
+/// An HTTP/1.1 request whose event-stream answer is read message by message, as it comes.
+struct EventStream {
+    connection: std::net::TcpStream,
+    unread: String,
+}
+
+impl EventStream {
+    fn post(port: u16, headers: &[(&str, &str)], message: &serde_json::Value) -> EventStream {
+        use std::io::Write;
+        let mut connection = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        connection.set_read_timeout(Some(TIMEOUT)).unwrap();
+        let body = message.to_string();
+        let fields: String = headers
+            .iter()
+            .map(|(name, value)| format!("{name}: {value}\r\n"))
+            .collect();
+        write!(
+            connection,
+            "POST /mcp HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n{fields}Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .unwrap();
+        EventStream {
+            connection,
+            unread: String::new(),
+        }
+    }
+
+    /// The next message of the stream that `wanted` picks; panics if the stream ends first.
+    fn next(&mut self, wanted: impl Fn(&serde_json::Value) -> bool) -> serde_json::Value {
+        use std::io::Read;
+        loop {
+            while let Some(end) = self.unread.find('\n') {
+                let line: String = self.unread.drain(..=end).collect();
+                // Chunk sizes and event fields other than data are skipped.
+                let Some(data) = line.trim_end().strip_prefix("data:") else {
+                    continue;
+                };
+                if let Ok(message) = serde_json::from_str::<serde_json::Value>(data.trim()) {
+                    if wanted(&message) {
+                        return message;
+                    }
+                }
+            }
+            let mut buffer = [0u8; 4096];
+            let read = self.connection.read(&mut buffer).expect("the stream goes on");
+            assert!(read > 0, "the stream ended; unread: {}", self.unread);
+            self.unread.push_str(&String::from_utf8_lossy(&buffer[..read]));
+        }
+    }
+}
+
 /// The drift each proxy reports in `portcullis status`: (tool, state, refused).
 fn reported_drift(controlplane: &str) -> Vec<(String, String, bool)> {
     status_json(controlplane)["proxies"]

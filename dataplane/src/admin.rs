@@ -1,5 +1,6 @@
 //! The admin port: liveness, readiness, metrics, what the proxy is serving and the pod
-//! signals its pickers hold.
+//! signals its pickers hold; and, from the other replicas, MCP clients' answers to questions
+//! of calls this proxy holds.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -11,6 +12,7 @@ use crate::body::Body;
 use crate::config_state::ConfigState;
 use crate::listener::Handler;
 use crate::response;
+use crate::target::ANSWERS_PATH;
 
 #[derive(Clone)]
 pub(crate) struct AdminHandler {
@@ -20,6 +22,16 @@ pub(crate) struct AdminHandler {
 
 impl Handler for AdminHandler {
     async fn handle(&self, _peer: SocketAddr, request: Request<Incoming>) -> Response<Body> {
+        if request.uri().path() == ANSWERS_PATH {
+            if request.method() != Method::POST {
+                return response::error(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", "use POST");
+            }
+            return self
+                .state
+                .input_waits()
+                .take_handed_over(request.into_body())
+                .await;
+        }
         if request.method() != Method::GET {
             return response::error(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", "use GET");
         }

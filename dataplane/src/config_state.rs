@@ -24,7 +24,7 @@ use crate::placements::Outbox;
 use crate::policy::guardrail::GuardrailIndex;
 use crate::policy::{Policy, PolicyIndex};
 use crate::route::{Route, RouteTable};
-use crate::target::{self, InferencePoolTarget, Targets, WeightedTargets};
+use crate::target::{self, InferencePoolTarget, InputWaits, Targets, WeightedTargets};
 use crate::telemetry::Telemetry;
 use crate::upstream::{RetryPolicy, Upstream};
 
@@ -117,6 +117,11 @@ impl Snapshot {
 }
 
 impl ConfigState {
+    /// Answers MCP clients gave to questions of calls this proxy holds.
+    pub(crate) fn input_waits(&self) -> &InputWaits {
+        &self.upstream.input_waits
+    }
+
     /// What the proxy finds while serving (McpToolPins drift), as it changes.
     pub(crate) fn findings(&self) -> tokio::sync::watch::Receiver<portcullis_proto::v1::Findings> {
         self.upstream.tool_pins.subscribe()
@@ -130,10 +135,11 @@ impl ConfigState {
         telemetry: Arc<Telemetry>,
         placements: Outbox,
         workers: Workers,
+        peer_address: Option<String>,
     ) -> ConfigState {
         ConfigState {
             snapshots: Arc::new(ArcSwap::from_pointee(Snapshot::default())),
-            upstream: Arc::new(Upstream::new(telemetry.clone(), placements)),
+            upstream: Arc::new(Upstream::new(telemetry.clone(), placements, peer_address)),
             telemetry,
             listeners: Mutex::new(Listeners {
                 workers,

@@ -66,6 +66,10 @@ pub struct ProxyConfig {
     pub drain_grace: Duration,
     /// Threads serving traffic, each with its own runtime; 0 means one per core.
     pub workers: usize,
+    /// Where the other replicas reach this proxy's admin port (`host:port`), to hand it an MCP
+    /// client's answer to a question of a call this proxy holds. `None`: the admin address,
+    /// unless it is unspecified (`0.0.0.0`); then answers must reach this proxy.
+    pub peer_address: Option<String>,
     pub telemetry: TelemetryConfig,
 }
 
@@ -86,17 +90,21 @@ impl Proxy {
         let telemetry = Arc::new(Telemetry::new(config.telemetry)?);
         let (outbox, placements) = placements::outbox();
         let workers = Workers::start(config.workers).context("cannot start the worker threads")?;
+        let admin_socket = BoundSocket::bind(config.admin_listen, &Workers::current())
+            .await
+            .with_context(|| format!("cannot listen on admin address {}", config.admin_listen))?;
+        let admin_addr = admin_socket.local_addr();
+        let peer_address = config
+            .peer_address
+            .or_else(|| (!admin_addr.ip().is_unspecified()).then(|| admin_addr.to_string()));
         let state = Arc::new(ConfigState::new(
             config.cache_dir.map(ConfigCache::new),
             config.drain_grace,
             telemetry,
             outbox,
             workers,
+            peer_address,
         ));
-        let admin_socket = BoundSocket::bind(config.admin_listen, &Workers::current())
-            .await
-            .with_context(|| format!("cannot listen on admin address {}", config.admin_listen))?;
-        let admin_addr = admin_socket.local_addr();
         let admin_handler = AdminHandler {
             state: state.clone(),
             proxy_id: Arc::from(config.proxy_id.as_str()),

@@ -47,7 +47,7 @@ pub(crate) trait Target: Send + Sync {
 }
 
 pub(crate) use inference_pool::InferencePoolTarget;
-pub(crate) use mcp::{Cancellations, InputWaits, ListChanges, PinObservations, ServersInForce};
+pub(crate) use mcp::{Cancellations, InputWaits, ListChanges, PinObservations, ServersInForce, ANSWERS_PATH};
 
 /// Every target of a config version.
 #[derive(Default)]

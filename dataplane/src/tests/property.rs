@@ -51,7 +51,7 @@ proptest! {
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         let result = runtime.block_on(async {
             let telemetry = Arc::new(Telemetry::new(super::support::quiet_telemetry()).unwrap());
-            let upstream = Upstream::new(telemetry, crate::placements::outbox().0);
+            let upstream = Upstream::new(telemetry, crate::placements::outbox().0, None);
             compile(1, config, &Snapshot::default(), &upstream).map(|_| ())
         });
         prop_assert!(result.is_ok(), "accepted but not compiled: {:?}\n{text}", result.err());

@@ -125,6 +125,7 @@ async fn acks_applied_versions_nacks_bad_ones_and_resubscribes_after_a_disconnec
         cache_dir: None,
         drain_grace: Duration::from_secs(1),
         workers: 2,
+        peer_address: None,
         telemetry: super::support::quiet_telemetry(),
     })
     .await

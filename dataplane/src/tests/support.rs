@@ -102,6 +102,7 @@ pub async fn start_proxy_with(
         drain_grace,
         // More than one even on a one-core machine: every listener accepts on two threads.
         workers: 2,
+        peer_address: None,
         telemetry,
     })
     .await

@@ -112,7 +112,12 @@ enum Failure {
 }
 
 impl Upstream {
-    pub(crate) fn new(telemetry: Arc<Telemetry>, placements: Outbox) -> Upstream {
+    /// `peer_address`: where other replicas reach this proxy's admin port (see [`InputWaits`]).
+    pub(crate) fn new(
+        telemetry: Arc<Telemetry>,
+        placements: Outbox,
+        peer_address: Option<String>,
+    ) -> Upstream {
         Upstream {
             http2: http2::Connections::default(),
             tls_clients: TlsClients::default(),
@@ -120,7 +125,7 @@ impl Upstream {
             health: HealthRegistry::default(),
             tool_pins: Arc::new(PinObservations::new(telemetry.clone())),
             list_changes: Arc::default(),
-            input_waits: Arc::default(),
+            input_waits: Arc::new(InputWaits::new(peer_address)),
             cancellations: Arc::default(),
             mcp_servers: ServersInForce::default(),
             telemetry,

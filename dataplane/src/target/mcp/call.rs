@@ -238,6 +238,7 @@ impl McpTarget {
                     client: client.clone(),
                     trace: trace.detached(),
                     session: session_header(&exchange.headers).unwrap_or_default().to_string(),
+                    sealer: self.sealer.clone(),
                     message: message.clone(),
                     idle: exchange.route.body_idle_timeout,
                 });

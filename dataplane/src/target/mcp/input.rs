@@ -19,8 +19,9 @@
 //! - **Session-based client, 2026-07-28 server** ([`relay`]): the call's answer becomes an
 //!   event stream the gateway writes. Each question goes to the client as a request on it;
 //!   once every one has its response the gateway sends the request again with them. The
-//!   responses are POSTs of the client's session that must reach the proxy holding the call
-//!   ([`InputWaits`]).
+//!   responses are POSTs of the client's session awaited by the proxy holding the call
+//!   ([`InputWaits`]); one that reaches another replica is handed over to it
+//!   (`handover.rs`).
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -44,6 +45,7 @@ use super::jsonrpc::{self, upstream_failed};
 use super::listen::{self, event, KEEPALIVE, KEEPALIVE_COMMENT};
 use super::reach::{self, ClientMeta, Reach, Sent};
 use super::server::{self, Reply, Server, MAX_ANSWER_BYTES};
+use super::session::Sealer;
 use crate::body::{self, Body, Held};
 use crate::sse;
 use crate::telemetry::RequestTrace;
@@ -61,8 +63,9 @@ const MAX_ROUNDS: usize = 16;
 /// Marks a `requestState` the gateway wrote.
 const STATE_PREFIX: &str = "portcullis-answers.";
 /// Marks the id of a question the gateway passed on. Never an id a server chose, nor one
-/// the gateway renamed for its server (server names have no `:`).
-const QUESTION_ID_PREFIX: &str = "portcullis:input:";
+/// the gateway renamed for its server (server names have no `:`). The rest is sealed: it
+/// names the proxy that waits for the answer.
+pub(super) const QUESTION_ID_PREFIX: &str = "portcullis:input:";
 
 /// The client's answers a bridged request carries, and the questions of this round it has
 /// not answered.
@@ -160,9 +163,11 @@ fn decode_state(state: &str) -> Option<Map<String, Value>> {
 /// The responses to questions this proxy passed on to session-based clients, awaited by the
 /// calls that asked them. On `Upstream`, so across config versions: a call outlives the
 /// version it began in.
-#[derive(Default)]
 pub(crate) struct InputWaits {
     waiting: Mutex<HashMap<String, Waiting>>,
+    /// Where other replicas reach this proxy's admin port to hand over answers that reached
+    /// them (`--peer-address`); `None`: answers must reach this proxy.
+    holder: Option<String>,
 }
 
 struct Waiting {
@@ -190,19 +195,31 @@ pub(super) enum Delivery {
     /// Not the answer to a question the gateway passed on: the response, given back.
     NotOurs(Map<String, Value>),
     Delivered,
-    /// The gateway's id, but no call on this proxy waits for it.
-    NotWaiting,
+    /// The gateway's id, but no call on this proxy waits for it: the response, given back.
+    NotWaiting(Map<String, Value>),
 }
 
 impl InputWaits {
+    pub(crate) fn new(holder: Option<String>) -> InputWaits {
+        InputWaits {
+            waiting: Mutex::default(),
+            holder,
+        }
+    }
+
+    pub(super) fn holder(&self) -> Option<&str> {
+        self.holder.as_deref()
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Waiting>> {
         self.waiting.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn wait(self: &Arc<Self>, session: &str) -> Pending {
+    fn wait(self: &Arc<Self>, session: &str, sealer: &Sealer) -> Pending {
         let (sender, answer) = oneshot::channel();
-        // Random: a client of another session must not guess it (it is checked too).
-        let id = format!("{QUESTION_ID_PREFIX}{:032x}", rand::random::<u128>());
+        // Unguessable (a random nonce): a client of another session must not guess it (the
+        // session is checked too).
+        let id = format!("{QUESTION_ID_PREFIX}{}", sealer.seal_question(self.holder()));
         self.lock().insert(
             id.clone(),
             Waiting {
@@ -224,15 +241,14 @@ impl InputWaits {
         };
         let mut waiting = self.lock();
         if waiting.get(id).is_none_or(|waiting| waiting.session != session) {
-            return Delivery::NotWaiting;
+            return Delivery::NotWaiting(response);
         }
-        let delivered = waiting
-            .remove(id)
-            .is_some_and(|waiting| waiting.answer.send(response).is_ok());
-        if delivered {
-            Delivery::Delivered
-        } else {
-            Delivery::NotWaiting
+        match waiting.remove(id) {
+            Some(waiting) => match waiting.answer.send(response) {
+                Ok(()) => Delivery::Delivered,
+                Err(response) => Delivery::NotWaiting(response),
+            },
+            None => Delivery::NotWaiting(response),
         }
     }
 }
@@ -246,6 +262,8 @@ pub(super) struct Call {
     pub(super) trace: RequestTrace,
     /// The client's `Mcp-Session-Id`.
     pub(super) session: String,
+    /// Seals the ids of the questions passed on.
+    pub(super) sealer: Arc<Sealer>,
     /// The request as the client sent it (renamed for the server), before `_meta` is added.
     pub(super) message: Value,
     /// How long a server's answer, and the client's, may stay silent.
@@ -438,7 +456,7 @@ impl Call {
                 return Err(self.failed(format!("asked for input {key} without a method")));
             };
             let method = method.to_string();
-            let waiting = self.upstream.input_waits.wait(&self.session);
+            let waiting = self.upstream.input_waits.wait(&self.session, &self.sealer);
             let question = json!({
                 "jsonrpc": "2.0", "id": waiting.id, "method": method,
                 "params": request.get("params").cloned().unwrap_or_else(|| json!({})),
@@ -600,8 +618,17 @@ mod tests {
 
     #[tokio::test]
     async fn a_response_reaches_only_the_waiting_call_of_its_own_session() {
-        let waits = Arc::new(InputWaits::default());
-        let mut pending = waits.wait("session-a");
+        let waits = Arc::new(InputWaits::new(Some("10.0.0.7:7071".into())));
+        let sealer = sealer();
+        let mut pending = waits.wait("session-a", &sealer);
+        assert_eq!(
+            pending
+                .id
+                .strip_prefix(QUESTION_ID_PREFIX)
+                .and_then(|sealed| sealer.question_holder(sealed)),
+            Some("10.0.0.7:7071".into()),
+            "the id names the proxy holding the call"
+        );
         let id = json!(pending.id.clone());
         let response = || Map::from_iter([("result".to_string(), json!({"action": "accept"}))]);
         assert!(matches!(
@@ -610,7 +637,7 @@ mod tests {
         ));
         assert!(matches!(
             waits.deliver(&id, "session-b", response()),
-            Delivery::NotWaiting
+            Delivery::NotWaiting(_)
         ));
         assert!(matches!(
             waits.deliver(&id, "session-a", response()),
@@ -619,17 +646,22 @@ mod tests {
         assert_eq!((&mut pending.answer).await.unwrap(), response());
         assert!(matches!(
             waits.deliver(&id, "session-a", response()),
-            Delivery::NotWaiting
+            Delivery::NotWaiting(_)
         ));
 
-        let abandoned = waits.wait("session-a");
+        let abandoned = waits.wait("session-a", &sealer);
         let id = json!(abandoned.id.clone());
         drop(abandoned);
         assert!(matches!(
             waits.deliver(&id, "session-a", response()),
-            Delivery::NotWaiting
+            Delivery::NotWaiting(_)
         ));
         assert!(waits.lock().is_empty());
+    }
+
+    fn sealer() -> Arc<Sealer> {
+        let ttl = Duration::from_secs(60);
+        Arc::new(Sealer::load(&Arc::from("McpBackend/tools"), &[], ttl).unwrap())
     }
 
     /// A 2026-07-28 server that asks once (on an event stream, after a progress
@@ -732,7 +764,7 @@ mod tests {
         let seen = Arc::new(Mutex::new(Vec::new()));
         let address = questioning_server(seen.clone()).await;
         let telemetry = Arc::new(Telemetry::new(quiet_telemetry()).unwrap());
-        let upstream = Upstream::new(telemetry, crate::placements::outbox().0);
+        let upstream = Upstream::new(telemetry, crate::placements::outbox().0, None);
         let server = Server::compile(
             &McpServerSpec {
                 name: "old".into(),
@@ -796,7 +828,7 @@ mod tests {
         let posts = Arc::new(AtomicUsize::new(0));
         let address = asking_server(posts.clone()).await;
         let telemetry = Arc::new(Telemetry::new(quiet_telemetry()).unwrap());
-        let upstream = Arc::new(Upstream::new(telemetry, crate::placements::outbox().0));
+        let upstream = Arc::new(Upstream::new(telemetry, crate::placements::outbox().0, None));
         let spec = McpServerSpec {
             name: "math".into(),
             url: format!("http://{address}/mcp"),
@@ -819,6 +851,7 @@ mod tests {
                 )),
                 trace: RequestTrace::default(),
                 session: "session-a".into(),
+                sealer: sealer(),
                 message: json!({"jsonrpc": "2.0", "id": 9, "method": "tools/call", "params": {"name": "ask"}}),
                 idle: Duration::from_secs(10),
             };

@@ -15,6 +15,7 @@ mod call;
 mod cancel;
 mod downstream;
 mod guarded;
+mod handover;
 mod initialize;
 mod input;
 mod jsonrpc;
@@ -44,6 +45,7 @@ pub(crate) use self::cache::ListChanges;
 pub(crate) use self::cancel::Cancellations;
 use self::downstream::Era;
 use self::guarded::ServerGuards;
+pub(crate) use self::handover::ANSWERS_PATH;
 pub(crate) use self::input::InputWaits;
 use self::jsonrpc::{accepted, invalid_params, session_not_found, upstream_failed, Message};
 pub(crate) use self::pins::PinObservations;
@@ -135,7 +137,7 @@ pub(crate) struct McpTarget {
     /// Parallel to `servers`.
     guards: Vec<ServerGuards>,
     multiplexed: bool,
-    sealer: Sealer,
+    sealer: Arc<Sealer>,
     lists: cache::ListCache,
     /// Parallel to `servers`: the McpToolPins covering each, if any.
     pins: Vec<Option<ServerPins>>,
@@ -195,7 +197,7 @@ impl McpTarget {
             tool_pins: upstream.tool_pins.clone(),
             lists: cache::ListCache::new(upstream.list_changes.clone(), keys),
             guards,
-            sealer: Sealer::load(&target, &spec.session_keys, spec.session_ttl())?,
+            sealer: Arc::new(Sealer::load(&target, &spec.session_keys, spec.session_ttl())?),
             name: target,
             servers,
             rules,
@@ -328,21 +330,15 @@ impl McpTarget {
             }
             Message::Response { id, message } => {
                 let session = session_header(&exchange.headers).unwrap_or_default();
-                let mut message =
-                    match exchange.upstream.input_waits.deliver(&id, session, message) {
-                        input::Delivery::NotOurs(message) => message,
-                        input::Delivery::Delivered => return accepted(),
-                        input::Delivery::NotWaiting => return jsonrpc::error(
-                            StatusCode::BAD_REQUEST,
-                            &Value::Null,
-                            jsonrpc::INVALID_REQUEST,
-                            "Invalid Request: no call on this proxy awaits this response (it was answered, \
-                             timed out, or the call is held by another replica: a session's requests must \
-                             reach one replica while a server waits for the client's input)",
-                            None,
-                            "mcp_invalid_message",
-                        ),
-                    };
+                let waits = &exchange.upstream.input_waits;
+                let mut message = match waits.deliver(&id, session, message) {
+                    input::Delivery::NotOurs(message) => message,
+                    input::Delivery::Delivered => return accepted(),
+                    input::Delivery::NotWaiting(message) => {
+                        let id = id.as_str().unwrap_or_default();
+                        return handover::hand_over(&self.sealer, waits, id, session, message).await;
+                    }
+                };
                 let (index, own_id) = if self.multiplexed {
                     match remap::decode_id(&id)
                         .and_then(|(server, own)| Some((self.server_index(server)?, own)))

@@ -562,7 +562,7 @@ mod tests {
     async fn host_is_the_url_s_authority_as_written() {
         let telemetry =
             Arc::new(crate::telemetry::Telemetry::new(crate::tests::support::quiet_telemetry()).unwrap());
-        let upstream = Upstream::new(telemetry, crate::placements::outbox().0);
+        let upstream = Upstream::new(telemetry, crate::placements::outbox().0, None);
         for (url, host, connect_to) in [
             ("https://tools.example/mcp", "tools.example", "tools.example:443"),
             ("http://tools.internal/mcp", "tools.internal", "tools.internal:80"),

@@ -136,11 +136,42 @@ impl Sealer {
     pub(super) fn seal(&self, session: &Session) -> String {
         // Plain structs of strings: serializing cannot fail.
         let plain = serde_json::to_vec(session).unwrap_or_default();
+        self.seal_bytes(&plain, Purpose::Session)
+    }
+
+    /// `None` for anything not sealed by one of our keys for this McpBackend, or expired.
+    pub(super) fn open(&self, id: &str) -> Option<Session> {
+        self.open_at(id, unix_now())
+    }
+
+    fn open_at(&self, id: &str, now: u64) -> Option<Session> {
+        let plain = self.open_bytes(id, Purpose::Session)?;
+        let session: Session = serde_json::from_slice(&plain).ok()?;
+        (now.saturating_sub(session.issued) <= self.ttl.as_secs()).then_some(session)
+    }
+
+    /// The id of a question passed on to a session-based client, naming the peer address of
+    /// the proxy that waits for its answer (none: only that proxy can take it). Sealed, so a
+    /// client cannot send the replica its answer reaches to an address of its choosing; the
+    /// random nonce makes each id unguessable.
+    pub(super) fn seal_question(&self, holder: Option<&str>) -> String {
+        self.seal_bytes(holder.unwrap_or_default().as_bytes(), Purpose::Question)
+    }
+
+    /// The holder a question id names: `None` for an id not sealed for this McpBackend, or
+    /// naming no holder.
+    pub(super) fn question_holder(&self, sealed: &str) -> Option<String> {
+        let holder = String::from_utf8(self.open_bytes(sealed, Purpose::Question)?).ok()?;
+        (!holder.is_empty()).then_some(holder)
+    }
+
+    fn seal_bytes(&self, plain: &[u8], purpose: Purpose) -> String {
         let mut nonce = [0u8; NONCE_BYTES];
         rand::rng().fill_bytes(&mut nonce);
+        let aad = purpose.associated_data(&self.bound_to);
         let payload = Payload {
-            msg: &plain,
-            aad: self.bound_to.as_bytes(),
+            msg: plain,
+            aad: &aad,
         };
         let sealed = self.ciphers[0]
             .encrypt(XNonce::from_slice(&nonce), payload)
@@ -152,27 +183,39 @@ impl Sealer {
         URL_SAFE_NO_PAD.encode(bytes)
     }
 
-    /// `None` for anything not sealed by one of our keys for this McpBackend, or expired.
-    pub(super) fn open(&self, id: &str) -> Option<Session> {
-        self.open_at(id, unix_now())
-    }
-
-    fn open_at(&self, id: &str, now: u64) -> Option<Session> {
-        let bytes = URL_SAFE_NO_PAD.decode(id).ok()?;
+    fn open_bytes(&self, sealed: &str, purpose: Purpose) -> Option<Vec<u8>> {
+        let bytes = URL_SAFE_NO_PAD.decode(sealed).ok()?;
         let (&format, rest) = bytes.split_first()?;
         if format != FORMAT || rest.len() < NONCE_BYTES {
             return None;
         }
         let (nonce, sealed) = rest.split_at(NONCE_BYTES);
-        let plain = self.ciphers.iter().find_map(|cipher| {
+        let aad = purpose.associated_data(&self.bound_to);
+        self.ciphers.iter().find_map(|cipher| {
             let payload = Payload {
                 msg: sealed,
-                aad: self.bound_to.as_bytes(),
+                aad: &aad,
             };
             cipher.decrypt(XNonce::from_slice(nonce), payload).ok()
-        })?;
-        let session: Session = serde_json::from_slice(&plain).ok()?;
-        (now.saturating_sub(session.issued) <= self.ttl.as_secs()).then_some(session)
+        })
+    }
+}
+
+/// What a sealed value is for, bound in as associated data with the McpBackend's name: a
+/// session id never opens as a question id, nor the reverse.
+#[derive(Clone, Copy)]
+enum Purpose {
+    Session,
+    Question,
+}
+
+impl Purpose {
+    fn associated_data(self, bound_to: &str) -> Vec<u8> {
+        match self {
+            // What session ids were sealed with before question ids were: they still open.
+            Purpose::Session => bound_to.as_bytes().to_vec(),
+            Purpose::Question => format!("{bound_to}\0question").into_bytes(),
+        }
     }
 }
 
@@ -277,6 +320,37 @@ mod tests {
         ] {
             assert_eq!(sealer.open(&forged), None, "{forged}");
         }
+    }
+
+    #[test]
+    fn a_question_id_names_its_holder_only_to_its_backend_and_is_no_session() {
+        let target: Arc<str> = Arc::from("McpBackend/tools");
+        let sealer = Sealer::load(&target, &[], DAY).unwrap();
+        let sealed = sealer.seal_question(Some("10.0.0.7:7071"));
+        assert!(!sealed.contains("10.0.0.7"), "{sealed}");
+        assert_eq!(sealer.question_holder(&sealed).as_deref(), Some("10.0.0.7:7071"));
+        assert_ne!(
+            sealed,
+            sealer.seal_question(Some("10.0.0.7:7071")),
+            "each id is new"
+        );
+        assert_eq!(sealer.question_holder(&sealer.seal_question(None)), None);
+        assert_eq!(sealer.open(&sealed), None, "a question id is no session");
+        assert_eq!(sealer.question_holder(&sealer.seal(&session())), None);
+        let mut damaged = sealed.clone().into_bytes();
+        let last = damaged.len() - 2;
+        damaged[last] = if damaged[last] == b'A' { b'B' } else { b'A' };
+        assert_eq!(sealer.question_holder(&String::from_utf8(damaged).unwrap()), None);
+        let dir = tempfile::tempdir().unwrap();
+        let key = key_file(&dir, "key", &"cd".repeat(32));
+        let other = Sealer::load(&Arc::from("McpBackend/other"), &[key], DAY).unwrap();
+        assert_eq!(
+            other
+                .question_holder(&other.seal_question(Some("h:1")))
+                .as_deref(),
+            Some("h:1")
+        );
+        assert_eq!(other.question_holder(&sealed), None);
     }
 
     #[test]
