@@ -11,6 +11,7 @@
 //! without a decision, mutate with invalid or oversized JSON, report NOT_SERVING.
 
 use std::net::SocketAddr;
+use tonic::transport::server::TcpIncoming;
 
 use clap::{Args, ValueEnum};
 use portcullis_proto::guardrail::v1::guardrail_server::{Guardrail, GuardrailServer};
@@ -71,7 +72,8 @@ pub async fn serve(
         .add_service(GuardrailServer::new(Checker {
             behaviour: args.behave,
         }))
-        .serve_with_incoming_shutdown(tokio_stream::wrappers::TcpListenerStream::new(listener), shutdown)
+        // A verdict is a small write answering a small read: Nagle's algorithm would hold it.
+        .serve_with_incoming_shutdown(TcpIncoming::from(listener).with_nodelay(Some(true)), shutdown)
         .await?;
     Ok(())
 }

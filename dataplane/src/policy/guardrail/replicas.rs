@@ -33,6 +33,25 @@ const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
 /// guardrail benchmark measured in the added latency.
 type Transport = Client<HttpConnector, tonic::body::Body>;
 
+thread_local! {
+    /// One per thread, as the upstream pools: a worker's checks go over connections its own
+    /// runtime drives, so a check never wakes another core to be written or read.
+    static TRANSPORT: Transport = transport();
+}
+
+fn transport() -> Transport {
+    let mut connector = HttpConnector::new();
+    connector.set_nodelay(true);
+    connector.set_connect_timeout(Some(CONNECT_TIMEOUT));
+    Client::builder(TokioExecutor::new())
+        .http2_only(true)
+        .timer(TokioTimer::new())
+        // A checker host that vanished without closing the connection is noticed.
+        .http2_keep_alive_interval(Some(KEEPALIVE_INTERVAL))
+        .http2_keep_alive_timeout(KEEPALIVE_INTERVAL)
+        .build(connector)
+}
+
 pub(super) struct Replicas {
     replicas: Vec<Replica>,
     next: AtomicUsize,
@@ -44,8 +63,7 @@ pub(super) struct Replicas {
 
 struct Replica {
     address: Arc<str>,
-    client: GuardrailClient<Transport>,
-    health: HealthClient<Transport>,
+    origin: http::Uri,
     /// The latest health answer; a replica is presumed healthy until asked.
     healthy: AtomicBool,
     breaker: Mutex<Breaker>,
@@ -70,16 +88,6 @@ pub(super) struct Called {
 
 impl Replicas {
     pub(super) fn new(spec: &GuardrailService, timeout: Duration) -> Result<Arc<Replicas>, String> {
-        let mut connector = HttpConnector::new();
-        connector.set_nodelay(true);
-        connector.set_connect_timeout(Some(CONNECT_TIMEOUT.min(timeout)));
-        let transport: Transport = Client::builder(TokioExecutor::new())
-            .http2_only(true)
-            .timer(TokioTimer::new())
-            // A checker host that vanished without closing the connection is noticed.
-            .http2_keep_alive_interval(Some(KEEPALIVE_INTERVAL))
-            .http2_keep_alive_timeout(KEEPALIVE_INTERVAL)
-            .build(connector);
         let replicas = spec
             .replicas
             .iter()
@@ -89,9 +97,7 @@ impl Replicas {
                     .map_err(|error| format!("replica {address:?}: {error}"))?;
                 Ok(Replica {
                     address: Arc::from(address.as_str()),
-                    client: GuardrailClient::with_origin(transport.clone(), origin.clone())
-                        .max_decoding_message_size(MAX_VERDICT_BYTES),
-                    health: HealthClient::with_origin(transport.clone(), origin),
+                    origin,
                     healthy: AtomicBool::new(true),
                     breaker: Mutex::new(Breaker::default()),
                 })
@@ -200,7 +206,10 @@ impl Replicas {
         expected: &Expected,
     ) -> (usize, Result<Decision, String>) {
         let replica = &self.replicas[index];
-        let called = tokio::time::timeout(self.timeout, send(replica.client.clone(), request)).await;
+        let client = GuardrailClient::with_origin(TRANSPORT.with(Clone::clone), replica.origin.clone())
+            .max_decoding_message_size(MAX_VERDICT_BYTES);
+        // The timeout covers connecting too.
+        let called = tokio::time::timeout(self.timeout, send(client, request)).await;
         let (outcome, replica_at_fault) = match called {
             Err(_) => (
                 Err(format!(
@@ -312,7 +321,7 @@ async fn watch_health(replicas: Weak<Replicas>, interval: Duration) {
             return;
         };
         let asks = replicas.replicas.iter().map(|replica| async {
-            let mut health = replica.health.clone();
+            let mut health = HealthClient::with_origin(TRANSPORT.with(Clone::clone), replica.origin.clone());
             let answer = tokio::time::timeout(
                 interval,
                 health.check(HealthCheckRequest {
