@@ -562,12 +562,21 @@ fn an_answer_that_reaches_another_replica_is_handed_to_the_one_holding_the_call(
             "params": {"name": "ask-sum", "arguments": {"a": 2, "b": 3}}})
     };
 
-    let mut on_a = EventStream::post(port_a, &headers, &call(7));
-    let question = on_a.next(|message| message["method"] == "elicitation/create");
+    let question_of = |stream: &mut mcp_wire::Streaming| {
+        mcp_wire::events(stream.until("elicitation/create"))
+            .into_iter()
+            .find(|message| message["method"] == "elicitation/create")
+            .unwrap()
+    };
+    let mut on_a = mcp_wire::Streaming::post(port_a, &headers, &call(7).to_string());
+    let question = question_of(&mut on_a);
     assert_eq!(question["params"]["message"], "Add 2 and 3?", "{question}");
     let handed = answer_on_b(&question["id"]);
     assert_eq!(handed.status, 202, "{}", handed.body);
-    let result = on_a.next(|message| message["id"] == 7);
+    let result = mcp_wire::events(on_a.until("\"result\""))
+        .into_iter()
+        .find(|message| message["id"] == 7)
+        .unwrap();
     assert_eq!(result["result"]["content"][0]["text"], "5", "{result}");
 
     // Answered already: nothing awaits it, on either replica.
@@ -583,8 +592,8 @@ fn an_answer_that_reaches_another_replica_is_handed_to_the_one_holding_the_call(
     assert_eq!(forged.status, 400, "{}", forged.body);
 
     // The holder gone mid-call: B says it could not hand the answer over.
-    let mut on_a = EventStream::post(port_a, &headers, &call(8));
-    let question = on_a.next(|message| message["method"] == "elicitation/create");
+    let mut on_a = mcp_wire::Streaming::post(port_a, &headers, &call(8).to_string());
+    let question = question_of(&mut on_a);
     proxy_a.kill();
     let lost = answer_on_b(&question["id"]);
     let error: serde_json::Value = serde_json::from_str(&lost.body).unwrap();
@@ -600,58 +609,6 @@ fn an_answer_that_reaches_another_replica_is_handed_to_the_one_holding_the_call(
             .is_some_and(|message| message.contains("could not take the response")),
         "{error}"
     );
-}
-
-/// An HTTP/1.1 request whose event-stream answer is read message by message, as it comes.
-struct EventStream {
-    connection: std::net::TcpStream,
-    unread: String,
-}
-
-impl EventStream {
-    fn post(port: u16, headers: &[(&str, &str)], message: &serde_json::Value) -> EventStream {
-        use std::io::Write;
-        let mut connection = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
-        connection.set_read_timeout(Some(TIMEOUT)).unwrap();
-        let body = message.to_string();
-        let fields: String = headers
-            .iter()
-            .map(|(name, value)| format!("{name}: {value}\r\n"))
-            .collect();
-        write!(
-            connection,
-            "POST /mcp HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n{fields}Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-            body.len()
-        )
-        .unwrap();
-        EventStream {
-            connection,
-            unread: String::new(),
-        }
-    }
-
-    /// The next message of the stream that `wanted` picks; panics if the stream ends first.
-    fn next(&mut self, wanted: impl Fn(&serde_json::Value) -> bool) -> serde_json::Value {
-        use std::io::Read;
-        loop {
-            while let Some(end) = self.unread.find('\n') {
-                let line: String = self.unread.drain(..=end).collect();
-                // Chunk sizes and event fields other than data are skipped.
-                let Some(data) = line.trim_end().strip_prefix("data:") else {
-                    continue;
-                };
-                if let Ok(message) = serde_json::from_str::<serde_json::Value>(data.trim()) {
-                    if wanted(&message) {
-                        return message;
-                    }
-                }
-            }
-            let mut buffer = [0u8; 4096];
-            let read = self.connection.read(&mut buffer).expect("the stream goes on");
-            assert!(read > 0, "the stream ended; unread: {}", self.unread);
-            self.unread.push_str(&String::from_utf8_lossy(&buffer[..read]));
-        }
-    }
 }
 
 /// The drift each proxy reports in `portcullis status`: (tool, state, refused).

@@ -395,3 +395,38 @@ pub(crate) async fn garbage_server() -> SocketAddr {
     });
     address
 }
+
+/// A TCP relay to `server` that holds each piece of the server's answers for `hold`: to its
+/// clients, a slow server that acts on requests at once (a session it opens exists before
+/// the client hears of it).
+pub(crate) async fn slow_answers(server: SocketAddr, hold: std::time::Duration) -> SocketAddr {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((client, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let Ok(upstream) = tokio::net::TcpStream::connect(server).await else {
+                    return;
+                };
+                let (mut from_client, mut to_client) = client.into_split();
+                let (mut from_server, mut to_server) = upstream.into_split();
+                let answers = async {
+                    let mut chunk = [0u8; 4096];
+                    while let Ok(read @ 1..) = from_server.read(&mut chunk).await {
+                        tokio::time::sleep(hold).await;
+                        if to_client.write_all(&chunk[..read]).await.is_err() {
+                            return;
+                        }
+                    }
+                };
+                // Either side closing ends the relay's connection.
+                tokio::select! {
+                    _ = tokio::io::copy(&mut from_client, &mut to_server) => {}
+                    () = answers => {}
+                }
+            });
+        }
+    });
+    address
+}

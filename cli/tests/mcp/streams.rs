@@ -84,6 +84,42 @@ fn a_server_s_list_changes_and_resource_updates_reach_the_client_on_the_session_
     assert_eq!(json_only.status, 406, "{}", json_only.body);
 }
 
+/// A 2026-07-28 client's call to a server that predates that revision runs in a session the
+/// gateway opens for it. A client that leaves while the server is still answering
+/// `initialize` leaves no session behind: the opening runs to its end in the background, and
+/// the session nobody wants is closed.
+#[test]
+fn a_session_opened_for_a_bridged_call_whose_client_left_is_closed() {
+    let dir = tempfile::tempdir().unwrap();
+    let runtime = runtime();
+    let (_server, old) = era_server(dir.path(), "legacy");
+    let slow = runtime.block_on(slow_answers(old, std::time::Duration::from_millis(1500)));
+    let port = free_port();
+    let _gateway = start_gateway(dir.path(), &mcp_config(port, &[("old", slow)], ""));
+    let open_sessions =
+        || http_get(old.port(), "/sessions").and_then(|response| response.body.trim().parse::<usize>().ok());
+    assert_eq!(open_sessions(), Some(0));
+
+    let call = json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+        "params": {"name": "echo", "arguments": {"message": "hi"}, "_meta": {
+            "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+            "io.modelcontextprotocol/clientCapabilities": {}}}});
+    let headers = [
+        ACCEPT_BOTH,
+        ("MCP-Protocol-Version", "2026-07-28"),
+        ("Mcp-Method", "tools/call"),
+        ("Mcp-Name", "echo"),
+    ];
+    let client = Streaming::post(port, &headers, &call.to_string());
+    wait_for("the server's session for the call", TIMEOUT, || {
+        open_sessions() == Some(1)
+    });
+    drop(client);
+    wait_for("the session of the client that left closed", TIMEOUT, || {
+        open_sessions() == Some(0)
+    });
+}
+
 /// A 2026-07-28 client listens to a server that predates that revision: the gateway opens a
 /// session for the subscription, subscribes to the resource in it, and passes on what comes
 /// on the session's stream, tagged as the subscription's.

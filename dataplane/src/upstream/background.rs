@@ -42,6 +42,23 @@ impl Background {
         }
     }
 
+    /// Runs `work` as background work and hands back what it produces; `None` only if it
+    /// panicked or could not run. A caller that stops waiting (its client left) does not stop
+    /// the work: what it produced is then dropped inside the task, so a session it opened is
+    /// closed as background work too (a task's unclaimed output would be dropped only after
+    /// it stopped counting as running).
+    pub(crate) async fn outcome<T, F>(&self, work: F) -> Option<T>
+    where
+        T: Send + 'static,
+        F: Future<Output = T> + Send + 'static,
+    {
+        let (produced, outcome) = tokio::sync::oneshot::channel();
+        self.spawn(async move {
+            let _ = produced.send(work.await);
+        });
+        outcome.await.ok()
+    }
+
     /// Waits for every piece of background work, including any started meanwhile, for at
     /// most `grace`; what is still running then is left to end with the runtime. Whether
     /// everything ended.

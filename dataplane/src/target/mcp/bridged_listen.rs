@@ -4,12 +4,14 @@
 //! resource's updates after `resources/subscribe`), passes the session's stream on as the
 //! subscription's, and closes the session when the subscription ends.
 
+use std::sync::Arc;
+
 use futures::stream::StreamExt;
 use http::StatusCode;
 use http_body_util::{BodyStream, StreamBody};
 use serde_json::{json, Map, Value};
 
-use super::initialize::{open_session, NewSession};
+use super::initialize::{open_session_detached, NewSession};
 use super::listen::LIST_FLAGS;
 use super::reach::{self, ClientMeta};
 use super::server::{self, Failure, Headers, Server};
@@ -30,8 +32,8 @@ pub(super) struct Listening {
 
 /// `Ok(None)`: the server honors nothing of `flags` and `resources` (its own URIs).
 pub(super) async fn listen_in_session(
-    server: &Server,
-    upstream: &Upstream,
+    server: &Arc<Server>,
+    upstream: &Arc<Upstream>,
     trace: &RequestTrace,
     client: &ClientMeta,
     flags: &Map<String, Value>,
@@ -47,7 +49,7 @@ pub(super) async fn listen_in_session(
         session,
         offer,
         closing,
-    } = open_session(server, upstream, trace, &reach::bridge_initialize(&listener)).await?;
+    } = open_session_detached(server, upstream, trace, &reach::bridge_initialize(&listener)).await?;
     // A server that keeps no session has no stream to listen on. The session closes with
     // the stream, or at once when nothing is honored.
     let (Some(id), Some(closing)) = (session.id.as_deref(), closing) else {

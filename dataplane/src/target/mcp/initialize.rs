@@ -54,27 +54,21 @@ impl McpTarget {
         // initialize is background work of its own, run to its end whatever becomes of the
         // client or of this worker: cut off mid-answer, it would leave a session open that
         // the gateway never learned of and so could not close.
+        // A session taken and then dropped on the worker is closed on the main runtime too:
+        // `Closing` spawns its DELETE there.
         let opening = self.servers.iter().map(|server| {
-            let (server, upstream, trace) = (server.clone(), upstream.clone(), trace.detached());
+            let (server, task_upstream, trace) = (server.clone(), upstream.clone(), trace.detached());
             let (message, client) = (message.clone(), client.clone());
-            let (opened, outcome) = tokio::sync::oneshot::channel();
-            // The outcome comes back over a channel, not as the task's output: one sent when
-            // nobody waits any more (the client left) is dropped inside the task, so the
-            // session it opened is closed as background work shutdown still waits for (a
-            // task's unclaimed output is dropped only after it stopped counting as running).
-            // One taken and then dropped on the worker is closed on the main runtime too:
-            // `Closing` spawns its DELETE there.
-            upstream.background.clone().spawn(async move {
-                let _ = opened.send(open_any_session(&server, &upstream, &trace, &message, &client).await);
-            });
-            outcome
+            upstream.background.outcome(async move {
+                open_any_session(&server, &task_upstream, &trace, &message, &client).await
+            })
         });
         let opened: Vec<_> = join_all(opening)
             .await
             .into_iter()
             .zip(&self.servers)
             .map(|(outcome, server)| {
-                outcome.unwrap_or_else(|_| {
+                outcome.unwrap_or_else(|| {
                     // Only a panic ends the task without sending; its message went to stderr.
                     tracing::error!(server = %server.name, "opening an MCP session ended without an outcome");
                     Err(server.failure("opening a session failed"))
@@ -254,8 +248,8 @@ impl McpTarget {
 /// takes `initialize`, else (a 2026-07-28-only server) none, the client's capabilities
 /// then going with every request. Returns what the server offers.
 async fn open_any_session(
-    server: &Server,
-    upstream: &Upstream,
+    server: &Arc<Server>,
+    upstream: &Arc<Upstream>,
     trace: &RequestTrace,
     message: &Value,
     client: &ClientMeta,
@@ -294,8 +288,8 @@ enum Heard {
 /// reach a 2026-07-28 client's `subscriptions/listen`: all of a 2026-07-28 server's, and a
 /// session-based server's in a session opened for the subscription (if it keeps sessions).
 async fn offer(
-    server: &Server,
-    upstream: &Upstream,
+    server: &Arc<Server>,
+    upstream: &Arc<Upstream>,
     trace: &RequestTrace,
     client: &ClientMeta,
 ) -> Result<(Value, Heard), Failure> {
@@ -306,7 +300,7 @@ async fn offer(
         ));
     }
     // Only the offer is wanted: the session ends at once, in the background.
-    let opened = open_session(server, upstream, trace, &bridge_initialize(client)).await?;
+    let opened = open_session_detached(server, upstream, trace, &bridge_initialize(client)).await?;
     let heard = if opened.session.id.is_some() {
         Heard::Everything
     } else {
@@ -316,8 +310,8 @@ async fn offer(
 }
 
 async fn modern_offer(
-    server: &Server,
-    upstream: &Upstream,
+    server: &Arc<Server>,
+    upstream: &Arc<Upstream>,
     trace: &RequestTrace,
     client: &ClientMeta,
 ) -> Result<Value, Failure> {
@@ -352,7 +346,25 @@ pub(super) struct NewSession {
     pub(super) closing: Option<Closing>,
 }
 
-pub(super) async fn open_session(
+/// [`open_session`] as background work of its own, run to its end whatever becomes of the
+/// request that wants the session: cut off mid-answer, it would leave a session open that
+/// the gateway never learned of and so could not close.
+pub(super) async fn open_session_detached(
+    server: &Arc<Server>,
+    upstream: &Arc<Upstream>,
+    trace: &RequestTrace,
+    message: &Value,
+) -> Result<NewSession, Failure> {
+    let (task_server, task_upstream) = (server.clone(), upstream.clone());
+    let (trace, message) = (trace.detached(), message.clone());
+    upstream
+        .background
+        .outcome(async move { open_session(&task_server, &task_upstream, &trace, &message).await })
+        .await
+        .unwrap_or_else(|| Err(server.failure("opening a session failed")))
+}
+
+async fn open_session(
     server: &Server,
     upstream: &Upstream,
     trace: &RequestTrace,

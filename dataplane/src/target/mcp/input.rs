@@ -764,7 +764,7 @@ mod tests {
         let seen = Arc::new(Mutex::new(Vec::new()));
         let address = questioning_server(seen.clone()).await;
         let telemetry = Arc::new(Telemetry::new(quiet_telemetry()).unwrap());
-        let upstream = Upstream::new(telemetry, crate::placements::outbox().0, None);
+        let upstream = Arc::new(Upstream::new(telemetry, crate::placements::outbox().0, None));
         let server = Server::compile(
             &McpServerSpec {
                 name: "old".into(),
@@ -776,6 +776,7 @@ mod tests {
             },
             &upstream,
         )
+        .map(Arc::new)
         .unwrap();
         let client = Arc::new(ClientMeta::from_initialize(
             &json!({"capabilities": {"roots": {}}}),

@@ -628,10 +628,10 @@ enum Listened {
 
 /// `subscriptions/listen` sent on to a 2026-07-28 server.
 async fn listen_modern(
-    server: &Server,
+    server: &Arc<Server>,
     client: &Arc<ClientMeta>,
     message: Value,
-    upstream: &Upstream,
+    upstream: &Arc<Upstream>,
     trace: &RequestTrace,
 ) -> Listened {
     match reach::send(server, &Reach::Modern(client.clone()), message, upstream, trace).await {

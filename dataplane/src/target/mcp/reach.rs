@@ -154,10 +154,10 @@ impl Reach {
 
 /// Sends `message` to `server` the way `reach` says.
 pub(super) async fn send(
-    server: &Server,
+    server: &Arc<Server>,
     reach: &Reach,
     mut message: Value,
-    upstream: &Upstream,
+    upstream: &Arc<Upstream>,
     trace: &RequestTrace,
 ) -> Result<Sent, Failure> {
     match reach.prepare(&mut message, trace) {
@@ -170,10 +170,10 @@ pub(super) async fn send(
 
 /// Sends `message` and reads the server's result.
 pub(super) async fn ask(
-    server: &Server,
+    server: &Arc<Server>,
     reach: &Reach,
     mut message: Value,
-    upstream: &Upstream,
+    upstream: &Arc<Upstream>,
     trace: &RequestTrace,
 ) -> Result<Value, Failure> {
     let answer = match reach.prepare(&mut message, trace) {
@@ -216,10 +216,10 @@ pub(super) fn bridge_initialize(client: &ClientMeta) -> Value {
 /// the answer, end the session. The server's questions to the client become an
 /// `input_required` result, answered in the next round ([`Answers`]).
 async fn bridge(
-    server: &Server,
+    server: &Arc<Server>,
     client: &ClientMeta,
     message: &Value,
-    upstream: &Upstream,
+    upstream: &Arc<Upstream>,
     trace: &RequestTrace,
 ) -> Result<Answer, Failure> {
     let mut message = message.clone();
@@ -244,7 +244,7 @@ async fn bridge(
         session,
         closing: _closing,
         ..
-    } = super::initialize::open_session(server, upstream, trace, &initialize).await?;
+    } = super::initialize::open_session_detached(server, upstream, trace, &initialize).await?;
     let headers = Headers {
         session: session.id.as_deref(),
         version: Some(&session.version),
