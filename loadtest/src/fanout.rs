@@ -145,6 +145,26 @@ pub struct ProcessUsage {
     pub peak_rss_mib: f64,
 }
 
+/// A runtime started inside another, which cannot be dropped there the usual way (that
+/// blocks): it stops in the background.
+struct InnerRuntime(Option<tokio::runtime::Runtime>);
+
+impl InnerRuntime {
+    fn spawn(&self, work: impl std::future::Future<Output = ()> + Send + 'static) {
+        if let Some(runtime) = &self.0 {
+            runtime.spawn(work);
+        }
+    }
+}
+
+impl Drop for InnerRuntime {
+    fn drop(&mut self) {
+        if let Some(runtime) = self.0.take() {
+            runtime.shutdown_background();
+        }
+    }
+}
+
 pub async fn run(args: FanoutBenchArgs) -> anyhow::Result<()> {
     if args.shards == 0 || args.subscribers == 0 || args.routes < args.shards {
         bail!("need at least one shard, one subscriber and a route per shard");
@@ -158,10 +178,19 @@ pub async fn run(args: FanoutBenchArgs) -> anyhow::Result<()> {
 
     let progress = Arc::new(Progress::new(args.subscribers));
     let started = Instant::now();
+    // The subscribers stand for proxies elsewhere: on a runtime of their own, so a write's
+    // answer is not read only after a thousand subscribers handled the version it made.
+    let subscribers = InnerRuntime(Some(
+        tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .thread_name("subscribers")
+            .build()
+            .context("starting the subscribers' runtime")?,
+    ));
     for index in 0..args.subscribers {
         let node = args.controlplane[index % args.controlplane.len()].clone();
         let shard = format!("s{}", index % args.shards);
-        tokio::spawn(subscribe(node, index, shard, progress.clone()));
+        subscribers.spawn(subscribe(node, index, shard, progress.clone()));
     }
     wait_for(&progress, version, Duration::from_secs(300)).await?;
     let initial_sync_seconds = started.elapsed().as_secs_f64();

@@ -26,6 +26,10 @@ use crate::view::ConfigView;
 /// How long a new stream may take to send its Hello; a client that never does would
 /// otherwise hold a task and a connection forever.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a stream waits after a new version before sending it: long enough for the
+/// write that made it to be answered first (the writer waits on it; proxies can take a few
+/// milliseconds more), short against the fan-out's budget.
+const FANOUT_DEFER: Duration = Duration::from_millis(2);
 /// How long a proxy holding a newer version than this node waits for it to catch up.
 const CATCH_UP_GRACE: Duration = Duration::from_secs(10);
 /// How long a node may be out of touch with the cluster before its proxies are sent to
@@ -226,6 +230,9 @@ impl Session {
                     if changed.is_err() {
                         return;
                     }
+                    // The write that made this version is answered on this node's runtime
+                    // too: a thousand streams sending at once would hold its answer back.
+                    tokio::time::sleep(FANOUT_DEFER).await;
                     pending = true;
                 }
                 // Sending only once the last version is answered means a slow proxy skips
