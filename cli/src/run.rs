@@ -116,7 +116,8 @@ pub struct ProxyArgs {
     /// Serve only Listeners with this label (KEY=VALUE, repeatable).
     #[arg(long = "shard", value_parser = parse_label)]
     pub shard: Vec<(String, String)>,
-    /// Health (/livez, /readyz) and status endpoints.
+    /// Health (/livez, /readyz), status and metrics endpoints; other replicas hand MCP
+    /// answers over here too (see --peer-address).
     #[arg(long, default_value = "127.0.0.1:7071")]
     pub admin_listen: SocketAddr,
     /// Keep the last good config here, to serve it after a restart while the control plane is down.
@@ -128,9 +129,9 @@ pub struct ProxyArgs {
     /// Threads serving traffic, each with its own runtime and connections; 0: one per core.
     #[arg(long, env = "PORTCULLIS_WORKERS", default_value_t = 0)]
     pub workers: usize,
-    /// Where the other proxy replicas reach this one's admin port (HOST:PORT, e.g. the pod
-    /// IP), to hand it MCP clients' answers that reached them; defaults to --admin-listen
-    /// unless that is 0.0.0.0 or [::].
+    /// Where the other proxy replicas reach this one's admin port, to hand it MCP clients'
+    /// answers that reached them: HOST:PORT, or an IP address (e.g. the pod IP) for the
+    /// --admin-listen port; defaults to --admin-listen unless that is 0.0.0.0, [::] or loopback.
     #[arg(long, env = "PORTCULLIS_PEER_ADDRESS")]
     pub peer_address: Option<String>,
     #[command(flatten)]

@@ -530,8 +530,22 @@ fn an_answer_that_reaches_another_replica_is_handed_to_the_one_holding_the_call(
         );
     let controlplane = format!("127.0.0.1:{cp_port}");
     let _controlplane = start_controlplane(dir.path(), cp_port);
-    let mut proxy_a = start_proxy(dir.path(), "a", &controlplane, admin_a, &["--shard", "replica=a"]);
-    let _proxy_b = start_proxy(dir.path(), "b", &controlplane, admin_b, &["--shard", "replica=b"]);
+    // A loopback admin address is no peer address by default: other hosts cannot reach it.
+    let peer = ["--peer-address", "127.0.0.1"];
+    let mut proxy_a = start_proxy(
+        dir.path(),
+        "a",
+        &controlplane,
+        admin_a,
+        &[&["--shard", "replica=a"], &peer[..]].concat(),
+    );
+    let _proxy_b = start_proxy(
+        dir.path(),
+        "b",
+        &controlplane,
+        admin_b,
+        &[&["--shard", "replica=b"], &peer[..]].concat(),
+    );
     apply(dir.path(), "replicas.yaml", &config, &controlplane);
     let version = config_version(&controlplane);
     for replica in ["a", "b"] {
@@ -552,11 +566,12 @@ fn an_answer_that_reaches_another_replica_is_handed_to_the_one_holding_the_call(
         ("Mcp-Session-Id", session.as_str()),
         ("MCP-Protocol-Version", "2025-11-25"),
     ];
-    let answer_on_b = |id: &serde_json::Value| {
+    let answer_on_b_in = |headers: &[(&str, &str)], id: &serde_json::Value| {
         let answer = json!({"jsonrpc": "2.0", "id": id,
             "result": {"action": "accept", "content": {"ok": true}}});
-        http_request_with(port_b, "POST", "/mcp", &headers, Some(&answer.to_string())).unwrap()
+        http_request_with(port_b, "POST", "/mcp", headers, Some(&answer.to_string())).unwrap()
     };
+    let answer_on_b = |id: &serde_json::Value| answer_on_b_in(&headers, id);
     let call = |id: u64| {
         json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
             "params": {"name": "ask-sum", "arguments": {"a": 2, "b": 3}}})
@@ -571,6 +586,17 @@ fn an_answer_that_reaches_another_replica_is_handed_to_the_one_holding_the_call(
     let mut on_a = mcp_wire::Streaming::post(port_a, &headers, &call(7).to_string());
     let question = question_of(&mut on_a);
     assert_eq!(question["params"]["message"], "Add 2 and 3?", "{question}");
+    // Another session's answer to it is refused (B checks the session sealed in the id, A
+    // the session of the call).
+    let opened = http_request_with(port_b, "POST", "/mcp", &[accept], Some(&initialize.to_string())).unwrap();
+    let other = mcp_wire::header(&opened, "mcp-session-id").expect("a second session id");
+    let other_headers = [
+        accept,
+        ("Mcp-Session-Id", other.as_str()),
+        ("MCP-Protocol-Version", "2025-11-25"),
+    ];
+    let foreign = answer_on_b_in(&other_headers, &question["id"]);
+    assert_eq!(foreign.status, 400, "{}", foreign.body);
     let handed = answer_on_b(&question["id"]);
     assert_eq!(handed.status, 202, "{}", handed.body);
     let result = mcp_wire::events(on_a.until("\"result\""))
@@ -587,6 +613,10 @@ fn an_answer_that_reaches_another_replica_is_handed_to_the_one_holding_the_call(
         "{}",
         again.body
     );
+    // On A itself, the holder it names: nothing to hand over either.
+    let answer = json!({"jsonrpc": "2.0", "id": question["id"], "result": {"action": "accept"}});
+    let on_holder = http_request_with(port_a, "POST", "/mcp", &headers, Some(&answer.to_string())).unwrap();
+    assert_eq!(on_holder.status, 400, "{}", on_holder.body);
     // An id the gateway did not seal names no replica: B hands nothing over.
     let forged = answer_on_b(&json!("portcullis:input:AXh5eg"));
     assert_eq!(forged.status, 400, "{}", forged.body);

@@ -26,11 +26,7 @@ impl Handler for AdminHandler {
             if request.method() != Method::POST {
                 return response::error(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", "use POST");
             }
-            return self
-                .state
-                .input_waits()
-                .take_handed_over(request.into_body())
-                .await;
+            return self.state.input_waits().take_handed_over(request).await;
         }
         if request.method() != Method::GET {
             return response::error(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", "use GET");

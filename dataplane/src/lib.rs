@@ -66,9 +66,10 @@ pub struct ProxyConfig {
     pub drain_grace: Duration,
     /// Threads serving traffic, each with its own runtime; 0 means one per core.
     pub workers: usize,
-    /// Where the other replicas reach this proxy's admin port (`host:port`), to hand it an MCP
-    /// client's answer to a question of a call this proxy holds. `None`: the admin address,
-    /// unless it is unspecified (`0.0.0.0`); then answers must reach this proxy.
+    /// Where the other replicas reach this proxy's admin port, to hand it an MCP client's
+    /// answer to a question of a call this proxy holds: `HOST:PORT`, or an IP address (of the
+    /// admin port). `None`: the admin address, unless it is unspecified (`0.0.0.0`) or
+    /// loopback (no other host reaches it); then answers must reach this proxy.
     pub peer_address: Option<String>,
     pub telemetry: TelemetryConfig,
 }
@@ -80,6 +81,23 @@ pub struct Proxy {
     subscription: JoinHandle<()>,
     signals: JoinHandle<()>,
     placements: JoinHandle<()>,
+}
+
+/// Where other replicas reach this proxy's admin port (see [`ProxyConfig::peer_address`]).
+fn peer_address(given: Option<&str>, admin: SocketAddr) -> anyhow::Result<Option<String>> {
+    let Some(given) = given else {
+        let reachable = !admin.ip().is_unspecified() && !admin.ip().is_loopback();
+        return Ok(reachable.then(|| admin.to_string()));
+    };
+    if let Ok(ip) = given.parse::<std::net::IpAddr>() {
+        return Ok(Some(SocketAddr::new(ip, admin.port()).to_string()));
+    }
+    match given.parse::<http::uri::Authority>() {
+        Ok(authority) if authority.port_u16().is_some() => Ok(Some(given.to_string())),
+        _ => anyhow::bail!(
+            "--peer-address {given:?}: expected HOST:PORT (an IPv6 address in brackets) or an IP address"
+        ),
+    }
 }
 
 impl Proxy {
@@ -94,9 +112,13 @@ impl Proxy {
             .await
             .with_context(|| format!("cannot listen on admin address {}", config.admin_listen))?;
         let admin_addr = admin_socket.local_addr();
-        let peer_address = config
-            .peer_address
-            .or_else(|| (!admin_addr.ip().is_unspecified()).then(|| admin_addr.to_string()));
+        let peer_address = peer_address(config.peer_address.as_deref(), admin_addr)?;
+        match &peer_address {
+            Some(address) => tracing::info!(peer_address = %address, "other replicas hand MCP answers over here"),
+            None => tracing::info!(
+                "no peer address (--peer-address): an MCP client's answer to a server's question must reach the replica holding the call"
+            ),
+        }
         let state = Arc::new(ConfigState::new(
             config.cache_dir.map(ConfigCache::new),
             config.drain_grace,

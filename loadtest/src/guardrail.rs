@@ -11,7 +11,6 @@
 //! without a decision, mutate with invalid or oversized JSON, report NOT_SERVING.
 
 use std::net::SocketAddr;
-use tonic::transport::server::TcpIncoming;
 
 use clap::{Args, ValueEnum};
 use portcullis_proto::guardrail::v1::guardrail_server::{Guardrail, GuardrailServer};
@@ -20,6 +19,7 @@ use portcullis_proto::guardrail::v1::{
     McpResponseCheck, Mutate, Verdict,
 };
 use serde_json::Value;
+use tonic::transport::server::TcpIncoming;
 use tonic::{Request, Response, Status};
 
 #[derive(Args, Clone)]

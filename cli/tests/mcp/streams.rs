@@ -93,7 +93,7 @@ fn a_session_opened_for_a_bridged_call_whose_client_left_is_closed() {
     let dir = tempfile::tempdir().unwrap();
     let runtime = runtime();
     let (_server, old) = era_server(dir.path(), "legacy");
-    let slow = runtime.block_on(slow_answers(old, std::time::Duration::from_millis(1500)));
+    let slow = runtime.block_on(slow_answers(old, std::time::Duration::from_millis(500)));
     let port = free_port();
     let _gateway = start_gateway(dir.path(), &mcp_config(port, &[("old", slow)], ""));
     let open_sessions =

@@ -192,6 +192,9 @@ impl Session {
         // has it: a control plane rebuilt from empty storage reuses version numbers.
         self.view.mark_changed();
         let mut pending = false;
+        // A new version goes out FANOUT_DEFER after it applied (the first one at once).
+        let mut send_after: Option<tokio::time::Instant> = None;
+        let mut sent_any = false;
         let mut exchange = Exchange::default();
         // A proxy that moved here from another node may hold a version this node has not
         // applied yet: it waits for this node to catch up rather than go back. If this node
@@ -232,12 +235,17 @@ impl Session {
                     }
                     // The write that made this version is answered on this node's runtime
                     // too: a thousand streams sending at once would hold its answer back.
-                    tokio::time::sleep(FANOUT_DEFER).await;
+                    if sent_any {
+                        send_after.get_or_insert_with(|| tokio::time::Instant::now() + FANOUT_DEFER);
+                    }
                     pending = true;
+                }
+                () = tokio::time::sleep_until(send_after.unwrap_or_else(tokio::time::Instant::now)), if send_after.is_some() => {
+                    send_after = None;
                 }
                 // Sending only once the last version is answered means a slow proxy skips
                 // versions instead of queueing them, and a delta's base is what it holds.
-                permit = self.outbound.reserve(), if pending && exchange.awaiting.is_none() => {
+                permit = self.outbound.reserve(), if pending && exchange.awaiting.is_none() && send_after.is_none() => {
                     let Ok(permit) = permit else { return };
                     pending = false;
                     let view = self.view.borrow_and_update().clone();
@@ -258,6 +266,7 @@ impl Session {
                         let delta = message.base_version.is_some();
                         self.metrics.config_sent(delta, message.encoded_len());
                         permit.send(Ok(ConfigSnapshot::clone(&message)));
+                        sent_any = true;
                         exchange.awaiting = Some((view.version, delta));
                         self.registry.sent(proxy_id, session, view.version);
                     }

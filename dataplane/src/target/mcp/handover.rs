@@ -1,12 +1,16 @@
 //! A session-based client's answer to a 2026-07-28 server's question that reaches another
 //! replica than the one holding the call (behind a load balancer that does not keep a
 //! session on one replica). The question's id names, sealed with the McpBackend's key, the
-//! peer address of the proxy waiting for the answer ([`InputWaits`]); the replica the
-//! answer reaches hands it over to that proxy's admin port, which delivers it only to a call
-//! of its own, of the same session.
+//! peer address of the proxy waiting for the answer, the session and when it was asked
+//! ([`QuestionTicket`]); the replica the answer reaches checks the last two before anything
+//! leaves it, then hands the answer over, sealed with the same key, to that proxy's admin
+//! port. The holder takes it only for a call of its own, of the same session, and only if it
+//! opens with that call's key: the handover is private to the deployment's proxies and
+//! cannot be forged by whoever reaches the admin port.
 
 use std::time::Duration;
 
+use bytes::Bytes;
 use http::header::{CONTENT_TYPE, HOST};
 use http::{HeaderValue, Request, Response, StatusCode};
 use hyper::body::Incoming;
@@ -15,7 +19,7 @@ use serde_json::{Map, Value};
 
 use super::input::{Delivery, InputWaits, QUESTION_ID_PREFIX};
 use super::jsonrpc::{self, accepted};
-use super::session::Sealer;
+use super::session::{digest, unix_now, Sealer};
 use crate::body::{self, Body, Held};
 use crate::response;
 use crate::upstream::Upstream;
@@ -24,74 +28,75 @@ use crate::upstream::Upstream;
 pub(crate) const ANSWERS_PATH: &str = "/mcp/answers";
 /// A handover is one small exchange between two proxies of one deployment.
 const HANDOVER_TIMEOUT: Duration = Duration::from_secs(5);
+/// How old a question may be beyond the Route's body idle timeout (the time its client has
+/// to answer) and still be handed over: clocks of two replicas differ a little.
+const CLOCK_SLACK: Duration = Duration::from_secs(30);
+/// What the holder answers when no call of its own waits for an answer: told apart from a
+/// 404 of whatever else may listen at an address a replica once had.
+const NOT_WAITING: &str = "not_waiting";
+/// Largest answer of the holder read back.
+const MAX_REPLY_BYTES: usize = 4096;
 
-/// What one replica hands another.
+/// What one replica hands another, as sent: the id in the clear (the holder finds the call
+/// by it), the rest sealed.
 #[derive(Serialize, Deserialize)]
 struct HandedOver {
+    id: String,
+    sealed: String,
+}
+
+/// What is sealed in a handover.
+#[derive(Serialize, Deserialize)]
+struct Answer {
     /// The client's `Mcp-Session-Id`: the holder delivers only to a call of that session.
     session: String,
-    id: String,
     response: Map<String, Value>,
 }
 
 /// Hands a response no call on this proxy waits for to the proxy its question id names.
+/// `idle`: how long the Route gives a client to answer.
 pub(super) async fn hand_over(
     sealer: &Sealer,
     waits: &InputWaits,
     id: &str,
     session: &str,
     response: Map<String, Value>,
+    idle: Duration,
 ) -> Response<Body> {
-    let holder = id
+    let Some(ticket) = id
         .strip_prefix(QUESTION_ID_PREFIX)
-        .and_then(|sealed| sealer.question_holder(sealed))
-        .filter(|holder| waits.holder() != Some(holder.as_str()));
-    let Some(holder) = holder else {
+        .and_then(|sealed| sealer.open_question(sealed))
+        .filter(|ticket| ticket.session == digest(session))
+        .filter(|ticket| unix_now().saturating_sub(ticket.asked) <= (idle + CLOCK_SLACK).as_secs())
+    else {
         return not_waiting();
     };
-    let handed = HandedOver {
+    let holder = match ticket.holder {
+        None => return held_elsewhere(),
+        Some(holder) if waits.holder() == Some(holder.as_str()) => return not_waiting(),
+        Some(holder) => holder,
+    };
+    let answer = Answer {
         session: session.to_string(),
-        id: id.to_string(),
         response,
     };
-    match tokio::time::timeout(HANDOVER_TIMEOUT, send(&holder, &handed)).await {
-        Ok(Ok(StatusCode::ACCEPTED)) => accepted(),
-        Ok(Ok(StatusCode::NOT_FOUND)) => not_waiting(),
-        Ok(Ok(status)) => unreachable_holder(&holder, &format!("it answered HTTP {status}")),
-        Ok(Err(problem)) => unreachable_holder(&holder, &problem),
-        Err(_) => unreachable_holder(&holder, &format!("no answer within {HANDOVER_TIMEOUT:?}")),
+    // Strings and JSON values: serializing cannot fail.
+    let handed = HandedOver {
+        id: id.to_string(),
+        sealed: sealer.seal_handover(&serde_json::to_vec(&answer).unwrap_or_default()),
+    };
+    let problem = match tokio::time::timeout(HANDOVER_TIMEOUT, send(&holder, &handed)).await {
+        Ok(Ok(Taken::Yes)) => return accepted(),
+        Ok(Ok(Taken::NotWaiting)) => return not_waiting(),
+        Ok(Ok(Taken::Other(status))) => format!("it answered HTTP {status}"),
+        Ok(Err(problem)) => problem,
+        // It may have taken the answer meanwhile: the client then hears of the call's end on
+        // its stream, and an answer sent again finds nothing waiting.
+        Err(_) => format!("no answer within {HANDOVER_TIMEOUT:?}"),
+    };
+    if let Some(left_out) = waits.handover_warnings.admit() {
+        tracing::warn!(%holder, %problem, left_out, "a client's answer could not be handed to the proxy holding its call");
     }
-}
-
-async fn send(holder: &str, handed: &HandedOver) -> Result<StatusCode, String> {
-    let host = HeaderValue::from_str(holder).map_err(|_| "its address is no host".to_string())?;
-    // Maps of JSON values: serializing cannot fail.
-    let json = serde_json::to_vec(handed).unwrap_or_default();
-    let request = Request::post(format!("http://{holder}{ANSWERS_PATH}"))
-        .header(HOST, host)
-        .header(CONTENT_TYPE, "application/json")
-        .body(body::full(json))
-        .map_err(|error| format!("its address is no URL: {error}"))?;
-    let answer = Upstream::http1_exchange(&Upstream::http1(), request)
-        .await
-        .map_err(|failure| failure.reason)?;
-    Ok(answer.status())
-}
-
-fn not_waiting() -> Response<Body> {
-    jsonrpc::error(
-        StatusCode::BAD_REQUEST,
-        &Value::Null,
-        jsonrpc::INVALID_REQUEST,
-        "Invalid Request: no call awaits this response (it was answered, or timed out, or the \
-         proxy holding the call is gone)",
-        None,
-        "mcp_invalid_message",
-    )
-}
-
-fn unreachable_holder(holder: &str, problem: &str) -> Response<Body> {
-    tracing::warn!(%holder, %problem, "a client's answer could not be handed to the proxy holding its call");
     jsonrpc::error(
         StatusCode::BAD_GATEWAY,
         &Value::Null,
@@ -102,24 +107,110 @@ fn unreachable_holder(holder: &str, problem: &str) -> Response<Body> {
     )
 }
 
+/// What the holder made of a handover.
+enum Taken {
+    Yes,
+    NotWaiting,
+    Other(StatusCode),
+}
+
+async fn send(holder: &str, handed: &HandedOver) -> Result<Taken, String> {
+    let host = HeaderValue::from_str(holder).map_err(|_| "its address is no host".to_string())?;
+    // Two strings: serializing cannot fail.
+    let json = serde_json::to_vec(handed).unwrap_or_default();
+    let request = Request::post(format!("http://{holder}{ANSWERS_PATH}"))
+        .header(HOST, host)
+        .header(CONTENT_TYPE, "application/json")
+        .body(body::full(json))
+        .map_err(|error| format!("its address is no URL: {error}"))?;
+    let answer = Upstream::http1_exchange(&Upstream::http1(), request)
+        .await
+        .map_err(|failure| failure.reason)?;
+    let status = answer.status();
+    let bytes = match body::hold(body::boxed(answer.into_body()), MAX_REPLY_BYTES).await {
+        Held::Whole(bytes) => bytes,
+        _ => Bytes::new(),
+    };
+    Ok(match status {
+        StatusCode::ACCEPTED => Taken::Yes,
+        StatusCode::NOT_FOUND if says_not_waiting(&bytes) => Taken::NotWaiting,
+        other => Taken::Other(other),
+    })
+}
+
+/// Whether an error the proxy wrote ([`response::error`]) is of type `not_waiting`.
+fn says_not_waiting(bytes: &[u8]) -> bool {
+    serde_json::from_slice::<Value>(bytes)
+        .is_ok_and(|body| body.pointer("/error/type").and_then(Value::as_str) == Some(NOT_WAITING))
+}
+
+fn not_waiting() -> Response<Body> {
+    jsonrpc::error(
+        StatusCode::BAD_REQUEST,
+        &Value::Null,
+        jsonrpc::INVALID_REQUEST,
+        "Invalid Request: no call awaits this response (it was answered, or timed out, or is \
+         not of this session)",
+        None,
+        "mcp_invalid_message",
+    )
+}
+
+fn held_elsewhere() -> Response<Body> {
+    jsonrpc::error(
+        StatusCode::BAD_REQUEST,
+        &Value::Null,
+        jsonrpc::INVALID_REQUEST,
+        "Invalid Request: the call awaiting this response is held by another proxy replica, \
+         which other replicas cannot reach (it has no --peer-address): a session's requests \
+         must reach one replica while a server waits for the client's input",
+        None,
+        "mcp_invalid_message",
+    )
+}
+
 impl InputWaits {
     /// Takes an answer another replica handed over (the admin port's `POST /mcp/answers`):
-    /// 202 once a call of this proxy has it, 404 if none waits for it.
-    pub(crate) async fn take_handed_over(&self, body: Incoming) -> Response<Body> {
-        let bytes = match body::hold(body::boxed(body), body::MAX_HELD_ANSWER_BYTES).await {
-            Held::Whole(bytes) => bytes,
-            Held::Broken(error) => {
+    /// 202 once a call of this proxy has it, 404 (`not_waiting`) if none waits for it.
+    pub(crate) async fn take_handed_over(&self, request: Request<Incoming>) -> Response<Body> {
+        let json = request
+            .headers()
+            .get(CONTENT_TYPE)
+            .and_then(|value| value.to_str().ok())
+            .is_some_and(|value| value.starts_with("application/json"));
+        if !json {
+            return response::error(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "unsupported_media_type",
+                "send application/json",
+            );
+        }
+        let held = tokio::time::timeout(
+            HANDOVER_TIMEOUT,
+            body::hold(body::boxed(request.into_body()), body::MAX_HELD_ANSWER_BYTES),
+        )
+        .await;
+        let bytes = match held {
+            Ok(Held::Whole(bytes)) => bytes,
+            Ok(Held::Broken(error)) => {
                 return response::error(
                     StatusCode::BAD_REQUEST,
                     "bad_request",
                     format!("reading the body: {error}"),
                 )
             }
-            Held::TooLarge { .. } => {
+            Ok(Held::TooLarge { .. }) => {
                 return response::error(
                     StatusCode::PAYLOAD_TOO_LARGE,
                     "body_too_large",
                     format!("more than {} bytes", body::MAX_HELD_ANSWER_BYTES),
+                )
+            }
+            Err(_) => {
+                return response::error(
+                    StatusCode::REQUEST_TIMEOUT,
+                    "request_timeout",
+                    format!("the body did not come within {HANDOVER_TIMEOUT:?}"),
                 )
             }
         };
@@ -129,17 +220,33 @@ impl InputWaits {
                 return response::error(
                     StatusCode::BAD_REQUEST,
                     "bad_request",
-                    format!("expected {{session, id, response}}: {error}"),
+                    format!("expected {{id, sealed}}: {error}"),
                 )
             }
         };
-        match self.deliver(&Value::String(handed.id), &handed.session, handed.response) {
-            Delivery::Delivered => response::with_body(StatusCode::ACCEPTED, "text/plain", ""),
-            Delivery::NotOurs(_) | Delivery::NotWaiting(_) => response::error(
+        let not_waiting = || {
+            response::error(
                 StatusCode::NOT_FOUND,
-                "not_waiting",
+                NOT_WAITING,
                 "no call on this proxy awaits this response",
-            ),
+            )
+        };
+        let Some(sealer) = self.sealer_of(&handed.id) else {
+            return not_waiting();
+        };
+        let Some(answer) = sealer
+            .open_handover(&handed.sealed)
+            .and_then(|plain| serde_json::from_slice::<Answer>(&plain).ok())
+        else {
+            return response::error(
+                StatusCode::FORBIDDEN,
+                "not_sealed",
+                "not sealed with the key of the McpBackend of the call awaiting it",
+            );
+        };
+        match self.deliver(&Value::String(handed.id), &answer.session, answer.response) {
+            Delivery::Delivered => response::with_body(StatusCode::ACCEPTED, "text/plain", ""),
+            Delivery::NotOurs(_) | Delivery::NotWaiting(_) => not_waiting(),
         }
     }
 }

@@ -361,7 +361,11 @@ pub(super) async fn open_session_detached(
         .background
         .outcome(async move { open_session(&task_server, &task_upstream, &trace, &message).await })
         .await
-        .unwrap_or_else(|| Err(server.failure("opening a session failed")))
+        .unwrap_or_else(|| {
+            // Only a panic ends the task without an outcome; its message went to stderr.
+            tracing::error!(server = %server.name, "opening an MCP session ended without an outcome");
+            Err(server.failure("opening a session failed"))
+        })
 }
 
 async fn open_session(

@@ -45,10 +45,10 @@ use super::jsonrpc::{self, upstream_failed};
 use super::listen::{self, event, KEEPALIVE, KEEPALIVE_COMMENT};
 use super::reach::{self, ClientMeta, Reach, Sent};
 use super::server::{self, Reply, Server, MAX_ANSWER_BYTES};
-use super::session::Sealer;
+use super::session::{digest, unix_now, QuestionTicket, Sealer};
 use crate::body::{self, Body, Held};
 use crate::sse;
-use crate::telemetry::RequestTrace;
+use crate::telemetry::{LogThrottle, RequestTrace};
 use crate::upstream::Upstream;
 
 /// The requests with which a session-based server asks the client, and which 2026-07-28
@@ -60,6 +60,8 @@ pub(super) const INTERACTIVE: &[&str] = &["tools/call", "prompts/get", "resource
 const MAX_ANSWERS: usize = 32;
 /// Rounds of one session-based client's call; a server asking more fails the call.
 const MAX_ROUNDS: usize = 16;
+/// How often a failed handover to another replica is logged at most.
+const HANDOVER_WARN_INTERVAL: Duration = Duration::from_secs(30);
 /// Marks a `requestState` the gateway wrote.
 const STATE_PREFIX: &str = "portcullis-answers.";
 /// Marks the id of a question the gateway passed on. Never an id a server chose, nor one
@@ -168,11 +170,15 @@ pub(crate) struct InputWaits {
     /// Where other replicas reach this proxy's admin port to hand over answers that reached
     /// them (`--peer-address`); `None`: answers must reach this proxy.
     holder: Option<String>,
+    /// Handovers that failed, logged at most once per interval.
+    pub(super) handover_warnings: LogThrottle,
 }
 
 struct Waiting {
     /// The `Mcp-Session-Id` of the call: only its own session may answer.
     session: String,
+    /// Its McpBackend's: opens what another replica hands over for it.
+    sealer: Arc<Sealer>,
     answer: oneshot::Sender<Map<String, Value>>,
 }
 
@@ -204,6 +210,7 @@ impl InputWaits {
         InputWaits {
             waiting: Mutex::default(),
             holder,
+            handover_warnings: LogThrottle::new(HANDOVER_WARN_INTERVAL),
         }
     }
 
@@ -215,15 +222,21 @@ impl InputWaits {
         self.waiting.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn wait(self: &Arc<Self>, session: &str, sealer: &Sealer) -> Pending {
+    fn wait(self: &Arc<Self>, session: &str, sealer: &Arc<Sealer>) -> Pending {
         let (sender, answer) = oneshot::channel();
         // Unguessable (a random nonce): a client of another session must not guess it (the
         // session is checked too).
-        let id = format!("{QUESTION_ID_PREFIX}{}", sealer.seal_question(self.holder()));
+        let ticket = QuestionTicket {
+            holder: self.holder.clone(),
+            asked: unix_now(),
+            session: digest(session),
+        };
+        let id = format!("{QUESTION_ID_PREFIX}{}", sealer.seal_question(&ticket));
         self.lock().insert(
             id.clone(),
             Waiting {
                 session: session.to_string(),
+                sealer: sealer.clone(),
                 answer: sender,
             },
         );
@@ -232,6 +245,11 @@ impl InputWaits {
             id,
             answer,
         }
+    }
+
+    /// The sealer of the call waiting for `id`, if one is.
+    pub(super) fn sealer_of(&self, id: &str) -> Option<Arc<Sealer>> {
+        self.lock().get(id).map(|waiting| waiting.sealer.clone())
     }
 
     /// Hands a client's response to the call awaiting it.
@@ -621,13 +639,15 @@ mod tests {
         let waits = Arc::new(InputWaits::new(Some("10.0.0.7:7071".into())));
         let sealer = sealer();
         let mut pending = waits.wait("session-a", &sealer);
+        let ticket = pending
+            .id
+            .strip_prefix(QUESTION_ID_PREFIX)
+            .and_then(|sealed| sealer.open_question(sealed))
+            .unwrap();
         assert_eq!(
-            pending
-                .id
-                .strip_prefix(QUESTION_ID_PREFIX)
-                .and_then(|sealed| sealer.question_holder(sealed)),
-            Some("10.0.0.7:7071".into()),
-            "the id names the proxy holding the call"
+            (ticket.holder.as_deref(), ticket.session),
+            (Some("10.0.0.7:7071"), digest("session-a")),
+            "the id names the proxy holding the call, and the session"
         );
         let id = json!(pending.id.clone());
         let response = || Map::from_iter([("result".to_string(), json!({"action": "accept"}))]);

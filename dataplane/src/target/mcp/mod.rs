@@ -336,7 +336,8 @@ impl McpTarget {
                     input::Delivery::Delivered => return accepted(),
                     input::Delivery::NotWaiting(message) => {
                         let id = id.as_str().unwrap_or_default();
-                        return handover::hand_over(&self.sealer, waits, id, session, message).await;
+                        let idle = exchange.route.body_idle_timeout;
+                        return handover::hand_over(&self.sealer, waits, id, session, message, idle).await;
                     }
                 };
                 let (index, own_id) = if self.multiplexed {

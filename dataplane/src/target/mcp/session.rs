@@ -57,8 +57,7 @@ pub(super) struct Session {
 pub(super) fn caller_digest(headers: &http::HeaderMap) -> Option<String> {
     use sha2::Digest;
     let credential = headers.get(http::header::AUTHORIZATION)?;
-    let digest = sha2::Sha256::digest(credential.as_bytes());
-    Some(URL_SAFE_NO_PAD.encode(&digest[..16]))
+    Some(URL_SAFE_NO_PAD.encode(&sha2::Sha256::digest(credential.as_bytes())[..16]))
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -150,19 +149,27 @@ impl Sealer {
         (now.saturating_sub(session.issued) <= self.ttl.as_secs()).then_some(session)
     }
 
-    /// The id of a question passed on to a session-based client, naming the peer address of
-    /// the proxy that waits for its answer (none: only that proxy can take it). Sealed, so a
-    /// client cannot send the replica its answer reaches to an address of its choosing; the
-    /// random nonce makes each id unguessable.
-    pub(super) fn seal_question(&self, holder: Option<&str>) -> String {
-        self.seal_bytes(holder.unwrap_or_default().as_bytes(), Purpose::Question)
+    /// The id of a question passed on to a session-based client. Sealed, so a client cannot
+    /// send the replica its answer reaches to an address of its choosing, nor keep using an
+    /// old one; the random nonce makes each id unguessable.
+    pub(super) fn seal_question(&self, ticket: &QuestionTicket) -> String {
+        // Strings and a number: serializing cannot fail.
+        self.seal_bytes(&serde_json::to_vec(ticket).unwrap_or_default(), Purpose::Question)
     }
 
-    /// The holder a question id names: `None` for an id not sealed for this McpBackend, or
-    /// naming no holder.
-    pub(super) fn question_holder(&self, sealed: &str) -> Option<String> {
-        let holder = String::from_utf8(self.open_bytes(sealed, Purpose::Question)?).ok()?;
-        (!holder.is_empty()).then_some(holder)
+    /// `None` for an id not sealed for this McpBackend.
+    pub(super) fn open_question(&self, sealed: &str) -> Option<QuestionTicket> {
+        serde_json::from_slice(&self.open_bytes(sealed, Purpose::Question)?).ok()
+    }
+
+    /// What one replica hands another: only a proxy with the McpBackend's key reads it, or
+    /// writes one the other takes.
+    pub(super) fn seal_handover(&self, plain: &[u8]) -> String {
+        self.seal_bytes(plain, Purpose::Handover)
+    }
+
+    pub(super) fn open_handover(&self, sealed: &str) -> Option<Vec<u8>> {
+        self.open_bytes(sealed, Purpose::Handover)
     }
 
     fn seal_bytes(&self, plain: &[u8], purpose: Purpose) -> String {
@@ -201,12 +208,34 @@ impl Sealer {
     }
 }
 
+/// What a question id carries.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(super) struct QuestionTicket {
+    /// The peer address of the proxy waiting for the answer; `None`: only that proxy can
+    /// take it.
+    #[serde(rename = "h", default, skip_serializing_if = "Option::is_none")]
+    pub(super) holder: Option<String>,
+    /// When it was asked, Unix seconds: an old id is refused before anything is sent.
+    #[serde(rename = "t")]
+    pub(super) asked: u64,
+    /// [`digest`] of the `Mcp-Session-Id` it was asked in.
+    #[serde(rename = "s")]
+    pub(super) session: String,
+}
+
+/// A short digest of a session id, to bind something to the session without carrying it.
+pub(super) fn digest(session: &str) -> String {
+    use sha2::Digest;
+    URL_SAFE_NO_PAD.encode(&sha2::Sha256::digest(session.as_bytes())[..16])
+}
+
 /// What a sealed value is for, bound in as associated data with the McpBackend's name: a
-/// session id never opens as a question id, nor the reverse.
+/// session id never opens as a question id or a handover, nor the reverse.
 #[derive(Clone, Copy)]
 enum Purpose {
     Session,
     Question,
+    Handover,
 }
 
 impl Purpose {
@@ -215,6 +244,7 @@ impl Purpose {
             // What session ids were sealed with before question ids were: they still open.
             Purpose::Session => bound_to.as_bytes().to_vec(),
             Purpose::Question => format!("{bound_to}\0question").into_bytes(),
+            Purpose::Handover => format!("{bound_to}\0handover").into_bytes(),
         }
     }
 }
@@ -326,31 +356,30 @@ mod tests {
     fn a_question_id_names_its_holder_only_to_its_backend_and_is_no_session() {
         let target: Arc<str> = Arc::from("McpBackend/tools");
         let sealer = Sealer::load(&target, &[], DAY).unwrap();
-        let sealed = sealer.seal_question(Some("10.0.0.7:7071"));
+        let ticket = QuestionTicket {
+            holder: Some("10.0.0.7:7071".into()),
+            asked: unix_now(),
+            session: digest("session-a"),
+        };
+        let sealed = sealer.seal_question(&ticket);
         assert!(!sealed.contains("10.0.0.7"), "{sealed}");
-        assert_eq!(sealer.question_holder(&sealed).as_deref(), Some("10.0.0.7:7071"));
-        assert_ne!(
-            sealed,
-            sealer.seal_question(Some("10.0.0.7:7071")),
-            "each id is new"
-        );
-        assert_eq!(sealer.question_holder(&sealer.seal_question(None)), None);
+        assert_eq!(sealer.open_question(&sealed), Some(ticket.clone()));
+        assert_ne!(sealed, sealer.seal_question(&ticket), "each id is new");
         assert_eq!(sealer.open(&sealed), None, "a question id is no session");
-        assert_eq!(sealer.question_holder(&sealer.seal(&session())), None);
+        assert_eq!(sealer.open_question(&sealer.seal(&session())), None);
+        assert_eq!(sealer.open_handover(&sealed), None, "nor a handover");
         let mut damaged = sealed.clone().into_bytes();
         let last = damaged.len() - 2;
         damaged[last] = if damaged[last] == b'A' { b'B' } else { b'A' };
-        assert_eq!(sealer.question_holder(&String::from_utf8(damaged).unwrap()), None);
+        assert_eq!(sealer.open_question(&String::from_utf8(damaged).unwrap()), None);
         let dir = tempfile::tempdir().unwrap();
         let key = key_file(&dir, "key", &"cd".repeat(32));
         let other = Sealer::load(&Arc::from("McpBackend/other"), &[key], DAY).unwrap();
+        assert_eq!(other.open_question(&sealed), None);
         assert_eq!(
-            other
-                .question_holder(&other.seal_question(Some("h:1")))
-                .as_deref(),
-            Some("h:1")
+            other.open_handover(&other.seal_handover(b"x")),
+            Some(b"x".to_vec())
         );
-        assert_eq!(other.question_holder(&sealed), None);
     }
 
     #[test]
