@@ -93,7 +93,9 @@ fn peer_address(given: Option<&str>, admin: SocketAddr) -> anyhow::Result<Option
         return Ok(Some(SocketAddr::new(ip, admin.port()).to_string()));
     }
     match given.parse::<http::uri::Authority>() {
-        Ok(authority) if authority.port_u16().is_some() => Ok(Some(given.to_string())),
+        Ok(authority) if authority.port_u16().is_some() && !given.contains('@') => {
+            Ok(Some(given.to_string()))
+        }
         _ => anyhow::bail!(
             "--peer-address {given:?}: expected HOST:PORT (an IPv6 address in brackets) or an IP address"
         ),

@@ -192,9 +192,10 @@ impl Session {
         // has it: a control plane rebuilt from empty storage reuses version numbers.
         self.view.mark_changed();
         let mut pending = false;
-        // A new version goes out FANOUT_DEFER after it applied (the first one at once).
+        // A new version goes out FANOUT_DEFER after it applied; what the stream starts with
+        // goes at once.
         let mut send_after: Option<tokio::time::Instant> = None;
-        let mut sent_any = false;
+        let mut started = false;
         let mut exchange = Exchange::default();
         // A proxy that moved here from another node may hold a version this node has not
         // applied yet: it waits for this node to catch up rather than go back. If this node
@@ -235,7 +236,7 @@ impl Session {
                     }
                     // The write that made this version is answered on this node's runtime
                     // too: a thousand streams sending at once would hold its answer back.
-                    if sent_any {
+                    if started {
                         send_after.get_or_insert_with(|| tokio::time::Instant::now() + FANOUT_DEFER);
                     }
                     pending = true;
@@ -248,6 +249,7 @@ impl Session {
                 permit = self.outbound.reserve(), if pending && exchange.awaiting.is_none() && send_after.is_none() => {
                     let Ok(permit) = permit else { return };
                     pending = false;
+                    started = true;
                     let view = self.view.borrow_and_update().clone();
                     // This build cannot read what the cluster holds: the proxy keeps what it
                     // has and looks for a node that can serve the current version.
@@ -266,7 +268,6 @@ impl Session {
                         let delta = message.base_version.is_some();
                         self.metrics.config_sent(delta, message.encoded_len());
                         permit.send(Ok(ConfigSnapshot::clone(&message)));
-                        sent_any = true;
                         exchange.awaiting = Some((view.version, delta));
                         self.registry.sent(proxy_id, session, view.version);
                     }

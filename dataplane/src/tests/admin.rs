@@ -90,7 +90,13 @@ fn the_peer_address_is_checked_and_an_ip_takes_the_admin_port() {
         peer(Some("[fd00::1]:9000"), admin),
         Ok(Some("[fd00::1]:9000".into()))
     );
-    for bad in ["[fd00::1]", "proxy-0", "http://10.1.2.3:7071", "10.1.2.3:x"] {
+    for bad in [
+        "[fd00::1]",
+        "proxy-0",
+        "http://10.1.2.3:7071",
+        "10.1.2.3:x",
+        "user@10.1.2.3:7071",
+    ] {
         let error = peer(Some(bad), admin).unwrap_err();
         assert!(
             error.contains("--peer-address") && error.contains("HOST:PORT"),

@@ -36,6 +36,9 @@ const CLOCK_SLACK: Duration = Duration::from_secs(30);
 const NOT_WAITING: &str = "not_waiting";
 /// Largest answer of the holder read back.
 const MAX_REPLY_BYTES: usize = 4096;
+/// Largest handover taken: an answer as large as the proxy holds, sealed (base64 adds a
+/// third) and framed.
+const MAX_HANDOVER_BYTES: usize = body::MAX_HELD_ANSWER_BYTES / 3 * 4 + 4096;
 
 /// What one replica hands another, as sent: the id in the clear (the holder finds the call
 /// by it), the rest sealed.
@@ -48,6 +51,8 @@ struct HandedOver {
 /// What is sealed in a handover.
 #[derive(Serialize, Deserialize)]
 struct Answer {
+    /// The question it answers, as sealed: one answer cannot be passed off as another's.
+    id: String,
     /// The client's `Mcp-Session-Id`: the holder delivers only to a call of that session.
     session: String,
     response: Map<String, Value>,
@@ -63,27 +68,31 @@ pub(super) async fn hand_over(
     response: Map<String, Value>,
     idle: Duration,
 ) -> Response<Body> {
-    let Some(ticket) = id
+    let Some((ticket, key)) = id
         .strip_prefix(QUESTION_ID_PREFIX)
         .and_then(|sealed| sealer.open_question(sealed))
-        .filter(|ticket| ticket.session == digest(session))
-        .filter(|ticket| unix_now().saturating_sub(ticket.asked) <= (idle + CLOCK_SLACK).as_secs())
+        .filter(|(ticket, _)| ticket.session == digest(session))
+        .filter(|(ticket, _)| unix_now().saturating_sub(ticket.asked) <= (idle + CLOCK_SLACK).as_secs())
     else {
         return not_waiting();
     };
-    let holder = match ticket.holder {
-        None => return held_elsewhere(),
-        Some(holder) if waits.holder() == Some(holder.as_str()) => return not_waiting(),
-        Some(holder) => holder,
+    let holder = match (ticket.holder, waits.holder()) {
+        // Its own question carries its own address: this one is another replica's.
+        (None, Some(_)) => return held_elsewhere(),
+        // This proxy's question, or another's: neither can be told.
+        (None, None) => return not_waiting(),
+        (Some(holder), own) if own == Some(holder.as_str()) => return not_waiting(),
+        (Some(holder), _) => holder,
     };
     let answer = Answer {
+        id: id.to_string(),
         session: session.to_string(),
         response,
     };
     // Strings and JSON values: serializing cannot fail.
     let handed = HandedOver {
         id: id.to_string(),
-        sealed: sealer.seal_handover(&serde_json::to_vec(&answer).unwrap_or_default()),
+        sealed: sealer.seal_handover(&serde_json::to_vec(&answer).unwrap_or_default(), key),
     };
     let problem = match tokio::time::timeout(HANDOVER_TIMEOUT, send(&holder, &handed)).await {
         Ok(Ok(Taken::Yes)) => return accepted(),
@@ -150,7 +159,8 @@ fn not_waiting() -> Response<Body> {
         &Value::Null,
         jsonrpc::INVALID_REQUEST,
         "Invalid Request: no call awaits this response (it was answered, or timed out, or is \
-         not of this session)",
+         not of this session; or it is held by another replica that other replicas cannot \
+         reach, without --peer-address)",
         None,
         "mcp_invalid_message",
     )
@@ -187,7 +197,7 @@ impl InputWaits {
         }
         let held = tokio::time::timeout(
             HANDOVER_TIMEOUT,
-            body::hold(body::boxed(request.into_body()), body::MAX_HELD_ANSWER_BYTES),
+            body::hold(body::boxed(request.into_body()), MAX_HANDOVER_BYTES),
         )
         .await;
         let bytes = match held {
@@ -203,7 +213,7 @@ impl InputWaits {
                 return response::error(
                     StatusCode::PAYLOAD_TOO_LARGE,
                     "body_too_large",
-                    format!("more than {} bytes", body::MAX_HELD_ANSWER_BYTES),
+                    format!("more than {MAX_HANDOVER_BYTES} bytes"),
                 )
             }
             Err(_) => {
@@ -237,16 +247,72 @@ impl InputWaits {
         let Some(answer) = sealer
             .open_handover(&handed.sealed)
             .and_then(|plain| serde_json::from_slice::<Answer>(&plain).ok())
+            .filter(|answer| answer.id == handed.id)
         else {
             return response::error(
                 StatusCode::FORBIDDEN,
                 "not_sealed",
-                "not sealed with the key of the McpBackend of the call awaiting it",
+                "not sealed for this question with the key of the McpBackend of the call awaiting it",
             );
         };
         match self.deliver(&Value::String(handed.id), &answer.session, answer.response) {
             Delivery::Delivered => response::with_body(StatusCode::ACCEPTED, "text/plain", ""),
             Delivery::NotOurs(_) | Delivery::NotWaiting(_) => not_waiting(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::target::mcp::session::QuestionTicket;
+
+    /// Each check is made before anything leaves the proxy: nothing listens at the holder's
+    /// address, so an answer handed over would come back as 502.
+    #[tokio::test]
+    async fn an_answer_is_checked_before_it_is_handed_over() {
+        let nobody = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .to_string();
+        let sealer = Sealer::load(&Arc::from("McpBackend/tools"), &[], Duration::from_secs(60)).unwrap();
+        let waits = InputWaits::new(Some("10.9.9.9:7071".into()));
+        let idle = Duration::from_secs(10);
+        let answer = |holder: Option<&str>, age: u64, session: &str| {
+            let ticket = QuestionTicket {
+                holder: holder.map(str::to_string),
+                asked: unix_now() - age,
+                session: digest(session),
+            };
+            let id = format!("{QUESTION_ID_PREFIX}{}", sealer.seal_question(&ticket));
+            let (sealer, waits) = (&sealer, &waits);
+            async move {
+                let response = hand_over(sealer, waits, &id, "session-a", Map::new(), idle).await;
+                let status = response.status().as_u16();
+                let body = http_body_util::BodyExt::collect(response.into_body())
+                    .await
+                    .unwrap()
+                    .to_bytes();
+                (status, String::from_utf8_lossy(&body).into_owned())
+            }
+        };
+        let (status, body) = answer(Some(&nobody), 0, "session-a").await;
+        assert_eq!(status, 502, "a handover is attempted: {body}");
+        assert!(body.contains("could not take the response"), "{body}");
+        for (case, holder, age, session) in [
+            ("another session's", Some(nobody.as_str()), 0, "session-b"),
+            ("too old", Some(&nobody), 41, "session-a"),
+            ("this proxy's own", Some("10.9.9.9:7071"), 0, "session-a"),
+        ] {
+            let (status, body) = answer(holder, age, session).await;
+            assert_eq!(status, 400, "{case}: {body}");
+            assert!(body.contains("no call awaits this response"), "{case}: {body}");
+        }
+        let (status, body) = answer(None, 0, "session-a").await;
+        assert_eq!(status, 400, "{body}");
+        assert!(body.contains("held by another proxy replica"), "{body}");
     }
 }

@@ -643,6 +643,7 @@ mod tests {
             .id
             .strip_prefix(QUESTION_ID_PREFIX)
             .and_then(|sealed| sealer.open_question(sealed))
+            .map(|(ticket, _)| ticket)
             .unwrap();
         assert_eq!(
             (ticket.holder.as_deref(), ticket.session),

@@ -144,7 +144,7 @@ impl Sealer {
     }
 
     fn open_at(&self, id: &str, now: u64) -> Option<Session> {
-        let plain = self.open_bytes(id, Purpose::Session)?;
+        let (plain, _) = self.open_bytes(id, Purpose::Session)?;
         let session: Session = serde_json::from_slice(&plain).ok()?;
         (now.saturating_sub(session.issued) <= self.ttl.as_secs()).then_some(session)
     }
@@ -157,22 +157,29 @@ impl Sealer {
         self.seal_bytes(&serde_json::to_vec(ticket).unwrap_or_default(), Purpose::Question)
     }
 
-    /// `None` for an id not sealed for this McpBackend.
-    pub(super) fn open_question(&self, sealed: &str) -> Option<QuestionTicket> {
-        serde_json::from_slice(&self.open_bytes(sealed, Purpose::Question)?).ok()
+    /// `None` for an id not sealed for this McpBackend. Also which of its keys opened it:
+    /// the one to hand the answer over with.
+    pub(super) fn open_question(&self, sealed: &str) -> Option<(QuestionTicket, KeyUsed)> {
+        let (plain, key) = self.open_bytes(sealed, Purpose::Question)?;
+        Some((serde_json::from_slice(&plain).ok()?, key))
     }
 
     /// What one replica hands another: only a proxy with the McpBackend's key reads it, or
-    /// writes one the other takes.
-    pub(super) fn seal_handover(&self, plain: &[u8]) -> String {
-        self.seal_bytes(plain, Purpose::Handover)
+    /// writes one the other takes. Sealed with the key that sealed the question, which the
+    /// holder has whatever rotation happened since.
+    pub(super) fn seal_handover(&self, plain: &[u8], key: KeyUsed) -> String {
+        self.seal_bytes_with(plain, Purpose::Handover, key.0)
     }
 
     pub(super) fn open_handover(&self, sealed: &str) -> Option<Vec<u8>> {
-        self.open_bytes(sealed, Purpose::Handover)
+        self.open_bytes(sealed, Purpose::Handover).map(|(plain, _)| plain)
     }
 
     fn seal_bytes(&self, plain: &[u8], purpose: Purpose) -> String {
+        self.seal_bytes_with(plain, purpose, 0)
+    }
+
+    fn seal_bytes_with(&self, plain: &[u8], purpose: Purpose, key: usize) -> String {
         let mut nonce = [0u8; NONCE_BYTES];
         rand::rng().fill_bytes(&mut nonce);
         let aad = purpose.associated_data(&self.bound_to);
@@ -180,7 +187,8 @@ impl Sealer {
             msg: plain,
             aad: &aad,
         };
-        let sealed = self.ciphers[0]
+        let cipher = self.ciphers.get(key).unwrap_or(&self.ciphers[0]);
+        let sealed = cipher
             .encrypt(XNonce::from_slice(&nonce), payload)
             .unwrap_or_default();
         let mut bytes = Vec::with_capacity(1 + NONCE_BYTES + sealed.len());
@@ -190,7 +198,7 @@ impl Sealer {
         URL_SAFE_NO_PAD.encode(bytes)
     }
 
-    fn open_bytes(&self, sealed: &str, purpose: Purpose) -> Option<Vec<u8>> {
+    fn open_bytes(&self, sealed: &str, purpose: Purpose) -> Option<(Vec<u8>, KeyUsed)> {
         let bytes = URL_SAFE_NO_PAD.decode(sealed).ok()?;
         let (&format, rest) = bytes.split_first()?;
         if format != FORMAT || rest.len() < NONCE_BYTES {
@@ -198,15 +206,22 @@ impl Sealer {
         }
         let (nonce, sealed) = rest.split_at(NONCE_BYTES);
         let aad = purpose.associated_data(&self.bound_to);
-        self.ciphers.iter().find_map(|cipher| {
+        self.ciphers.iter().enumerate().find_map(|(index, cipher)| {
             let payload = Payload {
                 msg: sealed,
                 aad: &aad,
             };
-            cipher.decrypt(XNonce::from_slice(nonce), payload).ok()
+            cipher
+                .decrypt(XNonce::from_slice(nonce), payload)
+                .ok()
+                .map(|plain| (plain, KeyUsed(index)))
         })
     }
 }
+
+/// Which of a sealer's keys opened something.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct KeyUsed(usize);
 
 /// What a question id carries.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -363,22 +378,50 @@ mod tests {
         };
         let sealed = sealer.seal_question(&ticket);
         assert!(!sealed.contains("10.0.0.7"), "{sealed}");
-        assert_eq!(sealer.open_question(&sealed), Some(ticket.clone()));
+        assert_eq!(
+            sealer.open_question(&sealed).map(|(ticket, _)| ticket),
+            Some(ticket.clone())
+        );
         assert_ne!(sealed, sealer.seal_question(&ticket), "each id is new");
         assert_eq!(sealer.open(&sealed), None, "a question id is no session");
-        assert_eq!(sealer.open_question(&sealer.seal(&session())), None);
+        assert!(sealer.open_question(&sealer.seal(&session())).is_none());
         assert_eq!(sealer.open_handover(&sealed), None, "nor a handover");
         let mut damaged = sealed.clone().into_bytes();
         let last = damaged.len() - 2;
         damaged[last] = if damaged[last] == b'A' { b'B' } else { b'A' };
-        assert_eq!(sealer.open_question(&String::from_utf8(damaged).unwrap()), None);
+        assert!(sealer
+            .open_question(&String::from_utf8(damaged).unwrap())
+            .is_none());
         let dir = tempfile::tempdir().unwrap();
         let key = key_file(&dir, "key", &"cd".repeat(32));
         let other = Sealer::load(&Arc::from("McpBackend/other"), &[key], DAY).unwrap();
-        assert_eq!(other.open_question(&sealed), None);
+        assert!(other.open_question(&sealed).is_none());
+    }
+
+    /// Keys rotate between a question and its answer: the replica the answer reaches has the
+    /// new key first, the holder still the old one only. The handover is sealed with the key
+    /// that opened the question, so the holder reads it.
+    #[test]
+    fn a_handover_is_sealed_with_the_key_of_its_question() {
+        let dir = tempfile::tempdir().unwrap();
+        let old = key_file(&dir, "old", &"ab".repeat(32));
+        let new = key_file(&dir, "new", &"cd".repeat(32));
+        let target: Arc<str> = Arc::from("McpBackend/tools");
+        let holder = Sealer::load(&target, std::slice::from_ref(&old), DAY).unwrap();
+        let rotated = Sealer::load(&target, &[new, old], DAY).unwrap();
+        let ticket = QuestionTicket {
+            holder: Some("10.0.0.7:7071".into()),
+            asked: unix_now(),
+            session: digest("session-a"),
+        };
+        let (opened, key) = rotated.open_question(&holder.seal_question(&ticket)).unwrap();
+        assert_eq!(opened, ticket);
+        let handed = rotated.seal_handover(b"answer", key);
+        assert_eq!(holder.open_handover(&handed), Some(b"answer".to_vec()));
         assert_eq!(
-            other.open_handover(&other.seal_handover(b"x")),
-            Some(b"x".to_vec())
+            holder.open_handover(&rotated.seal_handover(b"answer", KeyUsed(0))),
+            None,
+            "the new key, which the holder does not have yet"
         );
     }
 
