@@ -139,10 +139,17 @@ fn saturated_pools_shed_low_classes_and_let_waiting_requests_in_by_class_and_ten
     for answer in direct {
         assert_eq!(answer.join().unwrap().status, 200);
     }
-    // One request at a time reaches the single-seat pod, so answers finish in the order the
-    // proxy let them in: the interactive class first, then tenants a and b in turn.
+    // One request at a time runs on the single-seat pod, so answers finish about in the order
+    // the proxy let them in: the interactive class first, then tenants a and b in turn. Two
+    // let in at nearly the same moment may reach the pod (or their clients' threads finish)
+    // in either order, so each may be one place off; first come, first served would put b1
+    // three places late.
     let order = finished.lock().unwrap().clone();
-    assert_eq!(order, ["urgent", "a1", "b1", "a2", "b2", "a3", "a4"]);
+    let expected = ["urgent", "a1", "b1", "a2", "b2", "a3", "a4"];
+    for (place, label) in expected.iter().enumerate() {
+        let at = order.iter().position(|done| done == label).unwrap();
+        assert!(at.abs_diff(place) <= 1, "{label} finished {at}th: {order:?}");
+    }
     assert_eq!(pool_report(admin, "main")["queued"], 0);
     let decisions = |decision: &str| {
         metric(
