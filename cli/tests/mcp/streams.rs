@@ -95,7 +95,10 @@ fn a_session_opened_for_a_bridged_call_whose_client_left_is_closed() {
     let (_server, old) = era_server(dir.path(), "legacy");
     let slow = runtime.block_on(slow_answers(old, std::time::Duration::from_millis(500)));
     let port = free_port();
-    let _gateway = start_gateway(dir.path(), &mcp_config(port, &[("old", slow)], ""));
+    // Each exchange through the relay takes a second or so: a timeout with room to spare.
+    let config = mcp_config(port, &[("old", slow)], "").replace("timeout: 3s", "timeout: 20s");
+    assert!(config.contains("timeout: 20s"), "{config}");
+    let _gateway = start_gateway(dir.path(), &config);
     let open_sessions =
         || http_get(old.port(), "/sessions").and_then(|response| response.body.trim().parse::<usize>().ok());
     assert_eq!(open_sessions(), Some(0));

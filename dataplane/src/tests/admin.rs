@@ -51,15 +51,7 @@ async fn handed_over_answers_are_taken_only_for_a_waiting_call() {
                 body.as_bytes(),
             )))
             .unwrap();
-        async move {
-            let response = http1_client().request(request).await.unwrap();
-            let status = response.status().as_u16();
-            let body = http_body_util::BodyExt::collect(response.into_body())
-                .await
-                .unwrap()
-                .to_bytes();
-            (status, String::from_utf8_lossy(&body).into_owned())
-        }
+        async move { status_and_text(http1_client().request(request).await.unwrap()).await }
     };
     let json = "application/json";
     let (status, body) = post(json, "{not json").await;

@@ -62,6 +62,17 @@ pub fn http2_client() -> Client<HttpConnector, Full<Bytes>> {
         .build_http()
 }
 
+/// A response's status and its body as text.
+pub async fn status_and_text<B>(response: Response<B>) -> (u16, String)
+where
+    B: http_body::Body,
+    B::Error: std::fmt::Debug,
+{
+    let status = response.status().as_u16();
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    (status, String::from_utf8_lossy(&body).into_owned())
+}
+
 pub async fn get(port: u16, path: &str) -> (u16, String) {
     let (status, _, body) = get_with(port, path, &[]).await;
     (status, body)
@@ -77,10 +88,9 @@ pub async fn get_with(port: u16, path: &str, headers: &[(&str, &str)]) -> (u16, 
         .request(request.body(Full::default()).unwrap())
         .await
         .unwrap();
-    let status = response.status().as_u16();
     let headers = response.headers().clone();
-    let body = response.into_body().collect().await.unwrap().to_bytes();
-    (status, headers, String::from_utf8_lossy(&body).into_owned())
+    let (status, body) = status_and_text(response).await;
+    (status, headers, body)
 }
 
 pub async fn start_proxy(cache_dir: Option<PathBuf>, drain_grace: Duration) -> Proxy {

@@ -71,7 +71,7 @@ pub(super) async fn hand_over(
     let Some((ticket, key)) = id
         .strip_prefix(QUESTION_ID_PREFIX)
         .and_then(|sealed| sealer.open_question(sealed))
-        .filter(|(ticket, _)| ticket.session == digest(session))
+        .filter(|(ticket, _)| ticket.session == digest(session.as_bytes()))
         .filter(|(ticket, _)| unix_now().saturating_sub(ticket.asked) <= (idle + CLOCK_SLACK).as_secs())
     else {
         return not_waiting();
@@ -268,6 +268,7 @@ mod tests {
 
     use super::*;
     use crate::target::mcp::session::QuestionTicket;
+    use crate::tests::support::status_and_text;
 
     /// Each check is made before anything leaves the proxy: nothing listens at the holder's
     /// address, so an answer handed over would come back as 502.
@@ -285,18 +286,12 @@ mod tests {
             let ticket = QuestionTicket {
                 holder: holder.map(str::to_string),
                 asked: unix_now() - age,
-                session: digest(session),
+                session: digest(session.as_bytes()),
             };
             let id = format!("{QUESTION_ID_PREFIX}{}", sealer.seal_question(&ticket));
             let (sealer, waits) = (&sealer, &waits);
             async move {
-                let response = hand_over(sealer, waits, &id, "session-a", Map::new(), idle).await;
-                let status = response.status().as_u16();
-                let body = http_body_util::BodyExt::collect(response.into_body())
-                    .await
-                    .unwrap()
-                    .to_bytes();
-                (status, String::from_utf8_lossy(&body).into_owned())
+                status_and_text(hand_over(sealer, waits, &id, "session-a", Map::new(), idle).await).await
             }
         };
         let (status, body) = answer(Some(&nobody), 0, "session-a").await;

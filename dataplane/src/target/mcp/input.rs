@@ -65,8 +65,8 @@ const HANDOVER_WARN_INTERVAL: Duration = Duration::from_secs(30);
 /// Marks a `requestState` the gateway wrote.
 const STATE_PREFIX: &str = "portcullis-answers.";
 /// Marks the id of a question the gateway passed on. Never an id a server chose, nor one
-/// the gateway renamed for its server (server names have no `:`). The rest is sealed: it
-/// names the proxy that waits for the answer.
+/// the gateway renamed for its server (server names have no `:`). The rest is a sealed
+/// [`QuestionTicket`].
 pub(super) const QUESTION_ID_PREFIX: &str = "portcullis:input:";
 
 /// The client's answers a bridged request carries, and the questions of this round it has
@@ -229,7 +229,7 @@ impl InputWaits {
         let ticket = QuestionTicket {
             holder: self.holder.clone(),
             asked: unix_now(),
-            session: digest(session),
+            session: digest(session.as_bytes()),
         };
         let id = format!("{QUESTION_ID_PREFIX}{}", sealer.seal_question(&ticket));
         self.lock().insert(
@@ -647,7 +647,7 @@ mod tests {
             .unwrap();
         assert_eq!(
             (ticket.holder.as_deref(), ticket.session),
-            (Some("10.0.0.7:7071"), digest("session-a")),
+            (Some("10.0.0.7:7071"), digest(b"session-a")),
             "the id names the proxy holding the call, and the session"
         );
         let id = json!(pending.id.clone());

@@ -55,9 +55,7 @@ pub(super) struct Session {
 /// user; the credential is what identifies the user here. The digest is kept, not the
 /// credential: the sealed id is encrypted, but a credential has no business in it.
 pub(super) fn caller_digest(headers: &http::HeaderMap) -> Option<String> {
-    use sha2::Digest;
-    let credential = headers.get(http::header::AUTHORIZATION)?;
-    Some(URL_SAFE_NO_PAD.encode(&sha2::Sha256::digest(credential.as_bytes())[..16]))
+    Some(digest(headers.get(http::header::AUTHORIZATION)?.as_bytes()))
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -238,10 +236,10 @@ pub(super) struct QuestionTicket {
     pub(super) session: String,
 }
 
-/// A short digest of a session id, to bind something to the session without carrying it.
-pub(super) fn digest(session: &str) -> String {
+/// A short digest, to bind something to a session or a credential without carrying it.
+pub(super) fn digest(secret: &[u8]) -> String {
     use sha2::Digest;
-    URL_SAFE_NO_PAD.encode(&sha2::Sha256::digest(session.as_bytes())[..16])
+    URL_SAFE_NO_PAD.encode(&sha2::Sha256::digest(secret)[..16])
 }
 
 /// What a sealed value is for, bound in as associated data with the McpBackend's name: a
@@ -374,7 +372,7 @@ mod tests {
         let ticket = QuestionTicket {
             holder: Some("10.0.0.7:7071".into()),
             asked: unix_now(),
-            session: digest("session-a"),
+            session: digest(b"session-a"),
         };
         let sealed = sealer.seal_question(&ticket);
         assert!(!sealed.contains("10.0.0.7"), "{sealed}");
@@ -412,7 +410,7 @@ mod tests {
         let ticket = QuestionTicket {
             holder: Some("10.0.0.7:7071".into()),
             asked: unix_now(),
-            session: digest("session-a"),
+            session: digest(b"session-a"),
         };
         let (opened, key) = rotated.open_question(&holder.seal_question(&ticket)).unwrap();
         assert_eq!(opened, ticket);
