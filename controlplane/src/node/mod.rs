@@ -19,7 +19,7 @@ use portcullis_proto::MAX_MESSAGE_BYTES;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
-use tokio_stream::wrappers::TcpListenerStream;
+use tonic::transport::server::TcpIncoming;
 use tonic_health::ServingStatus;
 
 use crate::admin::AdminService;
@@ -189,7 +189,13 @@ impl ControlPlane {
                 .max_decoding_message_size(MAX_MESSAGE_BYTES)
                 .max_encoding_message_size(MAX_MESSAGE_BYTES),
             )
-            .serve_with_incoming_shutdown(TcpListenerStream::new(listener), wait_for_shutdown(shutdown_rx));
+            .serve_with_incoming_shutdown(
+                // tonic applies no socket options to an incoming stream it is handed; without
+                // NODELAY a small answer (a Raft ACK, a write's result) can wait for the peer's
+                // ACK of the previous segment.
+                TcpIncoming::from(listener).with_nodelay(Some(true)),
+                wait_for_shutdown(shutdown_rx),
+            );
         let metrics = metrics_listener
             .map(|listener| listener.serve(metrics.registry(raft.metrics(), view, registry), SHUTDOWN_GRACE));
         let server = tokio::spawn(server);
