@@ -451,6 +451,89 @@ fn a_session_client_s_cancellation_ends_its_call_at_a_2026_server() {
     );
 }
 
+/// A 2025-11-25 server may end an answer's stream midway and expect its client to resume it
+/// after the last event (`Last-Event-ID`). The gateway resumes it itself: the Python SDK
+/// client of either revision gets the answer of the Python SDK server's `interrupted` through
+/// a multiplexing McpBackend, and a session's client also the log message sent after the
+/// break. On the wire, the client's stream is one unbroken answer with no ids or retry hints:
+/// it has nothing to resume.
+#[test]
+fn a_stream_the_server_ends_early_is_resumed_by_the_gateway() {
+    let dir = tempfile::tempdir().unwrap();
+    let (resumable_port, other_port, port) = (free_port(), free_port(), free_port());
+    let _resumable = PythonPeer::start_with(
+        dir.path(),
+        "mcp_server.py",
+        &[&resumable_port.to_string()],
+        &[("RESUMABLE", "1"), ("ONLY_ERA", "legacy")],
+    );
+    let _other = PythonPeer::start(dir.path(), "mcp_server.py", &[&other_port.to_string()]);
+    for server in [resumable_port, other_port] {
+        wait_for("MCP servers", TIMEOUT, || {
+            std::net::TcpStream::connect(("127.0.0.1", server)).is_ok()
+        });
+    }
+    let _gateway = start_gateway(
+        dir.path(),
+        &mcp_route(port, &[("py", resumable_port), ("other", other_port)]),
+    );
+    let url = format!("http://127.0.0.1:{port}/mcp");
+    for mode in ["legacy", "2026-07-28"] {
+        let output = peer("mcp_resume.py", &[&url, mode, "py__"]);
+        assert!(output.contains("OK"), "{mode}: {output}");
+    }
+
+    let accept = ("Accept", "application/json, text/event-stream");
+    let initialize = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {},
+        "clientInfo": {"name": "wire", "version": "1"}}});
+    let opened = http_request_with(port, "POST", "/mcp", &[accept], Some(&initialize.to_string())).unwrap();
+    assert_eq!(opened.status, 200, "{}", opened.body);
+    let session = opened
+        .head
+        .lines()
+        .find_map(|line| {
+            let (name, value) = line.split_once(':')?;
+            name.eq_ignore_ascii_case("mcp-session-id")
+                .then(|| value.trim().to_string())
+        })
+        .expect("a session id");
+    let headers = [
+        accept,
+        ("Mcp-Session-Id", session.as_str()),
+        ("MCP-Protocol-Version", "2025-11-25"),
+    ];
+    let call = json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+        "params": {"name": "py__interrupted", "arguments": {}}});
+    let answer = http_request_with(port, "POST", "/mcp", &headers, Some(&call.to_string())).unwrap();
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    let data: Vec<serde_json::Value> = answer
+        .body
+        .lines()
+        .filter_map(|line| serde_json::from_str(line.strip_prefix("data: ")?).ok())
+        .collect();
+    let logged: Vec<&str> = data
+        .iter()
+        .filter_map(|message| message["params"]["data"].as_str())
+        .collect();
+    assert_eq!(logged, ["before the break", "after the break"], "{}", answer.body);
+    assert_eq!(
+        data.last()
+            .map(|last| last["result"]["content"][0]["text"].clone()),
+        Some(json!("resumed")),
+        "{}",
+        answer.body
+    );
+    assert!(
+        !answer
+            .body
+            .lines()
+            .any(|line| line.starts_with("id:") || line.starts_with("retry:")),
+        "the gateway's client gets no ids to resume with: {}",
+        answer.body
+    );
+}
+
 /// A server's questions cross revisions: the Python SDK's `ask-sum` elicits a confirmation,
 /// behind one McpBackend, from a session-based-only server (`old`) and a 2026-07-28-only one
 /// (`new`); the SDK client of each revision answers both: as requests mid-call in a session,

@@ -13,6 +13,10 @@ its client closing the request's stream).
 With `WITH_ASK_TOOL` set it also serves `ask-sum(a, b)`, which asks the client to confirm
 (elicitation) before it adds: mid-call in a session-based revision, as an `input_required`
 round in 2026-07-28 (the SDK picks by the revision the client speaks).
+With `RESUMABLE` set it keeps its events (in memory) so a client can resume a stream after
+the last event it got (2025-11-25), asks clients to wait 200 ms before they do, and serves
+`interrupted`, which logs `before the break`, ends its answer's stream midway (SSE polling),
+then logs `after the break` and answers `resumed`.
 `ONLY_ERA=legacy` or `ONLY_ERA=2026-07-28` serves one revision only, as a server that
 predates 2026-07-28 or one that dropped the handshake: the other revision's requests get the
 error such a server gives them.
@@ -31,6 +35,7 @@ from mcp.server import MCPServer
 from mcp.server.mcpserver import Context
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.server.mcpserver.resolve import Elicit, Resolve
+from mcp.server.streamable_http import EventMessage, EventStore
 
 MODERN = "2026-07-28"
 
@@ -92,6 +97,40 @@ if os.environ.get("WITH_ASK_TOOL"):
         return a + b
 
 
+class MemoryEventStore(EventStore):
+    """Every event of every stream, in order; enough for a test server."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, str, object]] = []
+
+    async def store_event(self, stream_id, message):
+        event_id = str(len(self.events) + 1)
+        self.events.append((event_id, stream_id, message))
+        return event_id
+
+    async def replay_events_after(self, last_event_id, send_callback):
+        after = next((index for index, (event_id, _, _) in enumerate(self.events) if event_id == last_event_id), None)
+        if after is None:
+            return None
+        stream_id = self.events[after][1]
+        for event_id, stream, message in self.events[after + 1:]:
+            if stream == stream_id and message is not None:
+                await send_callback(EventMessage(message, event_id))
+        return stream_id
+
+
+if os.environ.get("RESUMABLE"):
+
+    @server.tool()
+    async def interrupted(ctx: Context) -> str:
+        """End this answer's stream midway, as a server polling its clients does, then answer."""
+        await ctx.info("before the break")
+        await ctx.close_sse_stream()
+        await anyio.sleep(0.5)
+        await ctx.info("after the break")
+        return "resumed"
+
+
 def only(era: str, app):
     """An ASGI wrapper that refuses the other revision as a one-revision server would."""
 
@@ -142,7 +181,8 @@ if __name__ == "__main__":
     if len(sys.argv) != 2:
         print(__doc__, file=sys.stderr)
         sys.exit(2)
-    app = server.streamable_http_app()
+    resumable = {"event_store": MemoryEventStore(), "retry_interval": 200} if os.environ.get("RESUMABLE") else {}
+    app = server.streamable_http_app(**resumable)
     era = os.environ.get("ONLY_ERA")
     if era:
         app = only(era, app)

@@ -9,6 +9,7 @@ use serde_json::{json, Map, Value};
 use super::authz::Judgement;
 use super::jsonrpc::{self, invalid_params, session_not_found, upstream_failed};
 use super::reach::{self, Downstream, Reach, Sent};
+use super::resume::Resumption;
 use super::{caller, guarded, inject_trace, input, remap, server, session_header, Exchange, McpTarget};
 use crate::body::{self, Body};
 use crate::policy::guardrail::Asker;
@@ -272,9 +273,23 @@ impl McpTarget {
                     let (mut parts, inner) = relayed.into_parts();
                     // Events are re-encoded: the server's length no longer holds.
                     parts.headers.remove(http::header::CONTENT_LENGTH);
-                    let events = remap::RemapRequests::new(inner, &server.name)
+                    let mut events = remap::RemapRequests::new(inner, &server.name)
                         .remapping(self.multiplexed)
                         .watching(self.list_watch(index));
+                    // Should the server end the stream early, it is taken up again.
+                    if let Reach::Session {
+                        id: Some(session),
+                        version,
+                    } = &how
+                    {
+                        events = events.resuming(Resumption::of_answer(
+                            server.clone(),
+                            session.clone(),
+                            version.clone(),
+                            exchange.ctx.trace.detached(),
+                            exchange.route.body_idle_timeout,
+                        ));
+                    }
                     Response::from_parts(parts, body::boxed(events))
                 } else {
                     relayed

@@ -29,6 +29,7 @@ use super::cancel::Cancellable;
 use super::jsonrpc::{invalid_params, upstream_failed};
 use super::reach::{self, ClientMeta, Reach, Sent};
 use super::remap::{ListWatch, RemapRequests, SUBSCRIPTION_ID};
+use super::resume::Resumption;
 use super::server::{self, Headers, Server, MODERN_VERSION};
 use super::{jsonrpc, session_header, Exchange, McpTarget};
 use crate::body::{self, Body};
@@ -114,7 +115,9 @@ impl McpTarget {
                         trace: &trace,
                     };
                     let opened = server.get(&headers).await;
-                    Opened::classify(&server, opened, remap, watch)
+                    let resumption =
+                        Resumption::of_stream(server.clone(), id.clone(), version.clone(), trace.detached());
+                    Opened::classify(&server, opened, remap, watch, resumption)
                 });
                 Some(open)
             })
@@ -186,6 +189,7 @@ impl Opened {
         opened: Result<Response<Incoming>, server::Failure>,
         remap: bool,
         watch: ListWatch,
+        resumption: Resumption,
     ) -> Opened {
         match opened {
             Ok(response)
@@ -193,7 +197,8 @@ impl Opened {
             {
                 let events = RemapRequests::new(body::boxed(response.into_body()), &server.name)
                     .remapping(remap)
-                    .watching(watch);
+                    .watching(watch)
+                    .resuming(resumption);
                 Opened::Stream(server.name.clone(), Box::new(events))
             }
             Ok(response) if response.status() == StatusCode::METHOD_NOT_ALLOWED => {

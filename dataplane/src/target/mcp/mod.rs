@@ -24,6 +24,7 @@ mod lists;
 mod pins;
 mod reach;
 mod remap;
+mod resume;
 mod server;
 mod session;
 

@@ -17,8 +17,9 @@ use serde_json::Value;
 use super::cache::ListCache;
 use super::listen::{lists_changed, KEEPALIVE_COMMENT};
 use super::pins::{PinObservations, ServerKey};
+use super::resume::Resumption;
 use super::URI_SEPARATOR;
-use crate::body::{Body, BoxError};
+use crate::body::{self, Body, BoxError};
 use crate::sse;
 
 /// What one server's lists are reused as, to drop when the server says they changed.
@@ -69,6 +70,7 @@ pub(super) struct RemapRequests {
     untagged: bool,
     only: Option<Vec<&'static str>>,
     merged: bool,
+    resumption: Option<Resumption>,
     parser: sse::Parser,
     events: Vec<sse::Event>,
     ready: VecDeque<Bytes>,
@@ -86,6 +88,7 @@ impl RemapRequests {
             untagged: false,
             only: None,
             merged: false,
+            resumption: None,
             parser: sse::Parser::default(),
             events: Vec::new(),
             ready: VecDeque::new(),
@@ -135,9 +138,23 @@ impl RemapRequests {
         self
     }
 
+    /// A stream of a server's session that the gateway takes up again itself when the server
+    /// ends it early: event ids and retry hints are left out, as the client has nothing to
+    /// resume.
+    pub(super) fn resuming(mut self, resumption: Resumption) -> RemapRequests {
+        self.resumption = Some(resumption);
+        self
+    }
+
     /// The event as the client gets it; `None` to leave it out.
-    fn rewrite(&self, mut event: sse::Event) -> Option<Bytes> {
-        if self.merged {
+    fn rewrite(&mut self, mut event: sse::Event) -> Option<Bytes> {
+        let parsed = serde_json::from_str::<Value>(&event.data);
+        if let Some(resumption) = &mut self.resumption {
+            let response = matches!(&parsed, Ok(Value::Object(message))
+                if message.contains_key("id") && !message.contains_key("method"));
+            resumption.saw(&event, response);
+        }
+        if self.merged || self.resumption.is_some() {
             // An event that only set an id or a retry hint (a priming event) says nothing now.
             if event.data.is_empty() {
                 return None;
@@ -145,7 +162,6 @@ impl RemapRequests {
             event.id = None;
             event.retry = None;
         }
-        let parsed = serde_json::from_str::<Value>(&event.data);
         if let Some(only) = &self.only {
             let passes = match &parsed {
                 Ok(Value::Object(message)) if !message.contains_key("id") => message
@@ -235,6 +251,15 @@ fn untag(message: &mut serde_json::Map<String, Value>) {
     }
 }
 
+impl RemapRequests {
+    /// The server's stream ended or broke: whether it is being resumed.
+    fn interrupted(&mut self, error: Option<&BoxError>) -> bool {
+        self.resumption
+            .as_mut()
+            .is_some_and(|resumption| resumption.interrupted(error))
+    }
+}
+
 impl HttpBody for RemapRequests {
     type Data = Bytes;
     type Error = BoxError;
@@ -251,10 +276,35 @@ impl HttpBody for RemapRequests {
             if this.ended {
                 return Poll::Ready(None);
             }
+            if let Some(resumed) = this
+                .resumption
+                .as_mut()
+                .and_then(|resumption| resumption.poll_resumed(cx))
+            {
+                match resumed {
+                    Poll::Pending => return Poll::Pending,
+                    Poll::Ready(Ok(body)) => {
+                        // An event cut off by the break is sent again after the last whole one.
+                        (this.inner, this.parser) = (body, sse::Parser::default());
+                        continue;
+                    }
+                    Poll::Ready(Err(failure)) => {
+                        return Poll::Ready(Some(Err(format!("resuming the stream: {failure}").into())))
+                    }
+                }
+            }
             match Pin::new(&mut this.inner).poll_frame(cx) {
                 Poll::Pending => return Poll::Pending,
-                Poll::Ready(None) => this.ended = true,
-                Poll::Ready(Some(Err(error))) => return Poll::Ready(Some(Err(error))),
+                Poll::Ready(None) => {
+                    if !this.interrupted(None) {
+                        this.ended = true;
+                    }
+                }
+                Poll::Ready(Some(Err(error))) => {
+                    if !this.interrupted(Some(&error)) {
+                        return Poll::Ready(Some(Err(error)));
+                    }
+                }
                 Poll::Ready(Some(Ok(frame))) => {
                     let Ok(data) = frame.into_data() else { continue };
                     let mut events = std::mem::take(&mut this.events);
@@ -265,6 +315,11 @@ impl HttpBody for RemapRequests {
                         }
                     }
                     this.events = events;
+                    if this.resumption.as_ref().is_some_and(Resumption::complete) {
+                        this.ended = true;
+                        this.inner = body::empty();
+                        continue;
+                    }
                     if this.parser.took_comment() {
                         this.ready.push_back(Bytes::from_static(KEEPALIVE_COMMENT));
                     }

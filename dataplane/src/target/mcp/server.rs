@@ -9,11 +9,12 @@ use base64::Engine;
 use bytes::Bytes;
 use http::header::{ACCEPT, CONTENT_TYPE, HOST};
 use http::{HeaderName, HeaderValue, Method, Request, Response, StatusCode, Uri};
-use http_body_util::BodyExt;
+use http_body_util::{BodyExt, LengthLimitError};
 use hyper::body::Incoming;
 use portcullis_config::{McpFailureMode, McpServerSpec};
 use serde_json::Value;
 
+use super::resume::Cursor;
 use crate::body::{self, Body};
 use crate::sse;
 use crate::telemetry::{LogThrottle, RequestTrace};
@@ -30,6 +31,7 @@ pub(super) const META_CAPABILITIES: &str = "io.modelcontextprotocol/clientCapabi
 pub(super) const META_CLIENT_INFO: &str = "io.modelcontextprotocol/clientInfo";
 pub(super) const META_LOG_LEVEL: &str = "io.modelcontextprotocol/logLevel";
 const TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
+const LAST_EVENT_ID: HeaderName = HeaderName::from_static("last-event-id");
 /// A background DELETE waits at most this long (or the server's timeout, if shorter): a
 /// stopping proxy awaits them, and a long tool timeout must not hold its exit.
 const CLOSE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -197,6 +199,27 @@ impl Server {
         self.send(request, headers.session.is_some()).await
     }
 
+    /// Takes up a stream of the session that the server ended, after `last_event_id`
+    /// ([`super::resume`]); only an event stream is taken as the answer.
+    pub(super) async fn resume(
+        &self,
+        headers: &Headers<'_>,
+        last_event_id: &str,
+    ) -> Result<Response<Incoming>, Failure> {
+        let mut request = self.request(Method::GET, headers, None)?;
+        let last_event_id = HeaderValue::from_str(last_event_id)
+            .map_err(|_| self.answered("gave an event id that cannot be sent back as a header"))?;
+        request.headers_mut().insert(LAST_EVENT_ID, last_event_id);
+        let response = self.send(request, headers.session.is_some()).await?;
+        if response.status() != StatusCode::OK || !is_event_stream(response.headers()) {
+            return Err(self.answered(format!(
+                "answered HTTP {} when its stream was resumed",
+                response.status()
+            )));
+        }
+        Ok(response)
+    }
+
     fn client(&self) -> Http1 {
         client(self.own_tls.as_deref())
     }
@@ -346,15 +369,31 @@ impl Server {
         }
         let mut parser = sse::Parser::default();
         let mut events = Vec::new();
+        let mut cursor = Cursor::default();
         loop {
             let frame = match body.frame().await {
-                None => return Err(self.failure("the event stream ended without the response")),
-                Some(Err(error)) => return Err(self.failure(format!("reading the event stream: {error}"))),
                 Some(Ok(frame)) => frame,
+                ended => {
+                    let too_large = matches!(&ended, Some(Err(error)) if error.is::<LengthLimitError>());
+                    if let (false, Some(_), Some((last_event_id, delay))) =
+                        (too_large, headers.session, cursor.next())
+                    {
+                        tokio::time::sleep(delay).await;
+                        let resumed = self.resume(headers, &last_event_id).await?;
+                        body = http_body_util::Limited::new(resumed.into_body(), MAX_ANSWER_BYTES);
+                        parser = sse::Parser::default();
+                        continue;
+                    }
+                    return Err(match ended {
+                        Some(Err(error)) => self.failure(format!("reading the event stream: {error}")),
+                        _ => self.failure("the event stream ended without the response"),
+                    });
+                }
             };
             let Ok(data) = frame.into_data() else { continue };
             parser.feed(&data, &mut events);
             for event in std::mem::take(&mut events) {
+                cursor.saw(&event);
                 let Ok(message) = serde_json::from_str::<Value>(&event.data) else {
                     continue;
                 };

@@ -1,0 +1,419 @@
+//! A session's event stream that its server ends early is taken up again by the gateway
+//! itself, after the last event it got: a GET with `Last-Event-ID`, whether the stream was a
+//! POST's answer or the session's GET stream
+//! (<https://modelcontextprotocol.io/specification/2025-11-25/basic/transports#resumability-and-redelivery>).
+//! A 2025-11-25 server may close a stream at any moment once it has sent an event id (SSE
+//! polling), so a gateway that does not resume loses the answers still to come. The client
+//! never sees the break: its stream stays open, and the ids and `retry` hints, which are the
+//! gateway's business now, are left out of what it gets.
+
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use futures::FutureExt;
+
+use super::server::{Failure, Headers, Server};
+use crate::body::{self, Body, BodyIdle, BoxError};
+use crate::sse;
+use crate::telemetry::RequestTrace;
+
+/// How long to wait before resuming when the server gave no `retry` hint (the Python and
+/// TypeScript SDK clients wait as long).
+const DEFAULT_DELAY: Duration = Duration::from_secs(1);
+/// A `retry` hint is followed up to this: beyond it the client, waiting in silence, would
+/// take the stream for dead.
+const MAX_DELAY: Duration = Duration::from_secs(30);
+/// Resumptions in a row that bring no new event before the gateway gives up: a server that
+/// keeps ending its stream at once would otherwise be asked for ever.
+const MAX_FRUITLESS: u32 = 5;
+
+/// Where a stream stands for resuming it: the last event id the server gave and how long
+/// it asked to wait.
+#[derive(Debug)]
+pub(super) struct Cursor {
+    last_event_id: Option<String>,
+    delay: Duration,
+    fruitless: u32,
+}
+
+impl Default for Cursor {
+    fn default() -> Cursor {
+        Cursor {
+            last_event_id: None,
+            delay: DEFAULT_DELAY,
+            fruitless: 0,
+        }
+    }
+}
+
+impl Cursor {
+    /// Notes what one event of the stream says about resuming it.
+    pub(super) fn saw(&mut self, event: &sse::Event) {
+        if let Some(id) = &event.id {
+            self.last_event_id = Some(id.clone());
+            self.fruitless = 0;
+        }
+        if let Some(millis) = event
+            .retry
+            .as_deref()
+            .and_then(|retry| retry.trim().parse::<u64>().ok())
+        {
+            self.delay = Duration::from_millis(millis).min(MAX_DELAY);
+        }
+    }
+
+    /// The event id to resume after and the wait before, if the stream can be resumed once
+    /// more: the server gave an id, and the last resumptions were not all fruitless.
+    pub(super) fn next(&mut self) -> Option<(String, Duration)> {
+        if self.fruitless >= MAX_FRUITLESS {
+            return None;
+        }
+        let id = self.last_event_id.clone()?;
+        self.fruitless += 1;
+        Some((id, self.delay))
+    }
+}
+
+/// What a session's stream is resumed with: its server, session and revision.
+pub(super) struct Resumption {
+    server: Arc<Server>,
+    session: String,
+    version: String,
+    trace: RequestTrace,
+    /// The idle bound of a relayed answer's body, set again on each resumed one.
+    idle: Option<Duration>,
+    /// A POST's answer needs no resuming once its response came; a GET stream always may.
+    ends_with_response: bool,
+    responded: bool,
+    /// The stream is a resumed one, which a server may keep open after the response.
+    resumed: bool,
+    cursor: Cursor,
+    resuming: Option<BoxFuture<'static, Result<Body, Failure>>>,
+}
+
+impl Resumption {
+    /// For the answer of a POST in `session`, which ends with the response.
+    pub(super) fn of_answer(
+        server: Arc<Server>,
+        session: String,
+        version: String,
+        trace: RequestTrace,
+        idle: Duration,
+    ) -> Resumption {
+        Resumption {
+            server,
+            session,
+            version,
+            trace,
+            idle: Some(idle),
+            ends_with_response: true,
+            responded: false,
+            resumed: false,
+            cursor: Cursor::default(),
+            resuming: None,
+        }
+    }
+
+    /// For the session's GET stream.
+    pub(super) fn of_stream(
+        server: Arc<Server>,
+        session: String,
+        version: String,
+        trace: RequestTrace,
+    ) -> Resumption {
+        Resumption {
+            idle: None,
+            ends_with_response: false,
+            ..Resumption::of_answer(server, session, version, trace, Duration::ZERO)
+        }
+    }
+
+    /// Notes one event of the stream; `response` when it carries a JSON-RPC response.
+    pub(super) fn saw(&mut self, event: &sse::Event, response: bool) {
+        self.cursor.saw(event);
+        self.responded |= response;
+    }
+
+    /// A POST's answer whose response came: nothing more belongs to it.
+    fn answered(&self) -> bool {
+        self.ends_with_response && self.responded
+    }
+
+    /// The answer is complete and its stream is not to be read to its end: a resumed stream
+    /// may stay open after the response. The stream the POST opened is still read to its end
+    /// (the server ends it), so its connection can be used again.
+    pub(super) fn complete(&self) -> bool {
+        self.answered() && self.resumed
+    }
+
+    /// The stream ended or broke with `error`: whether it is being resumed. A stream that
+    /// went quiet for longer than allowed is not resumed: it is not interrupted, only slow.
+    pub(super) fn interrupted(&mut self, error: Option<&BoxError>) -> bool {
+        if error.is_some_and(|error| error.is::<BodyIdle>()) || self.answered() {
+            return false;
+        }
+        let Some((last_event_id, delay)) = self.cursor.next() else {
+            return false;
+        };
+        let (server, session, version) = (self.server.clone(), self.session.clone(), self.version.clone());
+        let (trace, idle) = (self.trace.detached(), self.idle);
+        tracing::debug!(server = %server.name, ?delay, "resuming an MCP server's event stream");
+        self.resuming = Some(
+            async move {
+                tokio::time::sleep(delay).await;
+                let headers = Headers {
+                    session: Some(&session),
+                    version: Some(&version),
+                    modern: false,
+                    trace: &trace,
+                };
+                let incoming = server.resume(&headers, &last_event_id).await?.into_body();
+                Ok(match idle {
+                    Some(idle) => body::boxed(body::IdleTimeout::new(incoming, idle)),
+                    None => body::boxed(incoming),
+                })
+            }
+            .boxed(),
+        );
+        true
+    }
+
+    /// The resumed stream's body, once a resumption begun by [`Resumption::interrupted`]
+    /// has it; `None` when none is under way.
+    pub(super) fn poll_resumed(&mut self, cx: &mut Context<'_>) -> Option<Poll<Result<Body, Failure>>> {
+        let polled = self.resuming.as_mut()?.poll_unpin(cx);
+        if let Poll::Ready(resumed) = &polled {
+            self.resumed |= resumed.is_ok();
+            self.resuming = None;
+        }
+        Some(polled)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use bytes::Bytes;
+    use http::{Request, Response};
+    use http_body_util::{BodyExt, Full, StreamBody};
+    use hyper::body::{Frame, Incoming};
+    use portcullis_config::{McpFailureMode, McpServerSpec};
+
+    use super::super::remap::RemapRequests;
+    use super::*;
+    use crate::tests::support::{quiet_telemetry, spawn_upstream, UpstreamBody};
+    use crate::upstream::Upstream;
+
+    const SESSION: &str = "session-1";
+    const VERSION: &str = "2025-11-25";
+
+    /// Every request's method and `Last-Event-ID`, and whether it named the session.
+    type Seen = Arc<Mutex<Vec<(String, Option<String>, bool)>>>;
+
+    /// An MCP server on loopback whose streams go as `answer` says for each request's
+    /// method and `Last-Event-ID`.
+    async fn server_answering(answer: fn(&str, Option<&str>) -> Option<UpstreamBody>) -> (Arc<Server>, Seen) {
+        let seen = Seen::default();
+        let noted = seen.clone();
+        let address = spawn_upstream(move |request: Request<Incoming>| {
+            let last = request
+                .headers()
+                .get("last-event-id")
+                .and_then(|value| value.to_str().ok())
+                .map(str::to_string);
+            let in_session = request
+                .headers()
+                .get("mcp-session-id")
+                .is_some_and(|value| value == SESSION);
+            let method = request.method().to_string();
+            noted
+                .lock()
+                .unwrap()
+                .push((method.clone(), last.clone(), in_session));
+            let body = answer(&method, last.as_deref());
+            async move {
+                match body {
+                    Some(body) => Response::builder()
+                        .header("content-type", "text/event-stream")
+                        .body(body)
+                        .unwrap(),
+                    None => Response::builder()
+                        .status(404)
+                        .body(Full::new(Bytes::new()).boxed())
+                        .unwrap(),
+                }
+            }
+        })
+        .await;
+        let telemetry = Arc::new(crate::telemetry::Telemetry::new(quiet_telemetry()).unwrap());
+        let upstream = Upstream::new(telemetry, crate::placements::outbox().0, None);
+        let spec = McpServerSpec {
+            name: "py".into(),
+            url: format!("http://{address}/mcp"),
+            tls: None,
+            timeout: None,
+            failure_mode: McpFailureMode::Fail,
+            list_ttl: None,
+        };
+        (Arc::new(Server::compile(&spec, &upstream).unwrap()), seen)
+    }
+
+    fn events(text: &'static str) -> UpstreamBody {
+        Full::new(Bytes::from_static(text.as_bytes())).boxed()
+    }
+
+    /// What the client gets, and how its stream ended (`None`: cleanly).
+    async fn read(mut events: RemapRequests) -> (String, Option<String>) {
+        let mut text = String::new();
+        loop {
+            let frame = tokio::time::timeout(Duration::from_secs(10), events.frame())
+                .await
+                .expect("the stream ends");
+            match frame {
+                None => return (text, None),
+                Some(Err(error)) => return (text, Some(error.to_string())),
+                Some(Ok(frame)) => {
+                    if let Ok(data) = frame.into_data() {
+                        text.push_str(&String::from_utf8_lossy(&data));
+                    }
+                }
+            }
+        }
+    }
+
+    fn in_session() -> Headers<'static> {
+        static TRACE: std::sync::LazyLock<RequestTrace> = std::sync::LazyLock::new(RequestTrace::default);
+        Headers {
+            session: Some(SESSION),
+            version: Some(VERSION),
+            modern: false,
+            trace: &TRACE,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_session_stream_the_server_ends_is_taken_up_after_its_last_event() {
+        let (server, seen) = server_answering(|_, last| match last {
+            None => Some(events(
+                "id: a1\nretry: 10\ndata: {\"jsonrpc\":\"2.0\",\"method\":\"notifications/resources/list_changed\"}\n\n",
+            )),
+            Some("a1") => Some(events(
+                ": a priming event\nid: a2\ndata: \n\nid: a3\ndata: {\"jsonrpc\":\"2.0\",\"method\":\"notifications/tools/list_changed\"}\n\n",
+            )),
+            // The server restarted, say: the session is gone.
+            _ => None,
+        })
+        .await;
+        let opened = server.get(&in_session()).await.unwrap();
+        let resumption = Resumption::of_stream(
+            server.clone(),
+            SESSION.into(),
+            VERSION.into(),
+            RequestTrace::default(),
+        );
+        let relayed = RemapRequests::new(body::boxed(opened.into_body()), "py")
+            .remapping(false)
+            .resuming(resumption);
+        let (text, ended) = read(relayed).await;
+        let resources = text.find("resources/list_changed").expect(&text);
+        let tools = text.find("tools/list_changed").expect(&text);
+        assert!(resources < tools, "{text}");
+        assert!(
+            !text
+                .lines()
+                .any(|line| line.starts_with("id:") || line.starts_with("retry:")),
+            "the client has nothing to resume with: {text}"
+        );
+        assert!(
+            ended
+                .as_deref()
+                .is_some_and(|why| why.contains("no longer knows this session")),
+            "{ended:?}"
+        );
+        let seen = seen.lock().unwrap().clone();
+        let resumed_after: Vec<Option<&str>> = seen.iter().map(|(_, last, _)| last.as_deref()).collect();
+        assert_eq!(resumed_after, [None, Some("a1"), Some("a3")]);
+        assert!(
+            seen.iter()
+                .all(|(method, _, in_session)| method == "GET" && *in_session),
+            "{seen:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn an_answer_the_server_cuts_short_is_resumed_and_ends_with_its_response() {
+        let (server, seen) = server_answering(|method, last| match (method, last) {
+            ("POST", None) => Some(events(
+                "id: p1\nretry: 10\ndata: {\"jsonrpc\":\"2.0\",\"method\":\"notifications/message\",\"params\":{\"data\":\"before\"}}\n\n",
+            )),
+            // The resumed stream carries the response and is not ended by the server.
+            ("GET", Some("p1")) => {
+                let response: Result<Frame<Bytes>, std::convert::Infallible> = Ok(Frame::data(Bytes::from_static(
+                    b"id: p2\ndata: {\"jsonrpc\":\"2.0\",\"id\":7,\"result\":{\"ok\":true}}\n\n",
+                )));
+                let stream = futures::StreamExt::chain(futures::stream::iter([response]), futures::stream::pending());
+                Some(BodyExt::boxed(StreamBody::new(stream)))
+            }
+            _ => None,
+        })
+        .await;
+        let call = serde_json::json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {"name": "slow"}});
+        let answer = server.post(&in_session(), &call).await.unwrap();
+        let resumption = Resumption::of_answer(
+            server.clone(),
+            SESSION.into(),
+            VERSION.into(),
+            RequestTrace::default(),
+            Duration::from_secs(30),
+        );
+        let relayed = RemapRequests::new(body::boxed(answer.into_body()), "py")
+            .remapping(false)
+            .resuming(resumption);
+        let (text, ended) = read(relayed).await;
+        assert_eq!(ended, None, "{text}");
+        assert!(
+            text.contains("\"before\"") && text.ends_with("\"result\":{\"ok\":true}}\n\n"),
+            "{text}"
+        );
+        let seen: Vec<(String, Option<String>)> = seen
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(method, last, _)| (method.clone(), last.clone()))
+            .collect();
+        assert_eq!(seen, [("POST".into(), None), ("GET".into(), Some("p1".into()))]);
+    }
+
+    fn event(id: Option<&str>, retry: Option<&str>) -> sse::Event {
+        sse::Event {
+            id: id.map(str::to_string),
+            retry: retry.map(str::to_string),
+            ..sse::Event::default()
+        }
+    }
+
+    #[test]
+    fn a_stream_resumes_after_its_last_id_with_the_server_s_delay_and_not_for_ever() {
+        let mut cursor = Cursor::default();
+        assert_eq!(cursor.next(), None, "nothing to resume after without an id");
+        cursor.saw(&event(Some("s1-1"), Some("250")));
+        cursor.saw(&event(None, None));
+        assert_eq!(cursor.next(), Some(("s1-1".into(), Duration::from_millis(250))));
+        cursor.saw(&event(Some("s1-2"), Some("3600000")));
+        assert_eq!(cursor.next(), Some(("s1-2".into(), MAX_DELAY)));
+        cursor.saw(&event(None, Some("soon")));
+        for _ in 1..MAX_FRUITLESS {
+            assert!(cursor.next().is_some());
+        }
+        assert_eq!(cursor.next(), None, "resumptions that bring no event end");
+        cursor.saw(&event(Some("s1-3"), None));
+        assert_eq!(
+            cursor.next(),
+            Some(("s1-3".into(), MAX_DELAY)),
+            "a new event counts again"
+        );
+    }
+}
