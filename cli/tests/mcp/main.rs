@@ -626,3 +626,44 @@ fn lists_are_reused_for_the_configured_time_and_filtered_per_caller() {
     gateway.apply(dir.path(), &config(""));
     assert_eq!(wire.tools(), Vec::<String>::new());
 }
+
+/// Calls that find a pinned tool unchecked at the same moment (a fresh proxy, a list change,
+/// or what was seen older than `recheckAfter`) wait for one list of its server, instead of
+/// each listing it: the server is asked once, and every call goes ahead.
+#[test]
+fn calls_that_find_a_pinned_tool_unchecked_together_share_one_list() {
+    let dir = tempfile::tempdir().unwrap();
+    let runtime = runtime();
+    let (math, count) = runtime.block_on(serve_eras("math", true, false));
+    let port = free_port();
+    let gateway = start_gateway(dir.path(), &mcp_config(port, &[("math", math)], ""));
+    let output = cli(&["mcp", "pin", "tools", "--controlplane", &gateway.address]);
+    assert!(output.status.success(), "mcp pin: {}", stderr(&output));
+    gateway.apply(dir.path(), &stdout(&output));
+    let wire = Wire::initialize(port);
+    let before = count.tool_lists();
+
+    const CALLS: usize = 8;
+    let start = std::sync::Barrier::new(CALLS);
+    let answers: Vec<(u16, Value)> = std::thread::scope(|scope| {
+        let calls: Vec<_> = (0..CALLS)
+            .map(|id| {
+                let (start, wire) = (&start, &wire);
+                scope.spawn(move || {
+                    start.wait();
+                    wire.post(&json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+                        "params": {"name": "get-sum", "arguments": {"a": 1, "b": 2}}}))
+                })
+            })
+            .collect();
+        calls.into_iter().map(|call| call.join().unwrap()).collect()
+    });
+    for (status, answer) in &answers {
+        assert_eq!(
+            (*status, &answer["result"]["content"][0]["text"]),
+            (200, &json!("3")),
+            "{answer}"
+        );
+    }
+    assert_eq!(count.tool_lists() - before, 1, "one list for {CALLS} calls");
+}

@@ -203,16 +203,22 @@ pub(crate) async fn serve(name: &'static str, json: bool) -> SocketAddr {
     serve_eras(name, json, false).await.0
 }
 
-/// How many sessions a server was asked to open (`initialize`) and to end (`DELETE`).
+/// How many sessions a server was asked to open (`initialize`) and to end (`DELETE`), and
+/// how often it was asked for its tools.
 #[derive(Default)]
 pub(crate) struct SessionCount {
     opened: AtomicUsize,
     ended: AtomicUsize,
+    tool_lists: AtomicUsize,
 }
 
 impl SessionCount {
     pub(crate) fn open(&self) -> usize {
         self.opened.load(Ordering::SeqCst) - self.ended.load(Ordering::SeqCst)
+    }
+
+    pub(crate) fn tool_lists(&self) -> usize {
+        self.tool_lists.load(Ordering::SeqCst)
     }
 }
 
@@ -258,12 +264,15 @@ pub(crate) async fn serve_eras(
                             .await
                             .map(|body| body.to_bytes())
                             .unwrap_or_default();
+                        let method = serde_json::from_slice::<Value>(&bytes)
+                            .map(|message| message["method"].clone())
+                            .unwrap_or_default();
                         if parts.method == hyper::Method::DELETE {
                             count.ended.fetch_add(1, Ordering::SeqCst);
-                        } else if serde_json::from_slice::<Value>(&bytes)
-                            .is_ok_and(|message| message["method"] == "initialize")
-                        {
+                        } else if method == "initialize" {
                             count.opened.fetch_add(1, Ordering::SeqCst);
+                        } else if method == "tools/list" {
+                            count.tool_lists.fetch_add(1, Ordering::SeqCst);
                         }
                         let modern = parts
                             .headers

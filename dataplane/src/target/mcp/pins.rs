@@ -130,6 +130,8 @@ pub(crate) struct PinObservations {
 struct Seen {
     servers: HashMap<ServerKey, ServerSeen>,
     findings: BTreeMap<ServerKey, Vec<ToolDrift>>,
+    /// Whose turn it is to list a server for calls that found its tools unknown.
+    checks: HashMap<ServerKey, Arc<tokio::sync::Mutex<()>>>,
 }
 
 #[derive(Default)]
@@ -174,6 +176,14 @@ impl PinObservations {
             }
             _ => Lookup::Unknown,
         }
+    }
+
+    /// The turn to list server `key` for calls that found its tools unknown: one list at a
+    /// time per server, so calls that arrive together (after a list change, or once what was
+    /// seen is older than `recheckAfter`) wait for one list instead of each asking the server.
+    async fn check_turn(&self, key: &ServerKey) -> tokio::sync::OwnedMutexGuard<()> {
+        let turn = self.lock().checks.entry(key.clone()).or_default().clone();
+        turn.lock_owned().await
     }
 
     /// Records tools listed by one server. `whole`: they are its whole list (their names, when
@@ -235,6 +245,7 @@ impl PinObservations {
             .filter(|key| !servers.contains(key))
             .cloned()
             .collect();
+        seen.checks.retain(|key, _| servers.contains(key));
         for key in gone {
             seen.servers.remove(&key);
             self.find(&mut seen, &key, None);
@@ -371,6 +382,15 @@ impl McpTarget {
         let pins = self.pins[index].as_ref()?;
         let key = self.pin_key(index);
         let mut lookup = self.tool_pins.lookup(&key, own, pins.recheck);
+        let _turn = match lookup {
+            Lookup::Unknown => {
+                let turn = self.tool_pins.check_turn(&key).await;
+                // The call whose turn came before may have listed the server meanwhile.
+                lookup = self.tool_pins.lookup(&key, own, pins.recheck);
+                Some(turn)
+            }
+            _ => None,
+        };
         if matches!(lookup, Lookup::Unknown) {
             match self.list_whole(exchange, downstream, index).await {
                 Ok(()) => lookup = self.tool_pins.lookup(&key, own, pins.recheck),
