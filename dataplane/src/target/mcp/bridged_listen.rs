@@ -6,14 +6,13 @@
 
 use std::sync::Arc;
 
-use futures::stream::StreamExt;
 use http::StatusCode;
-use http_body_util::{BodyStream, StreamBody};
 use serde_json::{json, Map, Value};
 
 use super::initialize::{open_session_detached, NewSession};
 use super::listen::LIST_FLAGS;
 use super::reach::{self, ClientMeta};
+use super::resume::Resumption;
 use super::server::{self, Failure, Headers, Server};
 use crate::body::{self, Body};
 use crate::telemetry::RequestTrace;
@@ -23,8 +22,11 @@ use crate::upstream::Upstream;
 pub(super) struct Listening {
     /// As a 2026-07-28 server would acknowledge it (resources by the server's URIs).
     pub(super) honors: Map<String, Value>,
-    /// The session's stream; dropping it closes the session.
+    /// The session's stream.
     pub(super) events: Body,
+    /// How the stream is taken up again should the server end it; dropping it closes the
+    /// session.
+    pub(super) resumption: Resumption,
     /// The notifications that belong to the subscription (the session's stream carries
     /// whatever the server sends the session).
     pub(super) notifications: Vec<&'static str>,
@@ -101,14 +103,17 @@ pub(super) async fn listen_in_session(
         server.drain(response).await;
         return Ok(None);
     }
-    let stream = BodyStream::new(body::boxed(response.into_body())).map(move |frame| {
-        // The session lives as long as its stream is read.
-        let _ = &closing;
-        frame
-    });
+    let resumption = Resumption::of_stream(
+        server.clone(),
+        id.to_string(),
+        session.version.clone(),
+        trace.detached(),
+    )
+    .closing(closing);
     Ok(Some(Listening {
         honors,
-        events: body::boxed(StreamBody::new(stream)),
+        events: body::boxed(response.into_body()),
+        resumption,
         notifications,
     }))
 }

@@ -537,7 +537,11 @@ impl McpTarget {
                             .await
                             .map_or_else(
                                 |failure| Listened::Failed(failure.to_string()),
-                                |listening| listening.map_or(Listened::Nothing, Listened::InSession),
+                                |listening| {
+                                    listening.map_or(Listened::Nothing, |listening| {
+                                        Listened::InSession(Box::new(listening))
+                                    })
+                                },
                             )
                     }
                     Err(failure) => Listened::Failed(failure.to_string()),
@@ -564,7 +568,9 @@ impl McpTarget {
                 }
                 Listened::InSession(listening) => Ok((
                     listening.honors,
-                    events(listening.events).only(listening.notifications),
+                    events(listening.events)
+                        .only(listening.notifications)
+                        .resuming(listening.resumption),
                 )),
                 Listened::Failed(failure) => Err(failure),
             };
@@ -618,8 +624,6 @@ impl McpTarget {
     }
 }
 
-/// The server's acknowledgment, the first event of its stream: what it honors, and the rest of
-/// the stream.
 /// How a server took a subscription.
 enum Listened {
     /// It honors nothing of it.
@@ -627,7 +631,7 @@ enum Listened {
     /// A 2026-07-28 server's stream, which begins with its acknowledgment.
     Modern(Response<Incoming>),
     /// A session-based server's, in a session opened for it.
-    InSession(bridged_listen::Listening),
+    InSession(Box<bridged_listen::Listening>),
     Failed(String),
 }
 

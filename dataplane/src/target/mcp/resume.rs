@@ -14,7 +14,7 @@ use std::time::Duration;
 use futures::future::BoxFuture;
 use futures::FutureExt;
 
-use super::server::{Failure, Headers, Server};
+use super::server::{Closing, Failure, Headers, Server};
 use crate::body::{self, Body, BodyIdle, BoxError};
 use crate::sse;
 use crate::telemetry::RequestTrace;
@@ -91,6 +91,8 @@ pub(super) struct Resumption {
     resumed: bool,
     cursor: Cursor,
     resuming: Option<BoxFuture<'static, Result<Body, Failure>>>,
+    /// A session the gateway opened for this stream alone: it ends with the stream.
+    session_guard: Option<Closing>,
 }
 
 impl Resumption {
@@ -113,6 +115,7 @@ impl Resumption {
             resumed: false,
             cursor: Cursor::default(),
             resuming: None,
+            session_guard: None,
         }
     }
 
@@ -128,6 +131,12 @@ impl Resumption {
             ends_with_response: false,
             ..Resumption::of_answer(server, session, version, trace, Duration::ZERO)
         }
+    }
+
+    /// The session was opened for this stream alone, and is closed when the stream ends.
+    pub(super) fn closing(mut self, closing: Closing) -> Resumption {
+        self.session_guard = Some(closing);
+        self
     }
 
     /// Notes one event of the stream; `response` when it carries a JSON-RPC response.
