@@ -12,7 +12,7 @@ use serde_json::{json, Map, Value};
 use super::initialize::{open_session_detached, NewSession};
 use super::listen::LIST_FLAGS;
 use super::reach::{self, ClientMeta};
-use super::resume::Resumption;
+use super::resume::{Resumption, SessionStream};
 use super::server::{self, Failure, Headers, Server};
 use crate::body::{self, Body};
 use crate::telemetry::RequestTrace;
@@ -34,6 +34,7 @@ pub(super) struct Listening {
 
 /// `Ok(None)`: the server honors nothing of `flags` and `resources` (its own URIs).
 pub(super) async fn listen_in_session(
+    target: &Arc<str>,
     server: &Arc<Server>,
     upstream: &Arc<Upstream>,
     trace: &RequestTrace,
@@ -103,12 +104,14 @@ pub(super) async fn listen_in_session(
         server.drain(response).await;
         return Ok(None);
     }
-    let resumption = Resumption::of_stream(
-        server.clone(),
-        id.to_string(),
-        session.version.clone(),
-        trace.detached(),
-    )
+    let resumption = Resumption::of_stream(SessionStream {
+        target: target.clone(),
+        server: server.name.clone(),
+        session: id.to_string(),
+        version: session.version.clone(),
+        upstream: upstream.clone(),
+        trace: trace.detached(),
+    })
     .closing(closing);
     Ok(Some(Listening {
         honors,

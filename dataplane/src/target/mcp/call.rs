@@ -9,7 +9,7 @@ use serde_json::{json, Map, Value};
 use super::authz::Judgement;
 use super::jsonrpc::{self, invalid_params, session_not_found, upstream_failed};
 use super::reach::{self, Downstream, Reach, Sent};
-use super::resume::Resumption;
+use super::resume::{Resumption, SessionStream};
 use super::{caller, guarded, inject_trace, input, remap, server, session_header, Exchange, McpTarget};
 use crate::body::{self, Body};
 use crate::policy::guardrail::Asker;
@@ -283,10 +283,15 @@ impl McpTarget {
                     } = &how
                     {
                         events = events.resuming(Resumption::of_answer(
-                            server.clone(),
-                            session.clone(),
-                            version.clone(),
-                            exchange.ctx.trace.detached(),
+                            SessionStream {
+                                target: self.name.clone(),
+                                server: server.name.clone(),
+                                session: session.clone(),
+                                version: version.clone(),
+                                upstream: exchange.upstream.clone(),
+                                trace: exchange.ctx.trace.detached(),
+                            },
+                            id,
                             exchange.route.body_idle_timeout,
                         ));
                     }

@@ -29,7 +29,7 @@ use super::cancel::Cancellable;
 use super::jsonrpc::{invalid_params, upstream_failed};
 use super::reach::{self, ClientMeta, Reach, Sent};
 use super::remap::{ListWatch, RemapRequests, SUBSCRIPTION_ID};
-use super::resume::Resumption;
+use super::resume::{Resumption, SessionStream};
 use super::server::{self, Headers, Server, MODERN_VERSION};
 use super::{jsonrpc, session_header, Exchange, McpTarget};
 use crate::body::{self, Body};
@@ -107,6 +107,7 @@ impl McpTarget {
                 }
                 let id = state.id.clone()?;
                 let version = state.version.clone();
+                let (target, upstream) = (self.name.clone(), exchange.upstream.clone());
                 let open: BoxFuture<'static, Opened> = Box::pin(async move {
                     let headers = Headers {
                         session: Some(&id),
@@ -115,8 +116,14 @@ impl McpTarget {
                         trace: &trace,
                     };
                     let opened = server.get(&headers).await;
-                    let resumption =
-                        Resumption::of_stream(server.clone(), id.clone(), version.clone(), trace.detached());
+                    let resumption = Resumption::of_stream(SessionStream {
+                        target,
+                        server: server.name.clone(),
+                        session: id.clone(),
+                        version: version.clone(),
+                        upstream,
+                        trace: trace.detached(),
+                    });
                     Opened::classify(&server, opened, remap, watch, resumption)
                 });
                 Some(open)
@@ -532,18 +539,18 @@ impl McpTarget {
                     Ok(true) => listen_modern(server, client, message, upstream, trace).await,
                     // Nothing asked of it: no session to open.
                     Ok(false) if flags.is_empty() && resources.is_empty() => Listened::Nothing,
-                    Ok(false) => {
-                        bridged_listen::listen_in_session(server, upstream, trace, client, flags, resources)
-                            .await
-                            .map_or_else(
-                                |failure| Listened::Failed(failure.to_string()),
-                                |listening| {
-                                    listening.map_or(Listened::Nothing, |listening| {
-                                        Listened::InSession(Box::new(listening))
-                                    })
-                                },
-                            )
-                    }
+                    Ok(false) => bridged_listen::listen_in_session(
+                        &self.name, server, upstream, trace, client, flags, resources,
+                    )
+                    .await
+                    .map_or_else(
+                        |failure| Listened::Failed(failure.to_string()),
+                        |listening| {
+                            listening.map_or(Listened::Nothing, |listening| {
+                                Listened::InSession(Box::new(listening))
+                            })
+                        },
+                    ),
                     Err(failure) => Listened::Failed(failure.to_string()),
                 };
                 (index, listening)

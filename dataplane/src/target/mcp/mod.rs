@@ -84,6 +84,13 @@ impl ServersInForce {
             .and_then(|(.., server)| server.upgrade())
     }
 
+    /// Puts one server in force, as a config version with it would.
+    #[cfg(test)]
+    fn put_server_in_force(&self, target: &str, server: &Arc<Server>) {
+        self.servers()
+            .push((Arc::from(target), server.name.clone(), Arc::downgrade(server)));
+    }
+
     /// The servers of `targets`, the version now in force, in place of the last one's.
     pub(crate) fn put_in_force(&self, targets: &[Arc<McpTarget>]) {
         *self.servers() = targets

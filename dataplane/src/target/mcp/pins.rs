@@ -130,8 +130,16 @@ pub(crate) struct PinObservations {
 struct Seen {
     servers: HashMap<ServerKey, ServerSeen>,
     findings: BTreeMap<ServerKey, Vec<ToolDrift>>,
-    /// Whose turn it is to list a server for calls that found its tools unknown.
-    checks: HashMap<ServerKey, Arc<tokio::sync::Mutex<()>>>,
+    /// Whose turn it is to list a server for calls that found its tools unknown, and how
+    /// the last such list went.
+    checks: HashMap<ServerKey, Arc<tokio::sync::Mutex<LastCheck>>>,
+}
+
+/// How the last list of a server for a pin check went: when it failed, and why. One that
+/// succeeded left its tools in what was seen.
+#[derive(Default)]
+struct LastCheck {
+    failed: Option<(Instant, String)>,
 }
 
 #[derive(Default)]
@@ -180,8 +188,9 @@ impl PinObservations {
 
     /// The turn to list server `key` for calls that found its tools unknown: one list at a
     /// time per server, so calls that arrive together (after a list change, or once what was
-    /// seen is older than `recheckAfter`) wait for one list instead of each asking the server.
-    async fn check_turn(&self, key: &ServerKey) -> tokio::sync::OwnedMutexGuard<()> {
+    /// seen is older than `recheckAfter`) wait for one list and take its outcome instead of
+    /// each asking the server.
+    async fn check_turn(&self, key: &ServerKey) -> tokio::sync::OwnedMutexGuard<LastCheck> {
         let turn = self.lock().checks.entry(key.clone()).or_default().clone();
         turn.lock_owned().await
     }
@@ -382,17 +391,30 @@ impl McpTarget {
         let pins = self.pins[index].as_ref()?;
         let key = self.pin_key(index);
         let mut lookup = self.tool_pins.lookup(&key, own, pins.recheck);
-        let _turn = match lookup {
-            Lookup::Unknown => {
-                let turn = self.tool_pins.check_turn(&key).await;
-                // The call whose turn came before may have listed the server meanwhile.
-                lookup = self.tool_pins.lookup(&key, own, pins.recheck);
-                Some(turn)
-            }
-            _ => None,
-        };
         if matches!(lookup, Lookup::Unknown) {
-            match self.list_whole(exchange, downstream, index).await {
+            let asked = Instant::now();
+            let mut turn = self.tool_pins.check_turn(&key).await;
+            // A list that succeeded while this call waited left what it saw; one that failed
+            // would fail again now. A list in a session the server had lost says nothing of
+            // this caller's, and one that saw too little (it began before a change) is not
+            // relied on: the call lists in its own session then.
+            lookup = self.tool_pins.lookup(&key, own, pins.recheck);
+            let outcome = match (&lookup, &turn.failed) {
+                (Lookup::Listed(_) | Lookup::Unlisted, _) => Ok(()),
+                (Lookup::Unknown, Some((at, failure))) if *at >= asked => {
+                    Err(Problem::Failed(failure.clone()))
+                }
+                (Lookup::Unknown, _) => {
+                    let outcome = self.list_whole(exchange, downstream, index).await;
+                    turn.failed = match &outcome {
+                        Err(Problem::Failed(failure)) => Some((Instant::now(), failure.clone())),
+                        Ok(()) | Err(Problem::SessionGone) => None,
+                    };
+                    outcome
+                }
+            };
+            drop(turn);
+            match outcome {
                 Ok(()) => lookup = self.tool_pins.lookup(&key, own, pins.recheck),
                 Err(Problem::SessionGone) => return Some(jsonrpc::session_not_found(id)),
                 Err(Problem::Failed(error)) => {

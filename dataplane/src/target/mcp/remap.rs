@@ -131,8 +131,9 @@ impl RemapRequests {
     }
 
     /// One of several streams merged into one: event ids and retry hints are left out. Ids of
-    /// two servers may collide, and the gateway resumes no stream, so a `Last-Event-ID`
-    /// would be a promise nobody keeps.
+    /// two servers may collide, and resuming a server's stream is the gateway's business
+    /// ([`RemapRequests::resuming`]), so a `Last-Event-ID` from the client would be a promise
+    /// nobody keeps.
     pub(super) fn merged(mut self) -> RemapRequests {
         self.merged = true;
         self
@@ -150,9 +151,11 @@ impl RemapRequests {
     fn rewrite(&mut self, mut event: sse::Event) -> Option<Bytes> {
         let parsed = serde_json::from_str::<Value>(&event.data);
         if let Some(resumption) = &mut self.resumption {
-            let response = matches!(&parsed, Ok(Value::Object(message))
-                if message.contains_key("id") && !message.contains_key("method"));
-            resumption.saw(&event, response);
+            let message = match &parsed {
+                Ok(Value::Object(message)) => Some(message),
+                _ => None,
+            };
+            resumption.saw(&event, message);
         }
         if self.merged || self.resumption.is_some() {
             // An event that only set an id or a retry hint (a priming event) says nothing now.
@@ -289,7 +292,16 @@ impl HttpBody for RemapRequests {
                         continue;
                     }
                     Poll::Ready(Err(failure)) => {
-                        return Poll::Ready(Some(Err(format!("resuming the stream: {failure}").into())))
+                        this.ended = true;
+                        let over = this
+                            .resumption
+                            .as_ref()
+                            .is_some_and(|resumption| resumption.over_when(&failure));
+                        if over {
+                            tracing::debug!(%failure, "an MCP server's stream is over: it no longer knows the session");
+                            continue;
+                        }
+                        return Poll::Ready(Some(Err(format!("resuming the stream: {failure}").into())));
                     }
                 }
             }

@@ -13,20 +13,23 @@ use std::time::Duration;
 
 use futures::future::BoxFuture;
 use futures::FutureExt;
+use serde_json::Value;
 
-use super::server::{Closing, Failure, Headers, Server};
+use super::server::{Closing, Failure, Headers};
 use crate::body::{self, Body, BodyIdle, BoxError};
 use crate::sse;
 use crate::telemetry::RequestTrace;
+use crate::upstream::Upstream;
 
 /// How long to wait before resuming when the server gave no `retry` hint (the Python and
 /// TypeScript SDK clients wait as long).
 const DEFAULT_DELAY: Duration = Duration::from_secs(1);
-/// A `retry` hint is followed up to this: beyond it the client, waiting in silence, would
-/// take the stream for dead.
-const MAX_DELAY: Duration = Duration::from_secs(30);
-/// Resumptions in a row that bring no new event before the gateway gives up: a server that
-/// keeps ending its stream at once would otherwise be asked for ever.
+/// The shortest wait, whatever the hint: a server that asks for none and ends every stream
+/// at once would otherwise be asked in a tight loop.
+const MIN_DELAY: Duration = Duration::from_millis(100);
+/// Resumptions in a row that bring no new event id before the gateway gives up. A server
+/// that polls (a new priming id on each resumed stream) is followed for as long as the
+/// client stays and the server is in the config; one that gives nothing new is not.
 const MAX_FRUITLESS: u32 = 5;
 
 /// Where a stream stands for resuming it: the last event id the server gave and how long
@@ -49,43 +52,58 @@ impl Default for Cursor {
 }
 
 impl Cursor {
-    /// Notes what one event of the stream says about resuming it.
+    /// Notes what one event of the stream says about resuming it, as an SSE client would
+    /// (<https://html.spec.whatwg.org/multipage/server-sent-events.html#event-stream-interpretation>):
+    /// an empty id clears the last one; a `retry` of anything but digits is ignored.
     pub(super) fn saw(&mut self, event: &sse::Event) {
-        if let Some(id) = &event.id {
-            self.last_event_id = Some(id.clone());
-            self.fruitless = 0;
+        match event.id.as_deref() {
+            Some("") => self.last_event_id = None,
+            Some(id) if self.last_event_id.as_deref() != Some(id) => {
+                self.last_event_id = Some(id.to_string());
+                self.fruitless = 0;
+            }
+            _ => {}
         }
-        if let Some(millis) = event
-            .retry
-            .as_deref()
-            .and_then(|retry| retry.trim().parse::<u64>().ok())
-        {
-            self.delay = Duration::from_millis(millis).min(MAX_DELAY);
+        if let Some(retry) = event.retry.as_deref() {
+            if !retry.is_empty() && retry.bytes().all(|byte| byte.is_ascii_digit()) {
+                // Too many digits for a u64 is longer than anyone waits.
+                self.delay = retry.parse().map_or(Duration::MAX, Duration::from_millis);
+            }
         }
     }
 
     /// The event id to resume after and the wait before, if the stream can be resumed once
-    /// more: the server gave an id, and the last resumptions were not all fruitless.
+    /// more: the server gave an id, and the last resumptions did not all bring nothing new.
     pub(super) fn next(&mut self) -> Option<(String, Duration)> {
         if self.fruitless >= MAX_FRUITLESS {
             return None;
         }
         let id = self.last_event_id.clone()?;
         self.fruitless += 1;
-        Some((id, self.delay))
+        Some((id, self.delay.max(MIN_DELAY)))
     }
 }
 
-/// What a session's stream is resumed with: its server, session and revision.
+/// Whose stream it is: a session at a server of an McpBackend.
+pub(super) struct SessionStream {
+    /// The McpBackend and the server's name in it: each resumption goes to the server as the
+    /// config version in force has it (a new URL or TLS setting is followed), and none is
+    /// made once the server is gone from it.
+    pub(super) target: Arc<str>,
+    pub(super) server: Arc<str>,
+    pub(super) session: String,
+    pub(super) version: String,
+    pub(super) upstream: Arc<Upstream>,
+    pub(super) trace: RequestTrace,
+}
+
+/// What a session's stream is resumed with, and how far it got.
 pub(super) struct Resumption {
-    server: Arc<Server>,
-    session: String,
-    version: String,
-    trace: RequestTrace,
+    of: Arc<SessionStream>,
     /// The idle bound of a relayed answer's body, set again on each resumed one.
     idle: Option<Duration>,
-    /// A POST's answer needs no resuming once its response came; a GET stream always may.
-    ends_with_response: bool,
+    /// A POST's answer ends with the response to this request; a GET stream never ends so.
+    request: Option<Value>,
     responded: bool,
     /// The stream is a resumed one, which a server may keep open after the response.
     resumed: bool,
@@ -96,21 +114,12 @@ pub(super) struct Resumption {
 }
 
 impl Resumption {
-    /// For the answer of a POST in `session`, which ends with the response.
-    pub(super) fn of_answer(
-        server: Arc<Server>,
-        session: String,
-        version: String,
-        trace: RequestTrace,
-        idle: Duration,
-    ) -> Resumption {
+    /// For the answer to `request` (its id), POSTed in the session.
+    pub(super) fn of_answer(of: SessionStream, request: Value, idle: Duration) -> Resumption {
         Resumption {
-            server,
-            session,
-            version,
-            trace,
+            of: Arc::new(of),
             idle: Some(idle),
-            ends_with_response: true,
+            request: Some(request),
             responded: false,
             resumed: false,
             cursor: Cursor::default(),
@@ -120,16 +129,16 @@ impl Resumption {
     }
 
     /// For the session's GET stream.
-    pub(super) fn of_stream(
-        server: Arc<Server>,
-        session: String,
-        version: String,
-        trace: RequestTrace,
-    ) -> Resumption {
+    pub(super) fn of_stream(of: SessionStream) -> Resumption {
         Resumption {
+            of: Arc::new(of),
             idle: None,
-            ends_with_response: false,
-            ..Resumption::of_answer(server, session, version, trace, Duration::ZERO)
+            request: None,
+            responded: false,
+            resumed: false,
+            cursor: Cursor::default(),
+            resuming: None,
+            session_guard: None,
         }
     }
 
@@ -139,44 +148,50 @@ impl Resumption {
         self
     }
 
-    /// Notes one event of the stream; `response` when it carries a JSON-RPC response.
-    pub(super) fn saw(&mut self, event: &sse::Event, response: bool) {
+    /// Notes one event of the stream and the message it carries, if any.
+    pub(super) fn saw(&mut self, event: &sse::Event, message: Option<&serde_json::Map<String, Value>>) {
         self.cursor.saw(event);
-        self.responded |= response;
-    }
-
-    /// A POST's answer whose response came: nothing more belongs to it.
-    fn answered(&self) -> bool {
-        self.ends_with_response && self.responded
+        if let (Some(request), Some(message)) = (&self.request, message) {
+            self.responded |= !message.contains_key("method") && message.get("id") == Some(request);
+        }
     }
 
     /// The answer is complete and its stream is not to be read to its end: a resumed stream
     /// may stay open after the response. The stream the POST opened is still read to its end
     /// (the server ends it), so its connection can be used again.
     pub(super) fn complete(&self) -> bool {
-        self.answered() && self.resumed
+        self.responded && self.resumed
+    }
+
+    /// Whether a GET stream's resumption failing means only that the stream is over: the
+    /// server no longer knows the session (it restarted, or the client ended it), which the
+    /// client hears on its next request. An answer cut short is a failure whatever the cause.
+    pub(super) fn over_when(&self, failure: &Failure) -> bool {
+        self.request.is_none() && failure.session_gone
     }
 
     /// The stream ended or broke with `error`: whether it is being resumed. A stream that
     /// went quiet for longer than allowed is not resumed: it is not interrupted, only slow.
     pub(super) fn interrupted(&mut self, error: Option<&BoxError>) -> bool {
-        if error.is_some_and(|error| error.is::<BodyIdle>()) || self.answered() {
+        if error.is_some_and(|error| error.is::<BodyIdle>()) || self.responded {
             return false;
         }
+        let Some(server) = self.of.upstream.mcp_servers.get(&self.of.target, &self.of.server) else {
+            return false;
+        };
         let Some((last_event_id, delay)) = self.cursor.next() else {
             return false;
         };
-        let (server, session, version) = (self.server.clone(), self.session.clone(), self.version.clone());
-        let (trace, idle) = (self.trace.detached(), self.idle);
+        let (of, idle) = (self.of.clone(), self.idle);
         tracing::debug!(server = %server.name, ?delay, "resuming an MCP server's event stream");
         self.resuming = Some(
             async move {
                 tokio::time::sleep(delay).await;
                 let headers = Headers {
-                    session: Some(&session),
-                    version: Some(&version),
+                    session: Some(&of.session),
+                    version: Some(&of.version),
                     modern: false,
-                    trace: &trace,
+                    trace: &of.trace,
                 };
                 let incoming = server.resume(&headers, &last_event_id).await?.into_body();
                 Ok(match idle {
@@ -212,19 +227,56 @@ mod tests {
     use portcullis_config::{McpFailureMode, McpServerSpec};
 
     use super::super::remap::RemapRequests;
+    use super::super::server::Server;
     use super::*;
     use crate::tests::support::{quiet_telemetry, spawn_upstream, UpstreamBody};
-    use crate::upstream::Upstream;
 
+    const TARGET: &str = "tools";
     const SESSION: &str = "session-1";
     const VERSION: &str = "2025-11-25";
+
+    fn event(id: Option<&str>, retry: Option<&str>) -> sse::Event {
+        sse::Event {
+            id: id.map(str::to_string),
+            retry: retry.map(str::to_string),
+            ..sse::Event::default()
+        }
+    }
+
+    #[test]
+    fn a_stream_resumes_after_its_last_id_with_the_server_s_delay_and_not_for_ever() {
+        let mut cursor = Cursor::default();
+        assert_eq!(cursor.next(), None, "nothing to resume after without an id");
+        cursor.saw(&event(Some("s1-1"), Some("250")));
+        cursor.saw(&event(None, None));
+        assert_eq!(cursor.next(), Some(("s1-1".into(), Duration::from_millis(250))));
+        // Only digits make a retry hint; none makes a tight loop.
+        cursor.saw(&event(Some("s1-2"), Some("+5")));
+        assert_eq!(cursor.next(), Some(("s1-2".into(), Duration::from_millis(250))));
+        cursor.saw(&event(None, Some("0")));
+        assert_eq!(cursor.next(), Some(("s1-2".into(), MIN_DELAY)));
+        // The same id again is nothing new.
+        cursor.saw(&event(Some("s1-2"), None));
+        for _ in 2..MAX_FRUITLESS {
+            assert!(cursor.next().is_some());
+        }
+        assert_eq!(cursor.next(), None, "resumptions that bring nothing new end");
+        // A polling server's new priming id each time keeps it going.
+        cursor.saw(&event(Some("s1-3"), None));
+        assert_eq!(cursor.next(), Some(("s1-3".into(), MIN_DELAY)));
+        // An empty id clears it: nothing to resume after.
+        cursor.saw(&event(Some(""), None));
+        assert_eq!(cursor.next(), None);
+    }
 
     /// Every request's method and `Last-Event-ID`, and whether it named the session.
     type Seen = Arc<Mutex<Vec<(String, Option<String>, bool)>>>;
 
-    /// An MCP server on loopback whose streams go as `answer` says for each request's
-    /// method and `Last-Event-ID`.
-    async fn server_answering(answer: fn(&str, Option<&str>) -> Option<UpstreamBody>) -> (Arc<Server>, Seen) {
+    /// An MCP server on loopback, in force as server `py` of McpBackend `tools`, whose
+    /// streams go as `answer` says for each request's method and `Last-Event-ID`.
+    async fn server_answering(
+        answer: fn(&str, Option<&str>) -> Option<UpstreamBody>,
+    ) -> (Arc<Server>, Arc<Upstream>, Seen) {
         let seen = Seen::default();
         let noted = seen.clone();
         let address = spawn_upstream(move |request: Request<Incoming>| {
@@ -258,7 +310,7 @@ mod tests {
         })
         .await;
         let telemetry = Arc::new(crate::telemetry::Telemetry::new(quiet_telemetry()).unwrap());
-        let upstream = Upstream::new(telemetry, crate::placements::outbox().0, None);
+        let upstream = Arc::new(Upstream::new(telemetry, crate::placements::outbox().0, None));
         let spec = McpServerSpec {
             name: "py".into(),
             url: format!("http://{address}/mcp"),
@@ -267,7 +319,20 @@ mod tests {
             failure_mode: McpFailureMode::Fail,
             list_ttl: None,
         };
-        (Arc::new(Server::compile(&spec, &upstream).unwrap()), seen)
+        let server = Arc::new(Server::compile(&spec, &upstream).unwrap());
+        upstream.mcp_servers.put_server_in_force(TARGET, &server);
+        (server, upstream, seen)
+    }
+
+    fn session_stream(upstream: &Arc<Upstream>) -> SessionStream {
+        SessionStream {
+            target: Arc::from(TARGET),
+            server: Arc::from("py"),
+            session: SESSION.into(),
+            version: VERSION.into(),
+            upstream: upstream.clone(),
+            trace: RequestTrace::default(),
+        }
     }
 
     fn events(text: &'static str) -> UpstreamBody {
@@ -305,27 +370,21 @@ mod tests {
 
     #[tokio::test]
     async fn a_session_stream_the_server_ends_is_taken_up_after_its_last_event() {
-        let (server, seen) = server_answering(|_, last| match last {
+        let (server, upstream, seen) = server_answering(|_, last| match last {
             None => Some(events(
                 "id: a1\nretry: 10\ndata: {\"jsonrpc\":\"2.0\",\"method\":\"notifications/resources/list_changed\"}\n\n",
             )),
             Some("a1") => Some(events(
                 ": a priming event\nid: a2\ndata: \n\nid: a3\ndata: {\"jsonrpc\":\"2.0\",\"method\":\"notifications/tools/list_changed\"}\n\n",
             )),
-            // The server restarted, say: the session is gone.
+            // The server restarted, say: the session is gone, and so is the stream.
             _ => None,
         })
         .await;
         let opened = server.get(&in_session()).await.unwrap();
-        let resumption = Resumption::of_stream(
-            server.clone(),
-            SESSION.into(),
-            VERSION.into(),
-            RequestTrace::default(),
-        );
         let relayed = RemapRequests::new(body::boxed(opened.into_body()), "py")
             .remapping(false)
-            .resuming(resumption);
+            .resuming(Resumption::of_stream(session_stream(&upstream)));
         let (text, ended) = read(relayed).await;
         let resources = text.find("resources/list_changed").expect(&text);
         let tools = text.find("tools/list_changed").expect(&text);
@@ -336,11 +395,9 @@ mod tests {
                 .any(|line| line.starts_with("id:") || line.starts_with("retry:")),
             "the client has nothing to resume with: {text}"
         );
-        assert!(
-            ended
-                .as_deref()
-                .is_some_and(|why| why.contains("no longer knows this session")),
-            "{ended:?}"
+        assert_eq!(
+            ended, None,
+            "a stream of a session the server lost is over, not broken"
         );
         let seen = seen.lock().unwrap().clone();
         let resumed_after: Vec<Option<&str>> = seen.iter().map(|(_, last, _)| last.as_deref()).collect();
@@ -354,14 +411,15 @@ mod tests {
 
     #[tokio::test]
     async fn an_answer_the_server_cuts_short_is_resumed_and_ends_with_its_response() {
-        let (server, seen) = server_answering(|method, last| match (method, last) {
+        let (server, upstream, seen) = server_answering(|method, last| match (method, last) {
             ("POST", None) => Some(events(
                 "id: p1\nretry: 10\ndata: {\"jsonrpc\":\"2.0\",\"method\":\"notifications/message\",\"params\":{\"data\":\"before\"}}\n\n",
             )),
-            // The resumed stream carries the response and is not ended by the server.
+            // The resumed stream carries a request to the client (an id, no response), then
+            // the response, and is not ended by the server.
             ("GET", Some("p1")) => {
                 let response: Result<Frame<Bytes>, std::convert::Infallible> = Ok(Frame::data(Bytes::from_static(
-                    b"id: p2\ndata: {\"jsonrpc\":\"2.0\",\"id\":7,\"result\":{\"ok\":true}}\n\n",
+                    b"id: p2\ndata: {\"jsonrpc\":\"2.0\",\"id\":7,\"method\":\"roots/list\"}\n\nid: p3\ndata: {\"jsonrpc\":\"2.0\",\"id\":7,\"result\":{\"ok\":true}}\n\n",
                 )));
                 let stream = futures::StreamExt::chain(futures::stream::iter([response]), futures::stream::pending());
                 Some(BodyExt::boxed(StreamBody::new(stream)))
@@ -371,22 +429,18 @@ mod tests {
         .await;
         let call = serde_json::json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {"name": "slow"}});
         let answer = server.post(&in_session(), &call).await.unwrap();
-        let resumption = Resumption::of_answer(
-            server.clone(),
-            SESSION.into(),
-            VERSION.into(),
-            RequestTrace::default(),
-            Duration::from_secs(30),
-        );
+        let resumption =
+            Resumption::of_answer(session_stream(&upstream), Value::from(7), Duration::from_secs(30));
         let relayed = RemapRequests::new(body::boxed(answer.into_body()), "py")
             .remapping(false)
             .resuming(resumption);
         let (text, ended) = read(relayed).await;
         assert_eq!(ended, None, "{text}");
         assert!(
-            text.contains("\"before\"") && text.ends_with("\"result\":{\"ok\":true}}\n\n"),
+            text.contains("\"before\"") && text.contains("roots/list"),
             "{text}"
         );
+        assert!(text.ends_with("\"result\":{\"ok\":true}}\n\n"), "{text}");
         let seen: Vec<(String, Option<String>)> = seen
             .lock()
             .unwrap()
@@ -396,33 +450,45 @@ mod tests {
         assert_eq!(seen, [("POST".into(), None), ("GET".into(), Some("p1".into()))]);
     }
 
-    fn event(id: Option<&str>, retry: Option<&str>) -> sse::Event {
-        sse::Event {
-            id: id.map(str::to_string),
-            retry: retry.map(str::to_string),
-            ..sse::Event::default()
-        }
-    }
-
-    #[test]
-    fn a_stream_resumes_after_its_last_id_with_the_server_s_delay_and_not_for_ever() {
-        let mut cursor = Cursor::default();
-        assert_eq!(cursor.next(), None, "nothing to resume after without an id");
-        cursor.saw(&event(Some("s1-1"), Some("250")));
-        cursor.saw(&event(None, None));
-        assert_eq!(cursor.next(), Some(("s1-1".into(), Duration::from_millis(250))));
-        cursor.saw(&event(Some("s1-2"), Some("3600000")));
-        assert_eq!(cursor.next(), Some(("s1-2".into(), MAX_DELAY)));
-        cursor.saw(&event(None, Some("soon")));
-        for _ in 1..MAX_FRUITLESS {
-            assert!(cursor.next().is_some());
-        }
-        assert_eq!(cursor.next(), None, "resumptions that bring no event end");
-        cursor.saw(&event(Some("s1-3"), None));
-        assert_eq!(
-            cursor.next(),
-            Some(("s1-3".into(), MAX_DELAY)),
-            "a new event counts again"
+    #[tokio::test]
+    async fn a_cut_answer_fails_and_a_server_gone_from_the_config_is_not_resumed() {
+        let (server, upstream, seen) =
+            server_answering(|method, _| (method == "POST").then(|| events("id: p1\nretry: 10\ndata: \n\n")))
+                .await;
+        let call = serde_json::json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call"});
+        let answer = server.post(&in_session(), &call).await.unwrap();
+        let relayed = RemapRequests::new(body::boxed(answer.into_body()), "py")
+            .remapping(false)
+            .resuming(Resumption::of_answer(
+                session_stream(&upstream),
+                Value::from(7),
+                Duration::from_secs(30),
+            ));
+        let (_, ended) = read(relayed).await;
+        assert!(
+            ended
+                .as_deref()
+                .is_some_and(|why| why.contains("no longer knows this session")),
+            "{ended:?}"
         );
+
+        // The config no longer has the server: the stream just ends, unresumed.
+        upstream.mcp_servers.put_in_force(&[]);
+        let answer = server.post(&in_session(), &call).await.unwrap();
+        let relayed = RemapRequests::new(body::boxed(answer.into_body()), "py")
+            .remapping(false)
+            .resuming(Resumption::of_answer(
+                session_stream(&upstream),
+                Value::from(7),
+                Duration::from_secs(30),
+            ));
+        assert_eq!(read(relayed).await, (String::new(), None));
+        let methods: Vec<String> = seen
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(method, ..)| method.clone())
+            .collect();
+        assert_eq!(methods, ["POST", "GET", "POST"]);
     }
 }
