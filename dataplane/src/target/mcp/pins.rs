@@ -436,8 +436,24 @@ impl McpTarget {
         }
         let state = match lookup {
             Lookup::Listed(live) => pins.state(own, Some(&live)),
-            // Listed a moment ago, yet too old already: only with a tiny recheckAfter.
-            Lookup::Unlisted | Lookup::Unknown => pins.state(own, None),
+            Lookup::Unlisted => pins.state(own, None),
+            // The list just read tells nothing of the tool now: the server said its tools
+            // changed while it was read (or `recheckAfter` is shorter than a list takes).
+            Lookup::Unknown => {
+                if !pins.refuse {
+                    return None;
+                }
+                let server = &self.servers[index].name;
+                return Some(refusal(
+                    id,
+                    pins,
+                    format!(
+                        "tool {own} of server {server} could not be checked against its pin: its tools \
+                         changed while they were listed; retry"
+                    ),
+                    "unchecked",
+                ));
+            }
         };
         if let Some(record) = &mut exchange.ctx.mcp {
             record.pin = Some(state.label());

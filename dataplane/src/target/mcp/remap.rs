@@ -17,7 +17,7 @@ use serde_json::Value;
 use super::cache::ListCache;
 use super::listen::{lists_changed, KEEPALIVE_COMMENT};
 use super::pins::{PinObservations, ServerKey};
-use super::resume::Resumption;
+use super::resume::{Interruption, Resumption};
 use super::URI_SEPARATOR;
 use crate::body::{self, Body, BoxError};
 use crate::sse;
@@ -256,10 +256,27 @@ fn untag(message: &mut serde_json::Map<String, Value>) {
 
 impl RemapRequests {
     /// The server's stream ended or broke: whether it is being resumed.
-    fn interrupted(&mut self, error: Option<&BoxError>) -> bool {
+    fn interrupted(&mut self, error: Option<&BoxError>) -> Interruption {
         self.resumption
             .as_mut()
-            .is_some_and(|resumption| resumption.interrupted(error))
+            .map_or(Interruption::Ends, |resumption| resumption.interrupted(error))
+    }
+
+    /// Ends the client's stream as `interruption` says (unless it is being resumed), with
+    /// the error to pass on, if any: the server's own `error`, or why it cannot be resumed.
+    fn after(
+        &mut self,
+        interruption: Interruption,
+        error: Option<BoxError>,
+    ) -> Option<Result<Frame<Bytes>, BoxError>> {
+        if matches!(interruption, Interruption::Resuming) {
+            return None;
+        }
+        self.ended = true;
+        match interruption {
+            Interruption::Fails(why) => Some(Err(why.into())),
+            _ => error.map(Err),
+        }
     }
 }
 
@@ -286,10 +303,20 @@ impl HttpBody for RemapRequests {
             {
                 match resumed {
                     Poll::Pending => return Poll::Pending,
-                    Poll::Ready(Ok(body)) => {
+                    Poll::Ready(Ok(Some(body))) => {
                         // An event cut off by the break is sent again after the last whole one.
                         (this.inner, this.parser) = (body, sse::Parser::default());
                         continue;
+                    }
+                    Poll::Ready(Ok(None)) => {
+                        let left = this
+                            .resumption
+                            .as_ref()
+                            .map_or(Interruption::Ends, Resumption::server_left);
+                        match this.after(left, None) {
+                            Some(failed) => return Poll::Ready(Some(failed)),
+                            None => continue,
+                        }
                     }
                     Poll::Ready(Err(failure)) => {
                         this.ended = true;
@@ -308,13 +335,15 @@ impl HttpBody for RemapRequests {
             match Pin::new(&mut this.inner).poll_frame(cx) {
                 Poll::Pending => return Poll::Pending,
                 Poll::Ready(None) => {
-                    if !this.interrupted(None) {
-                        this.ended = true;
+                    let interruption = this.interrupted(None);
+                    if let Some(failed) = this.after(interruption, None) {
+                        return Poll::Ready(Some(failed));
                     }
                 }
                 Poll::Ready(Some(Err(error))) => {
-                    if !this.interrupted(Some(&error)) {
-                        return Poll::Ready(Some(Err(error)));
+                    let interruption = this.interrupted(Some(&error));
+                    if let Some(failed) = this.after(interruption, Some(error)) {
+                        return Poll::Ready(Some(failed));
                     }
                 }
                 Poll::Ready(Some(Ok(frame))) => {

@@ -31,6 +31,9 @@ const MIN_DELAY: Duration = Duration::from_millis(100);
 /// that polls (a new priming id on each resumed stream) is followed for as long as the
 /// client stays and the server is in the config; one that gives nothing new is not.
 const MAX_FRUITLESS: u32 = 5;
+/// The longest `retry` hint a session's GET stream is resumed after; an answer waits at most
+/// the route's idle timeout. A longer one ends the stream instead.
+const MAX_STREAM_DELAY: Duration = Duration::from_secs(300);
 
 /// Where a stream stands for resuming it: the last event id the server gave and how long
 /// it asked to wait.
@@ -58,6 +61,7 @@ impl Cursor {
     pub(super) fn saw(&mut self, event: &sse::Event) {
         match event.id.as_deref() {
             Some("") => self.last_event_id = None,
+            Some(id) if id.contains('\0') => {}
             Some(id) if self.last_event_id.as_deref() != Some(id) => {
                 self.last_event_id = Some(id.to_string());
                 self.fruitless = 0;
@@ -72,6 +76,11 @@ impl Cursor {
         }
     }
 
+    /// The server gave an event id to resume after (and did not clear it).
+    fn has_id(&self) -> bool {
+        self.last_event_id.is_some()
+    }
+
     /// The event id to resume after and the wait before, if the stream can be resumed once
     /// more: the server gave an id, and the last resumptions did not all bring nothing new.
     pub(super) fn next(&mut self) -> Option<(String, Duration)> {
@@ -82,6 +91,16 @@ impl Cursor {
         self.fruitless += 1;
         Some((id, self.delay.max(MIN_DELAY)))
     }
+}
+
+/// What becomes of a stream its server ended or broke.
+pub(super) enum Interruption {
+    /// It is being taken up again.
+    Resuming,
+    /// It ends as the server left it.
+    Ends,
+    /// It fails, for this reason.
+    Fails(String),
 }
 
 /// Whose stream it is: a session at a server of an McpBackend.
@@ -108,7 +127,8 @@ pub(super) struct Resumption {
     /// The stream is a resumed one, which a server may keep open after the response.
     resumed: bool,
     cursor: Cursor,
-    resuming: Option<BoxFuture<'static, Result<Body, Failure>>>,
+    /// `Ok(None)`: the server left the config while the gateway waited to resume.
+    resuming: Option<BoxFuture<'static, Result<Option<Body>, Failure>>>,
     /// A session the gateway opened for this stream alone: it ends with the stream.
     session_guard: Option<Closing>,
 }
@@ -163,30 +183,67 @@ impl Resumption {
         self.responded && self.resumed
     }
 
-    /// Whether a GET stream's resumption failing means only that the stream is over: the
-    /// server no longer knows the session (it restarted, or the client ended it), which the
-    /// client hears on its next request. An answer cut short is a failure whatever the cause.
-    pub(super) fn over_when(&self, failure: &Failure) -> bool {
-        self.request.is_none() && failure.session_gone
+    /// How a resumption that cannot be made ends the stream: a session's stream just ends
+    /// (its client opens another when it wants one), an answer the server meant to go on with
+    /// (it gave an event id) fails, since its client would otherwise wait for a response
+    /// that cannot come.
+    fn cannot_resume(&self, why: String) -> Interruption {
+        if self.request.is_some() && self.cursor.has_id() {
+            Interruption::Fails(format!("server {}: {why}", self.of.server))
+        } else {
+            Interruption::Ends
+        }
     }
 
-    /// The stream ended or broke with `error`: whether it is being resumed. A stream that
-    /// went quiet for longer than allowed is not resumed: it is not interrupted, only slow.
-    pub(super) fn interrupted(&mut self, error: Option<&BoxError>) -> bool {
+    /// A resumption failed: whether the stream is only over. A server that no longer knows a
+    /// session its client opened (it restarted, or the client ended it) ends that session's
+    /// stream, which the client hears of on its next request; an answer, or the stream of a
+    /// session the gateway opened itself (nobody else would hear of it), fails.
+    pub(super) fn over_when(&self, failure: &Failure) -> bool {
+        self.request.is_none() && self.session_guard.is_none() && failure.session_gone
+    }
+
+    /// The server left the config while the gateway waited to resume.
+    pub(super) fn server_left(&self) -> Interruption {
+        self.cannot_resume("left the McpBackend".into())
+    }
+
+    /// The stream ended or broke with `error`: whether it is being resumed, ends, or fails.
+    /// A stream that went quiet for longer than allowed is not resumed: it is not
+    /// interrupted, only slow.
+    pub(super) fn interrupted(&mut self, error: Option<&BoxError>) -> Interruption {
         if error.is_some_and(|error| error.is::<BodyIdle>()) || self.responded {
-            return false;
+            return Interruption::Ends;
         }
-        let Some(server) = self.of.upstream.mcp_servers.get(&self.of.target, &self.of.server) else {
-            return false;
-        };
+        if self
+            .of
+            .upstream
+            .mcp_servers
+            .get(&self.of.target, &self.of.server)
+            .is_none()
+        {
+            return self.server_left();
+        }
         let Some((last_event_id, delay)) = self.cursor.next() else {
-            return false;
+            return self.cannot_resume(format!(
+                "its stream ended {MAX_FRUITLESS} times in a row without a new event"
+            ));
         };
+        let longest = self.idle.unwrap_or(MAX_STREAM_DELAY);
+        if delay > longest {
+            return self.cannot_resume(format!(
+                "asked to wait {delay:?} before its stream is resumed, longer than {longest:?}"
+            ));
+        }
         let (of, idle) = (self.of.clone(), self.idle);
-        tracing::debug!(server = %server.name, ?delay, "resuming an MCP server's event stream");
+        tracing::debug!(server = %of.server, ?delay, "resuming an MCP server's event stream");
         self.resuming = Some(
             async move {
                 tokio::time::sleep(delay).await;
+                // The server as the config has it now, after the wait.
+                let Some(server) = of.upstream.mcp_servers.get(&of.target, &of.server) else {
+                    return Ok(None);
+                };
                 let headers = Headers {
                     session: Some(&of.session),
                     version: Some(&of.version),
@@ -194,22 +251,25 @@ impl Resumption {
                     trace: &of.trace,
                 };
                 let incoming = server.resume(&headers, &last_event_id).await?.into_body();
-                Ok(match idle {
+                Ok(Some(match idle {
                     Some(idle) => body::boxed(body::IdleTimeout::new(incoming, idle)),
                     None => body::boxed(incoming),
-                })
+                }))
             }
             .boxed(),
         );
-        true
+        Interruption::Resuming
     }
 
     /// The resumed stream's body, once a resumption begun by [`Resumption::interrupted`]
     /// has it; `None` when none is under way.
-    pub(super) fn poll_resumed(&mut self, cx: &mut Context<'_>) -> Option<Poll<Result<Body, Failure>>> {
+    pub(super) fn poll_resumed(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Option<Poll<Result<Option<Body>, Failure>>> {
         let polled = self.resuming.as_mut()?.poll_unpin(cx);
         if let Poll::Ready(resumed) = &polled {
-            self.resumed |= resumed.is_ok();
+            self.resumed |= matches!(resumed, Ok(Some(_)));
             self.resuming = None;
         }
         Some(polled)
@@ -415,13 +475,25 @@ mod tests {
             ("POST", None) => Some(events(
                 "id: p1\nretry: 10\ndata: {\"jsonrpc\":\"2.0\",\"method\":\"notifications/message\",\"params\":{\"data\":\"before\"}}\n\n",
             )),
-            // The resumed stream carries a request to the client (an id, no response), then
-            // the response, and is not ended by the server.
+            // The resumed stream carries a request to the client and a response to another
+            // request, then, a moment later, the response, and is not ended by the server.
             ("GET", Some("p1")) => {
-                let response: Result<Frame<Bytes>, std::convert::Infallible> = Ok(Frame::data(Bytes::from_static(
-                    b"id: p2\ndata: {\"jsonrpc\":\"2.0\",\"id\":7,\"method\":\"roots/list\"}\n\nid: p3\ndata: {\"jsonrpc\":\"2.0\",\"id\":7,\"result\":{\"ok\":true}}\n\n",
-                )));
-                let stream = futures::StreamExt::chain(futures::stream::iter([response]), futures::stream::pending());
+                let frame = |text: &'static str| -> Result<Frame<Bytes>, std::convert::Infallible> {
+                    Ok(Frame::data(Bytes::from_static(text.as_bytes())))
+                };
+                let first = frame(
+                    "id: p2\ndata: {\"jsonrpc\":\"2.0\",\"id\":7,\"method\":\"roots/list\"}\n\n\
+                     id: p3\ndata: {\"jsonrpc\":\"2.0\",\"id\":6,\"result\":{}}\n\n",
+                );
+                let response = frame("id: p4\ndata: {\"jsonrpc\":\"2.0\",\"id\":7,\"result\":{\"ok\":true}}\n\n");
+                let later = futures::FutureExt::into_stream(async move {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    response
+                });
+                let stream = futures::StreamExt::chain(
+                    futures::StreamExt::chain(futures::stream::iter([first]), later),
+                    futures::stream::pending(),
+                );
                 Some(BodyExt::boxed(StreamBody::new(stream)))
             }
             _ => None,
@@ -437,7 +509,7 @@ mod tests {
         let (text, ended) = read(relayed).await;
         assert_eq!(ended, None, "{text}");
         assert!(
-            text.contains("\"before\"") && text.contains("roots/list"),
+            text.contains("\"before\"") && text.contains("roots/list") && text.contains("\"id\":6"),
             "{text}"
         );
         assert!(text.ends_with("\"result\":{\"ok\":true}}\n\n"), "{text}");
@@ -451,44 +523,60 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_cut_answer_fails_and_a_server_gone_from_the_config_is_not_resumed() {
-        let (server, upstream, seen) =
-            server_answering(|method, _| (method == "POST").then(|| events("id: p1\nretry: 10\ndata: \n\n")))
-                .await;
+    async fn an_answer_that_cannot_be_resumed_fails_and_a_stream_just_ends() {
+        let (server, upstream, seen) = server_answering(|method, _| match method {
+            "POST" => Some(events("id: p1\nretry: 10\ndata: \n\n")),
+            _ => None,
+        })
+        .await;
         let call = serde_json::json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call"});
-        let answer = server.post(&in_session(), &call).await.unwrap();
-        let relayed = RemapRequests::new(body::boxed(answer.into_body()), "py")
-            .remapping(false)
-            .resuming(Resumption::of_answer(
-                session_stream(&upstream),
-                Value::from(7),
-                Duration::from_secs(30),
-            ));
-        let (_, ended) = read(relayed).await;
-        assert!(
-            ended
-                .as_deref()
-                .is_some_and(|why| why.contains("no longer knows this session")),
-            "{ended:?}"
-        );
+        let answer_of = |resumption: Resumption| {
+            let (server, call) = (server.clone(), call.clone());
+            async move {
+                let answer = server.post(&in_session(), &call).await.unwrap();
+                RemapRequests::new(body::boxed(answer.into_body()), "py")
+                    .remapping(false)
+                    .resuming(resumption)
+            }
+        };
+        let answer = |idle| Resumption::of_answer(session_stream(&upstream), Value::from(7), idle);
+        // The server lost the session: the answer fails, and its body ends there.
+        let mut relayed = answer_of(answer(Duration::from_secs(30))).await;
+        let failed = failure(&mut relayed).await;
+        assert!(failed.contains("no longer knows this session"), "{failed}");
+        assert!(relayed.frame().await.is_none(), "nothing after the failure");
 
-        // The config no longer has the server: the stream just ends, unresumed.
+        // It asks to be resumed after longer than the route lets an answer go quiet.
+        let failed = failure(&mut answer_of(answer(Duration::from_millis(5))).await).await;
+        assert!(failed.contains("longer than"), "{failed}");
+
+        // The config no longer has the server: no resumption; the answer fails, a session's
+        // stream just ends.
         upstream.mcp_servers.put_in_force(&[]);
-        let answer = server.post(&in_session(), &call).await.unwrap();
-        let relayed = RemapRequests::new(body::boxed(answer.into_body()), "py")
-            .remapping(false)
-            .resuming(Resumption::of_answer(
-                session_stream(&upstream),
-                Value::from(7),
-                Duration::from_secs(30),
-            ));
-        assert_eq!(read(relayed).await, (String::new(), None));
+        let failed = failure(&mut answer_of(answer(Duration::from_secs(30))).await).await;
+        assert!(failed.contains("left the McpBackend"), "{failed}");
+        let stream = answer_of(Resumption::of_stream(session_stream(&upstream))).await;
+        assert_eq!(read(stream).await, (String::new(), None));
         let methods: Vec<String> = seen
             .lock()
             .unwrap()
             .iter()
             .map(|(method, ..)| method.clone())
             .collect();
-        assert_eq!(methods, ["POST", "GET", "POST"]);
+        assert_eq!(methods, ["POST", "GET", "POST", "POST", "POST"]);
+    }
+
+    /// Why the client's stream failed (it must).
+    async fn failure(events: &mut RemapRequests) -> String {
+        loop {
+            let frame = tokio::time::timeout(Duration::from_secs(10), events.frame())
+                .await
+                .expect("the stream ends");
+            match frame {
+                None => panic!("the stream ended without an error"),
+                Some(Err(error)) => return error.to_string(),
+                Some(Ok(_)) => {}
+            }
+        }
     }
 }

@@ -207,7 +207,7 @@ impl Server {
         last_event_id: &str,
     ) -> Result<Response<Incoming>, Failure> {
         let mut request = self.request(Method::GET, headers, None)?;
-        let last_event_id = HeaderValue::from_str(last_event_id)
+        let last_event_id = HeaderValue::from_bytes(last_event_id.as_bytes())
             .map_err(|_| self.answered("gave an event id that cannot be sent back as a header"))?;
         request.headers_mut().insert(LAST_EVENT_ID, last_event_id);
         let response = self.send(request, headers.session.is_some()).await?;
