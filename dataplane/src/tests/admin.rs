@@ -40,7 +40,7 @@ async fn readiness_follows_the_applied_config_and_status_reports_it() {
 
 /// The other replicas' handovers of MCP answers: only a well-formed one for a call this
 /// proxy holds is taken; anything else is refused with a reason and delivers nothing (a
-/// handover that is taken is in the two-replica test of `cli/tests/peers.rs`).
+/// handover that is taken is in the two-replica test of `cli/tests/peers/mcp.rs`).
 #[tokio::test]
 async fn handed_over_answers_are_taken_only_for_a_waiting_call() {
     let proxy = start_proxy(None, Duration::from_secs(1)).await;
