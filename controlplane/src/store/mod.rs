@@ -1,10 +1,13 @@
-//! Raft storage on one sled database per process. The rest of the crate only sees
-//! openraft's storage traits and the published [`ConfigView`](crate::view::ConfigView),
-//! so another engine can replace sled by implementing the same two types.
+//! Raft storage in one directory per process: the log's entries in an append-only file
+//! (`file.rs`), everything else (vote, state machine, snapshot) in one sled database. The rest
+//! of the crate only sees openraft's storage traits and the published
+//! [`ConfigView`](crate::view::ConfigView), so another engine can replace either by
+//! implementing the same two types.
 
 // openraft's storage traits dictate the (large) error type; helpers return it as-is.
 #![allow(clippy::result_large_err)]
 
+mod file;
 mod log;
 mod snapshot;
 mod state_machine;
@@ -13,7 +16,7 @@ pub use log::LogStore;
 pub use state_machine::StateMachineStore;
 
 use std::ops::Deref;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -27,6 +30,7 @@ const LOCK_GRACE: Duration = Duration::from_secs(5);
 /// [`Storage::close`] waits for every [`Tree`] handed out before it returns: a node restarted
 /// in the same process (or a test) then finds the database free.
 pub struct Storage {
+    dir: PathBuf,
     db: sled::Db,
     open_trees: Arc<()>,
 }
@@ -55,9 +59,33 @@ impl Storage {
             }
         };
         Ok(Storage {
+            dir: path.to_owned(),
             db,
             open_trees: Arc::default(),
         })
+    }
+
+    /// The directory sled's lock guards, which also holds the log file.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// A tree an older build wrote, if the database has it (`tree` would create it).
+    fn legacy_tree(&self, name: &str) -> Result<Option<sled::Tree>, sled::Error> {
+        if self
+            .db
+            .tree_names()
+            .iter()
+            .any(|tree| tree.as_ref() == name.as_bytes())
+        {
+            self.db.open_tree(name).map(Some)
+        } else {
+            Ok(None)
+        }
+    }
+
+    fn drop_tree(&self, name: &str) -> Result<(), sled::Error> {
+        self.db.drop_tree(name).map(drop)
     }
 
     pub fn tree(&self, name: &str) -> Result<Tree, sled::Error> {

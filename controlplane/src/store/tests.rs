@@ -1,8 +1,9 @@
 use std::path::Path;
+use std::time::Duration;
 
 use openraft::storage::RaftStateMachine;
 use openraft::testing::{StoreBuilder, Suite};
-use openraft::{CommittedLeaderId, EntryPayload, RaftSnapshotBuilder};
+use openraft::{CommittedLeaderId, EntryPayload, RaftLogReader, RaftSnapshotBuilder};
 use portcullis_config::{Kind, ObjectKey};
 use tempfile::TempDir;
 
@@ -214,6 +215,41 @@ async fn state_survives_reopen() {
     assert_eq!(view.config.len(), 2);
     let (last_applied, _) = sm.applied_state().await.unwrap();
     assert_eq!(last_applied.map(|id| id.index), Some(2));
+}
+
+/// Builds before the log file kept entries in sled's tree `log` (JSON under big-endian
+/// indexes); opening the log carries them over once and drops the tree.
+#[tokio::test]
+async fn a_log_kept_in_sled_by_an_older_build_is_carried_over() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let storage = Storage::open(dir.path()).unwrap();
+        let legacy = storage.tree("log").unwrap();
+        for index in 1..=3 {
+            let blank = Entry {
+                log_id: LogId::new(CommittedLeaderId::new(1, 0), index),
+                payload: EntryPayload::Blank,
+            };
+            legacy
+                .insert(index.to_be_bytes(), serde_json::to_vec(&blank).unwrap())
+                .unwrap();
+        }
+        drop(legacy);
+        storage.close(Duration::from_secs(1)).await.unwrap();
+    }
+    for _ in 0..2 {
+        let storage = Storage::open(dir.path()).unwrap();
+        let mut log = LogStore::open(&storage).unwrap();
+        let entries = log.try_get_log_entries(0..).await.unwrap();
+        let indexes: Vec<u64> = entries.iter().map(|entry| entry.log_id.index).collect();
+        assert_eq!(indexes, [1, 2, 3]);
+        assert!(
+            storage.legacy_tree("log").unwrap().is_none(),
+            "the sled tree is dropped"
+        );
+        drop(log);
+        storage.close(Duration::from_secs(1)).await.unwrap();
+    }
 }
 
 #[tokio::test]
