@@ -4,9 +4,10 @@
 //! endian), its CRC-32 (u32, little endian), and the payload, the entry as JSON (the same
 //! encoding on the wire and in snapshots, so an entry reads the same in every build).
 //!
-//! An append is one `write` and one `fdatasync`, so a crash can only cut the records written
-//! after the last completed append, none of which was acknowledged: at open, the file is cut
-//! back to its last whole record. Purged entries stay in the file until they outweigh the
+//! An append is one `write` and one `fdatasync`, so a crash can only damage the records written
+//! after the last completed append, none of which was acknowledged: at open, a bad record is cut
+//! away when nothing but its own bytes or zeros follow it (a torn last append). A bad record with
+//! data after it is damage to acknowledged entries, and the open fails rather than drop them. Purged entries stay in the file until they outweigh the
 //! entries held; the file is then rewritten with the held ones only (a new file renamed over
 //! the old), which keeps the disk bounded by the snapshot policy.
 
@@ -75,6 +76,7 @@ impl LogFile {
                 encode(&entry, &mut contents)?;
             }
             replace(path, &contents)?;
+            sync_parent(path)?;
         }
         let contents = fs::read(path).with_context(|| format!("reading the Raft log {}", path.display()))?;
         let file = OpenOptions::new()
@@ -99,6 +101,14 @@ impl LogFile {
             let Some((entry, record)) = decode_at(&contents, offset)
                 .with_context(|| format!("the Raft log {} at byte {offset}", path.display()))?
             else {
+                if !is_torn_tail(&contents, offset) {
+                    bail!(
+                        "the Raft log {} has a damaged record at byte {offset} with data after it: \
+                         acknowledged entries would be lost; restore this node from its peers \
+                         (remove it from the cluster, clear its data directory, add it again)",
+                        path.display()
+                    );
+                }
                 break;
             };
             let index = entry.log_id.index;
@@ -146,8 +156,8 @@ impl LogFile {
     /// The index the next entry must have: `None` while nothing was ever held.
     fn next_index(&self) -> Option<u64> {
         match self.records.back() {
-            Some(last) => Some(last.log_id.index + 1),
-            None => self.last_purged.map(|purged| purged.index + 1),
+            Some(last) => Some(last.log_id.index.saturating_add(1)),
+            None => self.last_purged.map(|purged| purged.index.saturating_add(1)),
         }
     }
 
@@ -194,7 +204,9 @@ impl LogFile {
     /// on, and below the purge point, where entries are skipped: the snapshot covers them.
     /// A hole is refused.
     pub fn append(&mut self, entries: &[Entry]) -> io::Result<()> {
-        let purged = self.last_purged.map_or(0, |purged| purged.index + 1);
+        let purged = self
+            .last_purged
+            .map_or(0, |purged| purged.index.saturating_add(1));
         let entries = &entries[entries.partition_point(|entry| entry.log_id.index < purged)..];
         if let (Some(first), Some(last)) = (entries.first(), self.last_log_id()) {
             if first.log_id.index <= last.index {
@@ -219,7 +231,7 @@ impl LogFile {
                 offset,
                 payload_len,
             });
-            expected = Some(index + 1);
+            expected = Some(index.saturating_add(1));
         }
         if let Err(error) = self
             .file
@@ -245,10 +257,11 @@ impl LogFile {
             return Ok(());
         };
         self.file.set_len(cut)?;
-        self.file.sync_data()?;
+        // The index follows the file at once: were the sync to fail, a later append must
+        // still go where the file now ends, not leave a hole.
         self.records.truncate(keep);
         self.end = cut;
-        Ok(())
+        self.file.sync_data()
     }
 
     /// Forgets the entries up to `log_id`, whose purge point the caller has made durable;
@@ -271,7 +284,11 @@ impl LogFile {
         self.live_start = self.records.front().map_or(self.end, |record| record.offset);
         let purged = self.live_start - MAGIC_LEN;
         if purged >= COMPACT_MIN_BYTES && purged >= self.end - self.live_start {
-            self.compact()?;
+            // Compaction only frees space: a failure (a full disk, say) leaves a longer file
+            // that reads the same, and the next purge tries again.
+            if let Err(error) = self.compact() {
+                tracing::warn!(log = %self.path.display(), %error, "could not compact the Raft log");
+            }
         }
         Ok(())
     }
@@ -293,7 +310,8 @@ impl LogFile {
         self.end -= shift;
         self.live_start = MAGIC_LEN;
         tracing::debug!(log = %self.path.display(), freed = shift, "compacted the Raft log");
-        Ok(())
+        // After the swap: the new file is the log from the rename on, durable or not yet.
+        sync_parent(&self.path).map_err(io::Error::other)
     }
 }
 
@@ -318,12 +336,32 @@ fn replace(path: &Path, contents: &[u8]) -> anyhow::Result<File> {
         .and_then(|()| file.sync_all())
         .with_context(|| format!("writing {}", temporary.display()))?;
     fs::rename(&temporary, path).with_context(|| format!("renaming {} into place", temporary.display()))?;
+    Ok(file)
+}
+
+/// Makes a rename in `path`'s directory durable.
+fn sync_parent(path: &Path) -> anyhow::Result<()> {
     if let Some(directory) = path.parent() {
         File::open(directory)
             .and_then(|directory| directory.sync_all())
             .with_context(|| format!("syncing {}", directory.display()))?;
     }
-    Ok(file)
+    Ok(())
+}
+
+/// Whether the bad record at `offset` can be the last append cut short by a crash: its header
+/// or its payload runs past the end of the file, or nothing but zeros follows its header
+/// (a file extended whose data never reached the disk).
+fn is_torn_tail(contents: &[u8], offset: u64) -> bool {
+    let Ok(start) = usize::try_from(offset) else {
+        return true;
+    };
+    let rest = contents.get(start..).unwrap_or_default();
+    let Some((header, after)) = rest.split_at_checked(HEADER_LEN as usize) else {
+        return true;
+    };
+    let payload_len = u32::from_le_bytes([header[0], header[1], header[2], header[3]]) as usize;
+    payload_len >= after.len() || rest.iter().all(|&byte| byte == 0)
 }
 
 /// Appends `entry`'s record to `bytes`; returns its payload's length.
@@ -355,7 +393,9 @@ fn decode_at(contents: &[u8], offset: u64) -> anyhow::Result<Option<(Entry, Reco
     else {
         return Ok(None);
     };
-    if crc32fast::hash(payload) != checksum {
+    // An empty payload is never written (an entry encodes to a JSON object), and a header of
+    // zeros would pass the checksum: it is what a crash leaves in a file extended too early.
+    if payload_len == 0 || crc32fast::hash(payload) != checksum {
         return Ok(None);
     }
     let entry: Entry =

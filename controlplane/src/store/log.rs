@@ -47,9 +47,33 @@ impl LogStore {
                 .map(|bytes| Ok(serde_json::from_slice(&bytes?)?))
                 .collect()
         };
-        let file = LogFile::open(&storage.dir().join("entries.log"), last_purged, legacy_entries)?;
-        // Only once the file holds them durably: a crash before this point migrates again.
-        if legacy.is_some() {
+        let path = storage.dir().join("entries.log");
+        if !path.exists() && legacy.is_none() && (last_purged.is_some() || meta.get(VOTE)?.is_some()) {
+            anyhow::bail!(
+                "{} is missing but this node has voted: its log is lost; restore the node from its \
+                 peers (remove it from the cluster, clear its data directory, add it again)",
+                path.display()
+            );
+        }
+        let file = LogFile::open(&path, last_purged, legacy_entries)?;
+        if let Some(tree) = &legacy {
+            // The file exists and the tree too: either a crash came between the two steps
+            // (the tree holds nothing the file lacks) or an older build ran on this directory
+            // after the migration and wrote to the tree, which cannot be merged back.
+            let legacy_last = match tree.last()? {
+                Some((key, _)) => Some(u64::from_be_bytes(key.as_ref().try_into()?)),
+                None => None,
+            };
+            let file_last = file.last_log_id().or(last_purged).map(|id| id.index);
+            if legacy_last > file_last {
+                anyhow::bail!(
+                    "sled's log tree holds entries up to {} after {} was written (an older build ran \
+                     on this directory after an upgrade); downgrades are not supported",
+                    legacy_last.unwrap_or_default(),
+                    path.display()
+                );
+            }
+            // Only once the file holds them durably: a crash before this point migrates again.
             storage.drop_tree(LEGACY_LOG_TREE)?;
         }
         Ok(Self {

@@ -235,3 +235,38 @@ fn entries_appended_over_held_ones_replace_them_and_purged_ones_are_skipped() {
     let log = open(&path, Some(LogId::new(CommittedLeaderId::new(1, 0), 1)));
     assert_eq!(indexes(&log), [(3, 2), (3, 3)]);
 }
+
+#[test]
+fn damage_with_records_after_it_fails_the_open_instead_of_dropping_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("entries.log");
+    let mut log = open(&path, None);
+    log.append(&entries(1, 1..=3)).unwrap();
+    drop(log);
+    let mut contents = fs::read(&path).unwrap();
+    // A byte of the first record's payload: two whole records follow it.
+    contents[MAGIC.len() + HEADER_LEN as usize + 2] ^= 0x20;
+    fs::write(&path, &contents).unwrap();
+
+    let error = LogFile::open(&path, None, || Ok(Vec::new())).err().unwrap();
+    assert!(format!("{error:#}").contains("damaged record"), "{error:#}");
+    assert_eq!(fs::read(&path).unwrap(), contents, "the file is left as it was");
+}
+
+#[test]
+fn a_zero_filled_tail_is_dropped() {
+    // What a crash can leave when the file's length reached the disk and its data did not.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("entries.log");
+    let mut log = open(&path, None);
+    log.append(&entries(1, 1..=2)).unwrap();
+    drop(log);
+    let mut contents = fs::read(&path).unwrap();
+    let whole = contents.len() as u64;
+    contents.extend_from_slice(&[0; 100]);
+    fs::write(&path, contents).unwrap();
+
+    let log = open(&path, None);
+    assert_eq!(indexes(&log), vec![(1, 1), (1, 2)]);
+    assert_eq!(fs::metadata(&path).unwrap().len(), whole);
+}
