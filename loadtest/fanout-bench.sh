@@ -5,7 +5,11 @@
 # loadtest/src/fanout.rs for what is measured; the report is JSON.
 #
 #   loadtest/fanout-bench.sh [SUBSCRIBERS] [ROUTES] [REPORT] [PLOT_DIR]
+#
+# PORTCULLIS_BIN=path runs that binary (control plane and load generator both) instead of
+# building this checkout: to compare two builds in one session, run them alternately.
 set -euo pipefail
+bin=${PORTCULLIS_BIN:+$(realpath "$PORTCULLIS_BIN")}
 cd "$(dirname "$0")/.."
 subscribers=${1:-1000}
 routes=${2:-10000}
@@ -22,8 +26,11 @@ trap cleanup EXIT
 # Every subscriber holds a connection, and each node serves a third of them.
 ulimit -n "$(ulimit -Hn)"
 
-cargo build --release --locked -p portcullis
-bin=$PWD/target/release/portcullis
+if [ -z "$bin" ]; then
+    cargo build --release --locked -p portcullis
+    bin=$PWD/target/release/portcullis
+fi
+[ -x "$bin" ] || { echo "error: $bin is not an executable" >&2; exit 1; }
 nodes=(127.0.0.1:17371 127.0.0.1:17372 127.0.0.1:17373)
 node_pids=()
 for id in 1 2 3; do

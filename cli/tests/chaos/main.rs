@@ -2,11 +2,11 @@
 //! (`history.rs`): no acknowledged write lost, no read older than a write acknowledged before
 //! it began, never two leaders in one term.
 //!
-//! - A 3-node cluster, each node in its own network namespace (`netns.rs`), under a writer and
-//!   a linearizable reader while the leader is SIGKILLed and restarted and nodes (the leader
-//!   among them) are partitioned from the others and healed.
-//! - Crash safety on sled: one node SIGKILLed mid-write again and again; every restart must
-//!   come back, with every acknowledged write.
+//! - A 3-node cluster, each node in its own network namespace (`netns.rs`), under concurrent
+//!   writers and a linearizable reader while the leader is SIGKILLed and restarted and nodes
+//!   (the leader among them) are partitioned from the others and healed.
+//! - Crash safety of the storage (log file and sled): one node SIGKILLed mid-write again and
+//!   again; every restart must come back, with every acknowledged write.
 //!
 //! Bounded for the suite; `PORTCULLIS_CHAOS_SECONDS` (default 40) and
 //! `PORTCULLIS_CRASH_CYCLES` (default 50) make the longer runs of docs/operations.md.
@@ -143,19 +143,49 @@ impl Clients {
     }
 }
 
-/// What the writer and the reader recorded.
+/// What the writers and the reader recorded.
 #[derive(Default)]
 struct Recorder {
     writes: Mutex<Vec<Write>>,
     reads: Mutex<Vec<Read>>,
 }
 
-/// Writes a new object every `pause` until `stop`, recording each outcome.
-async fn writer(clients: Arc<Clients>, recorder: Arc<Recorder>, stop: Arc<AtomicBool>, pause: Duration) {
+/// Concurrent writers: their writes queue at the leader, so faults also meet writes waiting
+/// behind another one's commit.
+const WRITERS: usize = 3;
+
+/// `WRITERS` tasks, each writing a new object every `pause` until `stop`, recording each
+/// outcome.
+fn writers(
+    clients: &Arc<Clients>,
+    recorder: &Arc<Recorder>,
+    stop: &Arc<AtomicBool>,
+    pause: Duration,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    (0..WRITERS)
+        .map(|writer_id| {
+            tokio::spawn(writer(
+                writer_id,
+                clients.clone(),
+                recorder.clone(),
+                stop.clone(),
+                pause,
+            ))
+        })
+        .collect()
+}
+
+async fn writer(
+    writer_id: usize,
+    clients: Arc<Clients>,
+    recorder: Arc<Recorder>,
+    stop: Arc<AtomicBool>,
+    pause: Duration,
+) {
     let mut sequence = 0;
     while !stop.load(Ordering::Relaxed) {
         sequence += 1;
-        let name = format!("w-{sequence}");
+        let name = format!("w{writer_id}-{sequence}");
         let acked = clients.write(&name).await;
         recorder.writes.lock().unwrap().push(Write {
             name,
@@ -382,13 +412,8 @@ async fn a_cluster_under_kills_and_partitions_keeps_a_linearizable_history() {
     let recorder = Arc::new(Recorder::default());
     let leadership = Arc::new(Mutex::new(Vec::new()));
     let stop = Arc::new(AtomicBool::new(false));
-    let tasks = [
-        tokio::spawn(writer(
-            clients.clone(),
-            recorder.clone(),
-            stop.clone(),
-            Duration::from_millis(20),
-        )),
+    let mut tasks = writers(&clients, &recorder, &stop, Duration::from_millis(20));
+    tasks.extend([
         tokio::spawn(reader(
             clients.clone(),
             recorder.clone(),
@@ -400,7 +425,7 @@ async fn a_cluster_under_kills_and_partitions_keeps_a_linearizable_history() {
             leadership.clone(),
             stop.clone(),
         )),
-    ];
+    ]);
 
     // The faults: rounds alternate killing the leader (SIGKILL, restarted 5–6 s later) and
     // partitioning a node for 5–6 s, the leader every other time.
@@ -485,7 +510,7 @@ async fn a_cluster_under_kills_and_partitions_keeps_a_linearizable_history() {
 }
 
 /// The harness's control plane (data in `dir/controlplane`, kept across restarts), started
-/// without holding up the writer task on the other worker.
+/// without holding up the writer tasks on the other worker.
 fn start_single(dir: &Path, port: u16) -> Process {
     tokio::task::block_in_place(|| start_controlplane(dir, port))
 }
@@ -502,12 +527,7 @@ async fn a_node_killed_mid_write_again_and_again_keeps_every_acknowledged_write(
     ));
     let recorder = Arc::new(Recorder::default());
     let stop = Arc::new(AtomicBool::new(false));
-    let writer = tokio::spawn(writer(
-        clients.clone(),
-        recorder.clone(),
-        stop.clone(),
-        Duration::from_millis(2),
-    ));
+    let writers = writers(&clients, &recorder, &stop, Duration::from_millis(2));
     let mut dice = Dice::new();
     for _ in 0..cycles {
         let mut node = start_single(dir.path(), port);
@@ -523,7 +543,9 @@ async fn a_node_killed_mid_write_again_and_again_keeps_every_acknowledged_write(
         node.kill();
     }
     stop.store(true, Ordering::Relaxed);
-    writer.await.unwrap();
+    for writer in writers {
+        writer.await.unwrap();
+    }
     let _node = start_single(dir.path(), port);
     let last = until_some("the last restart answering", TIMEOUT, || clients.read()).await;
     let report = history::check(
