@@ -1,5 +1,7 @@
-//! Snapshots: the whole applied state as one JSON document, stored in the state machine
-//! tree so that the current snapshot survives restarts.
+//! Snapshots: the whole applied state as one JSON document, kept in a tree of its own
+//! (`snapshot`) so that the current snapshot survives restarts. Not in the state machine's
+//! tree: sled rewrites a whole page every few updates to it, and a page shared with a key
+//! every apply writes (the version) would rewrite the snapshot, megabytes, every few applies.
 
 use std::io::Cursor;
 use std::sync::{Arc, Mutex};
@@ -94,6 +96,7 @@ pub(super) fn stage(
 /// Builds from the state captured when openraft asked for a builder, so building runs
 /// concurrently with further applies without seeing them.
 pub struct SnapshotBuilder {
+    /// The `snapshot` tree.
     pub(super) tree: Tree,
     pub(super) state: AppliedState,
     /// Serializes snapshot writes with installs (see [`stage`]) and with [`read_current`].

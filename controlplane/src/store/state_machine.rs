@@ -1,6 +1,7 @@
 //! The state machine on sled (tree `sm`): last applied log id, last membership, config
 //! version and every object as JSON, written in one atomic batch per `apply` call, so a
-//! restart reads back exactly the state of some applied log id.
+//! restart reads back exactly the state of some applied log id. The current snapshot is in
+//! tree `snapshot` (see [`snapshot`]); an install writes both trees in one transaction.
 
 use std::io::Cursor;
 use std::sync::{Arc, Mutex};
@@ -9,6 +10,7 @@ use anyhow::Context;
 use openraft::storage::RaftStateMachine;
 use openraft::{AnyError, EntryPayload, OptionalSend, Snapshot, StorageIOError};
 use serde_json::value::RawValue;
+use sled::transaction::{TransactionError, Transactional};
 use tokio::sync::watch;
 
 use super::snapshot::{self, SnapshotBuilder, SnapshotPayload};
@@ -100,8 +102,24 @@ impl AppliedState {
     }
 }
 
+/// Moves a snapshot an older build kept in the state machine's tree into the `snapshot`
+/// tree, in one transaction, unless that tree already holds one.
+fn move_legacy_snapshot(tree: &sled::Tree, snapshots: &sled::Tree) -> Result<(), TransactionError> {
+    (tree, snapshots).transaction(|(tree, snapshots)| {
+        let (Some(meta), Some(data)) = (tree.remove(snapshot::META)?, tree.remove(snapshot::DATA)?) else {
+            return Ok(());
+        };
+        if snapshots.get(snapshot::META)?.is_none() {
+            snapshots.insert(snapshot::META, meta)?;
+            snapshots.insert(snapshot::DATA, data)?;
+        }
+        Ok(())
+    })
+}
+
 pub struct StateMachineStore {
     tree: Tree,
+    snapshots: Tree,
     state: AppliedState,
     publish: watch::Sender<ConfigView>,
     snapshot_lock: Arc<Mutex<()>>,
@@ -111,10 +129,14 @@ impl StateMachineStore {
     /// Loads the applied state from `db` and publishes it.
     pub fn open(storage: &Storage) -> anyhow::Result<Self> {
         let tree = storage.tree("sm").context("opening state machine tree")?;
+        let snapshots = storage.tree("snapshot").context("opening snapshot tree")?;
+        move_legacy_snapshot(&tree, &snapshots)
+            .context("moving the snapshot out of the state machine tree")?;
         let state = AppliedState::load(&tree).context("loading state machine")?;
         let (publish, _) = watch::channel(state.view.clone());
         Ok(Self {
             tree,
+            snapshots,
             state,
             publish,
             snapshot_lock: Arc::default(),
@@ -205,7 +227,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
 
     async fn get_snapshot_builder(&mut self) -> SnapshotBuilder {
         SnapshotBuilder {
-            tree: self.tree.clone(),
+            tree: self.snapshots.clone(),
             state: self.state.clone(),
             lock: self.snapshot_lock.clone(),
         }
@@ -235,7 +257,8 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         let write = |e: &dyn std::error::Error| {
             StorageIOError::write_snapshot(Some(meta.signature()), AnyError::error(e))
         };
-        // One batch replaces everything, so a crash leaves either the old or the new state.
+        // One transaction replaces everything, so a crash leaves either the old or the new
+        // state and snapshot.
         let mut batch = sled::Batch::default();
         for key in self.state.stored.objects.keys() {
             batch.remove(object_key(key));
@@ -249,8 +272,15 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                 .snapshot_lock
                 .lock()
                 .unwrap_or_else(|poisoned| poisoned.into_inner());
-            snapshot::stage(&self.tree, &mut batch, meta, &data)?;
-            self.tree.apply_batch(batch).map_err(|e| write(&e))?;
+            let mut snapshot_batch = sled::Batch::default();
+            snapshot::stage(&self.snapshots, &mut snapshot_batch, meta, &data)?;
+            (&*self.tree, &*self.snapshots)
+                .transaction(|(tree, snapshots)| {
+                    tree.apply_batch(&batch)?;
+                    snapshots.apply_batch(&snapshot_batch)?;
+                    Ok(())
+                })
+                .map_err(|e: TransactionError| write(&e))?;
         }
         self.tree.flush_async().await.map_err(|e| write(&e))?;
         self.state = state;
@@ -259,6 +289,6 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
     }
 
     async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot<TypeConfig>>, StorageError> {
-        snapshot::read_current(&self.tree, &self.snapshot_lock)
+        snapshot::read_current(&self.snapshots, &self.snapshot_lock)
     }
 }

@@ -310,3 +310,37 @@ fn a_database_being_released_is_waited_for_not_refused() {
     release.join().unwrap();
     assert!(second.is_ok(), "{:?}", second.err());
 }
+
+/// The snapshot is kept in a tree of its own: in the state machine's tree, sled would
+/// rewrite it with the page it shares with keys every apply writes. A snapshot an older
+/// build kept there is moved on open.
+#[tokio::test]
+async fn the_snapshot_is_kept_apart_from_what_every_apply_writes() {
+    let dir = tempfile::tempdir().unwrap();
+    let legacy = {
+        let storage = Storage::open(dir.path()).unwrap();
+        let mut sm = StateMachineStore::open(&storage).unwrap();
+        apply(&mut sm, 1, vec![backend("api", "127.0.0.1:1")], None)
+            .await
+            .unwrap();
+        let built = sm.get_snapshot_builder().await.build_snapshot().await.unwrap();
+        let (sm_tree, snapshot_tree) = (storage.tree("sm").unwrap(), storage.tree("snapshot").unwrap());
+        assert!(sm_tree.get(snapshot::META).unwrap().is_none());
+        assert!(snapshot_tree.get(snapshot::META).unwrap().is_some());
+        // Where an older build kept it.
+        let data = snapshot_tree.remove(snapshot::DATA).unwrap().unwrap();
+        sm_tree.insert(snapshot::DATA, data).unwrap();
+        let meta = snapshot_tree.remove(snapshot::META).unwrap().unwrap();
+        sm_tree.insert(snapshot::META, meta).unwrap();
+        drop((sm, sm_tree, snapshot_tree));
+        storage.close(Duration::from_secs(1)).await.unwrap();
+        built.meta
+    };
+    let storage = Storage::open(dir.path()).unwrap();
+    let mut sm = StateMachineStore::open(&storage).unwrap();
+    let current = sm.get_current_snapshot().await.unwrap().unwrap();
+    assert_eq!(current.meta, legacy);
+    assert!(storage.tree("sm").unwrap().get(snapshot::DATA).unwrap().is_none());
+    let payload: snapshot::SnapshotPayload = serde_json::from_slice(current.snapshot.get_ref()).unwrap();
+    assert_eq!((payload.version, payload.objects.len()), (1, 1));
+}
