@@ -10,7 +10,7 @@ use anyhow::Context;
 use openraft::storage::RaftStateMachine;
 use openraft::{AnyError, EntryPayload, OptionalSend, Snapshot, StorageIOError};
 use serde_json::value::RawValue;
-use sled::transaction::{TransactionError, Transactional};
+use sled::transaction::{ConflictableTransactionError, TransactionError, Transactional};
 use tokio::sync::watch;
 
 use super::snapshot::{self, SnapshotBuilder, SnapshotPayload};
@@ -103,18 +103,38 @@ impl AppliedState {
 }
 
 /// Moves a snapshot an older build kept in the state machine's tree into the `snapshot`
-/// tree, in one transaction, unless that tree already holds one.
-fn move_legacy_snapshot(tree: &sled::Tree, snapshots: &sled::Tree) -> Result<(), TransactionError> {
-    (tree, snapshots).transaction(|(tree, snapshots)| {
-        let (Some(meta), Some(data)) = (tree.remove(snapshot::META)?, tree.remove(snapshot::DATA)?) else {
-            return Ok(());
-        };
-        if snapshots.get(snapshot::META)?.is_none() {
-            snapshots.insert(snapshot::META, meta)?;
-            snapshots.insert(snapshot::DATA, data)?;
-        }
-        Ok(())
-    })
+/// tree, in one transaction. Where both hold one (this build, then an older one that wrote
+/// its own, then this build again), the later one is kept: the older build may have purged
+/// the log up to it.
+fn move_legacy_snapshot(tree: &sled::Tree, snapshots: &sled::Tree) -> anyhow::Result<()> {
+    if tree.get(snapshot::META)?.is_none() {
+        return Ok(());
+    }
+    let last_log_id = |meta: &[u8]| {
+        serde_json::from_slice::<SnapshotMeta>(meta)
+            .map(|meta| meta.last_log_id)
+            .map_err(ConflictableTransactionError::Abort)
+    };
+    (tree, snapshots)
+        .transaction(|(tree, snapshots)| {
+            // An older build wrote both keys in one batch: one without the other is not a
+            // snapshot, and goes.
+            let (Some(meta), Some(data)) = (tree.remove(snapshot::META)?, tree.remove(snapshot::DATA)?)
+            else {
+                return Ok(());
+            };
+            let kept = snapshots.get(snapshot::META)?;
+            let newer = match kept {
+                Some(kept) => last_log_id(&meta)? > last_log_id(&kept)?,
+                None => true,
+            };
+            if newer {
+                snapshots.insert(snapshot::META, meta)?;
+                snapshots.insert(snapshot::DATA, data)?;
+            }
+            Ok(())
+        })
+        .map_err(|error: TransactionError<serde_json::Error>| anyhow::anyhow!("{error}"))
 }
 
 pub struct StateMachineStore {

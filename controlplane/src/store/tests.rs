@@ -311,36 +311,74 @@ fn a_database_being_released_is_waited_for_not_refused() {
     assert!(second.is_ok(), "{:?}", second.err());
 }
 
+/// Moves the `snapshot` tree's snapshot to where an older build kept it, in tree `sm`.
+fn as_an_older_build_kept_it(storage: &Storage) {
+    let (sm_tree, snapshot_tree) = (storage.tree("sm").unwrap(), storage.tree("snapshot").unwrap());
+    for key in [snapshot::META, snapshot::DATA] {
+        let value = snapshot_tree.remove(key).unwrap().unwrap();
+        sm_tree.insert(key, value).unwrap();
+    }
+}
+
+/// Opens the state machine in `dir` and returns its current snapshot's last index, checking
+/// that tree `sm` holds no snapshot key.
+async fn reopened_snapshot_index(dir: &Path) -> Option<u64> {
+    let storage = Storage::open(dir).unwrap();
+    let mut sm = StateMachineStore::open(&storage).unwrap();
+    let current = sm.get_current_snapshot().await.unwrap().unwrap();
+    let sm_tree = storage.tree("sm").unwrap();
+    for key in [snapshot::META, snapshot::DATA] {
+        assert!(
+            sm_tree.get(key).unwrap().is_none(),
+            "a snapshot key left in tree sm"
+        );
+    }
+    let payload: snapshot::SnapshotPayload = serde_json::from_slice(current.snapshot.get_ref()).unwrap();
+    assert_eq!(payload.version, current.meta.last_log_id.unwrap().index);
+    drop((sm, sm_tree));
+    storage.close(Duration::from_secs(1)).await.unwrap();
+    current.meta.last_log_id.map(|id| id.index)
+}
+
 /// The snapshot is kept in a tree of its own: in the state machine's tree, sled would
 /// rewrite it with the page it shares with keys every apply writes. A snapshot an older
-/// build kept there is moved on open.
+/// build kept there is moved on open, unless the snapshot tree holds a later one.
 #[tokio::test]
 async fn the_snapshot_is_kept_apart_from_what_every_apply_writes() {
     let dir = tempfile::tempdir().unwrap();
-    let legacy = {
-        let storage = Storage::open(dir.path()).unwrap();
-        let mut sm = StateMachineStore::open(&storage).unwrap();
-        apply(&mut sm, 1, vec![backend("api", "127.0.0.1:1")], None)
-            .await
-            .unwrap();
-        let built = sm.get_snapshot_builder().await.build_snapshot().await.unwrap();
-        let (sm_tree, snapshot_tree) = (storage.tree("sm").unwrap(), storage.tree("snapshot").unwrap());
-        assert!(sm_tree.get(snapshot::META).unwrap().is_none());
-        assert!(snapshot_tree.get(snapshot::META).unwrap().is_some());
-        // Where an older build kept it.
-        let data = snapshot_tree.remove(snapshot::DATA).unwrap().unwrap();
-        sm_tree.insert(snapshot::DATA, data).unwrap();
-        let meta = snapshot_tree.remove(snapshot::META).unwrap().unwrap();
-        sm_tree.insert(snapshot::META, meta).unwrap();
-        drop((sm, sm_tree, snapshot_tree));
-        storage.close(Duration::from_secs(1)).await.unwrap();
-        built.meta
+    let snapshot_at = |index: u64| {
+        let dir = dir.path().to_owned();
+        async move {
+            let storage = Storage::open(&dir).unwrap();
+            let mut sm = StateMachineStore::open(&storage).unwrap();
+            let name = format!("b{index}");
+            apply(&mut sm, index, vec![backend(&name, "127.0.0.1:1")], None)
+                .await
+                .unwrap();
+            sm.get_snapshot_builder().await.build_snapshot().await.unwrap();
+            drop(sm);
+            storage
+        }
     };
-    let storage = Storage::open(dir.path()).unwrap();
-    let mut sm = StateMachineStore::open(&storage).unwrap();
-    let current = sm.get_current_snapshot().await.unwrap().unwrap();
-    assert_eq!(current.meta, legacy);
-    assert!(storage.tree("sm").unwrap().get(snapshot::DATA).unwrap().is_none());
-    let payload: snapshot::SnapshotPayload = serde_json::from_slice(current.snapshot.get_ref()).unwrap();
-    assert_eq!((payload.version, payload.objects.len()), (1, 1));
+    // Only an older build's snapshot, in tree sm: moved.
+    let storage = snapshot_at(1).await;
+    as_an_older_build_kept_it(&storage);
+    storage.close(Duration::from_secs(1)).await.unwrap();
+    assert_eq!(reopened_snapshot_index(dir.path()).await, Some(1));
+    // This build's snapshot at 2, then an older build's at 3 in tree sm: the later one wins.
+    let storage = snapshot_at(2).await;
+    let at_two: Vec<_> = [snapshot::META, snapshot::DATA]
+        .map(|key| storage.tree("snapshot").unwrap().get(key).unwrap().unwrap())
+        .into();
+    storage.close(Duration::from_secs(1)).await.unwrap();
+    let storage = snapshot_at(3).await;
+    as_an_older_build_kept_it(&storage);
+    let snapshot_tree = storage.tree("snapshot").unwrap();
+    for (key, value) in [snapshot::META, snapshot::DATA].into_iter().zip(at_two) {
+        snapshot_tree.insert(key, value).unwrap();
+    }
+    drop(snapshot_tree);
+    storage.close(Duration::from_secs(1)).await.unwrap();
+    assert_eq!(reopened_snapshot_index(dir.path()).await, Some(3));
+    assert_eq!(reopened_snapshot_index(dir.path()).await, Some(3), "moved once");
 }
