@@ -7,9 +7,11 @@
 //! An append is one `write` and one `fdatasync`, so a crash can only damage the records written
 //! after the last completed append, none of which was acknowledged: at open, a bad record is cut
 //! away when nothing but its own bytes or zeros follow it (a torn last append). A bad record with
-//! data after it is damage to acknowledged entries, and the open fails rather than drop them. Purged entries stay in the file until they outweigh the
-//! entries held; the file is then rewritten with the held ones only (a new file renamed over
-//! the old), which keeps the disk bounded by the snapshot policy.
+//! data after it is damage to acknowledged entries, and the open fails rather than drop them.
+//!
+//! Purged entries stay in the file until they outweigh the entries held; the file is then
+//! rewritten with the held ones only (a new file renamed over the old), which keeps the disk
+//! bounded by the snapshot policy.
 
 use std::collections::VecDeque;
 use std::fs::{self, File, OpenOptions};

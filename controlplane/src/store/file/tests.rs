@@ -19,6 +19,25 @@ fn open(path: &Path, last_purged: Option<LogId>) -> LogFile {
     LogFile::open(path, last_purged, || Ok(Vec::new())).unwrap()
 }
 
+/// Why opening the log at `path` fails, with its causes.
+fn open_error(path: &Path, last_purged: Option<LogId>) -> String {
+    let error = LogFile::open(path, last_purged, || Ok(Vec::new())).err().unwrap();
+    format!("{error:#}")
+}
+
+/// Writes entries 1..=3 of term 1 to a new log at `path`, then flips a bit of the byte at
+/// `at(file length)`; returns the damaged file.
+fn three_entries_with_a_flipped_bit(path: &Path, at: impl FnOnce(usize) -> usize) -> Vec<u8> {
+    let mut log = open(path, None);
+    log.append(&entries(1, 1..=3)).unwrap();
+    drop(log);
+    let mut contents = fs::read(path).unwrap();
+    let byte = at(contents.len());
+    contents[byte] ^= 0x20;
+    fs::write(path, &contents).unwrap();
+    contents
+}
+
 fn indexes(log: &LogFile) -> Vec<(u64, u64)> {
     log.read(0, None)
         .unwrap()
@@ -79,14 +98,7 @@ fn a_record_cut_short_by_a_crash_is_dropped_and_the_log_goes_on() {
 fn a_garbled_last_record_is_dropped() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("entries.log");
-    let mut log = open(&path, None);
-    log.append(&entries(1, 1..=3)).unwrap();
-    drop(log);
-    let mut contents = fs::read(&path).unwrap();
-    let last = contents.len() - 2;
-    contents[last] ^= 0x20;
-    fs::write(&path, contents).unwrap();
-
+    three_entries_with_a_flipped_bit(&path, |length| length - 2);
     assert_eq!(indexes(&open(&path, None)), vec![(1, 1), (1, 2)]);
 }
 
@@ -99,23 +111,20 @@ fn a_log_with_a_hole_or_a_foreign_header_is_refused() {
         encode(&entry(1, index), &mut contents).unwrap();
     }
     fs::write(&path, &contents).unwrap();
-    let error = LogFile::open(&path, None, || Ok(Vec::new())).err().unwrap();
-    assert!(format!("{error:#}").contains("lacks entries 3..4"), "{error:#}");
+    let error = open_error(&path, None);
+    assert!(error.contains("lacks entries 3..4"), "{error}");
 
     // Held entries must start right after the purge point.
     let purged = Some(entry(1, 0).log_id);
     let mut intact = MAGIC.to_vec();
     encode(&entry(1, 2), &mut intact).unwrap();
     fs::write(&path, &intact).unwrap();
-    let error = LogFile::open(&path, purged, || Ok(Vec::new())).err().unwrap();
-    assert!(format!("{error:#}").contains("lacks entries 1..2"), "{error:#}");
+    let error = open_error(&path, purged);
+    assert!(error.contains("lacks entries 1..2"), "{error}");
 
     fs::write(&path, b"not a log at all").unwrap();
-    let error = LogFile::open(&path, None, || Ok(Vec::new())).err().unwrap();
-    assert!(
-        format!("{error:#}").contains("not a Portcullis Raft log"),
-        "{error:#}"
-    );
+    let error = open_error(&path, None);
+    assert!(error.contains("not a Portcullis Raft log"), "{error}");
 }
 
 #[test]
@@ -240,16 +249,10 @@ fn entries_appended_over_held_ones_replace_them_and_purged_ones_are_skipped() {
 fn damage_with_records_after_it_fails_the_open_instead_of_dropping_them() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("entries.log");
-    let mut log = open(&path, None);
-    log.append(&entries(1, 1..=3)).unwrap();
-    drop(log);
-    let mut contents = fs::read(&path).unwrap();
     // A byte of the first record's payload: two whole records follow it.
-    contents[MAGIC.len() + HEADER_LEN as usize + 2] ^= 0x20;
-    fs::write(&path, &contents).unwrap();
-
-    let error = LogFile::open(&path, None, || Ok(Vec::new())).err().unwrap();
-    assert!(format!("{error:#}").contains("damaged record"), "{error:#}");
+    let contents = three_entries_with_a_flipped_bit(&path, |_| MAGIC.len() + HEADER_LEN as usize + 2);
+    let error = open_error(&path, None);
+    assert!(error.contains("damaged record"), "{error}");
     assert_eq!(fs::read(&path).unwrap(), contents, "the file is left as it was");
 }
 
