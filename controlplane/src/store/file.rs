@@ -325,7 +325,7 @@ fn temporary_path(path: &Path) -> PathBuf {
 
 /// Writes `contents` to a new file, makes it durable and renames it over `path`; returns the
 /// new file, open for reading and writing.
-fn replace(path: &Path, contents: &[u8]) -> anyhow::Result<File> {
+pub(super) fn replace(path: &Path, contents: &[u8]) -> anyhow::Result<File> {
     let temporary = temporary_path(path);
     let mut file = OpenOptions::new()
         .read(true)
@@ -342,7 +342,7 @@ fn replace(path: &Path, contents: &[u8]) -> anyhow::Result<File> {
 }
 
 /// Makes a rename in `path`'s directory durable.
-fn sync_parent(path: &Path) -> anyhow::Result<()> {
+pub(super) fn sync_parent(path: &Path) -> anyhow::Result<()> {
     if let Some(directory) = path.parent() {
         File::open(directory)
             .and_then(|directory| directory.sync_all())

@@ -1,23 +1,42 @@
-//! Snapshots: the whole applied state as one JSON document, kept in a tree of its own
-//! (`snapshot`) so that the current snapshot survives restarts. Not in the state machine's
-//! tree: sled rewrites a whole page every few updates to it, and a page shared with a key
-//! every apply writes (the version) would rewrite the snapshot, megabytes, every few applies.
+//! Snapshots: the whole applied state as one JSON document, in a file of its own
+//! (`state.snapshot` beside the log), replaced whole by writing a new file, making it durable
+//! and renaming it over the old one: a crash leaves one snapshot or the other, never a mix.
+//!
+//! Not in sled: to sled a value of megabytes is a blob file, and sled 0.34 leaves the blob
+//! files of superseded values behind when its process is killed, so a node in a crash loop
+//! filled its disk (docs/operations.md has the measurement). Builds before this one kept the
+//! snapshot in sled, first in the state machine's tree, then in a tree of its own;
+//! [`take_from_sled`] moves it here on open.
+//!
+//! Layout: an 8-byte magic, the meta's length (u32, little endian), the CRC-32 of everything
+//! after it (u32, little endian), the meta as JSON, then the payload.
 
-use std::io::Cursor;
+use std::fs;
+use std::io::{self, Cursor};
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use anyhow::{bail, Context};
 use openraft::{AnyError, RaftSnapshotBuilder, Snapshot, StorageIOError};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
+use super::file::{replace, sync_parent};
 use super::state_machine::AppliedState;
-use super::Tree;
+use super::Storage;
 use crate::command::{StoredConfig, StoredKey};
 use crate::types::{NodeId, SnapshotMeta, StorageError, TypeConfig};
 
-pub(super) const META: &[u8] = b"snapshot/meta";
-pub(super) const DATA: &[u8] = b"snapshot/data";
+const FILE_NAME: &str = "state.snapshot";
+const MAGIC: &[u8; 8] = b"PCRSNAP1";
+const HEADER_LEN: usize = MAGIC.len() + 8;
+
+/// Where builds before the snapshot file kept it, as two sled keys.
+pub(super) const SLED_META: &[u8] = b"snapshot/meta";
+pub(super) const SLED_DATA: &[u8] = b"snapshot/data";
+/// The tree of the builds just before the snapshot file (the others used the state machine's).
+pub(super) const SLED_TREE: &str = "snapshot";
 
 /// The replicated config as stored: objects travel as their committed JSON, never decoded,
 /// so a snapshot moves between builds as the log does.
@@ -48,59 +67,183 @@ impl SnapshotPayload {
     }
 }
 
-/// Reads meta and data under `lock`, the lock every snapshot write holds: the two keys
-/// are separate reads, and a write landing between them would pair one snapshot's meta
-/// with another's data.
-pub(super) fn read_current(
-    tree: &sled::Tree,
-    lock: &Mutex<()>,
-) -> Result<Option<Snapshot<TypeConfig>>, StorageError> {
-    let read = |e: &dyn std::error::Error| StorageIOError::<NodeId>::read_snapshot(None, AnyError::error(e));
-    let guard = lock.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-    let (Some(meta), Some(data)) = (
-        tree.get(META).map_err(|e| read(&e))?,
-        tree.get(DATA).map_err(|e| read(&e))?,
-    ) else {
-        return Ok(None);
-    };
-    drop(guard);
-    let meta: SnapshotMeta = serde_json::from_slice(&meta).map_err(|e| read(&e))?;
-    Ok(Some(Snapshot {
-        meta,
-        snapshot: Box::new(Cursor::new(data.to_vec())),
-    }))
+/// A snapshot as read from disk.
+pub(super) struct Stored {
+    pub meta: SnapshotMeta,
+    pub data: Vec<u8>,
 }
 
-/// Adds the snapshot keys to `batch` unless a newer snapshot is already stored: a build
-/// that started before an install must not replace the installed snapshot.
-pub(super) fn stage(
-    tree: &sled::Tree,
-    batch: &mut sled::Batch,
-    meta: &SnapshotMeta,
-    data: &[u8],
-) -> Result<(), StorageError> {
-    let write = |e: &dyn std::error::Error| {
-        StorageIOError::<NodeId>::write_snapshot(Some(meta.signature()), AnyError::error(e))
-    };
-    if let Some(existing) = tree.get(META).map_err(|e| write(&e))? {
-        let existing: SnapshotMeta = serde_json::from_slice(&existing).map_err(|e| write(&e))?;
-        if existing.last_log_id > meta.last_log_id {
+/// The current snapshot's file.
+pub(super) struct SnapshotFile {
+    path: PathBuf,
+    /// The meta of the snapshot in the file. Its lock serializes writes: a build that started
+    /// before an install must not replace the installed snapshot. Reads need no lock: a
+    /// rename replaces the file whole, and an open file keeps what it opened.
+    current: Mutex<Option<SnapshotMeta>>,
+}
+
+impl SnapshotFile {
+    /// Opens the snapshot file in `dir` and reads the snapshot it holds. A damaged file is an
+    /// error: the log may have been purged up to it, so it cannot be dropped.
+    pub(super) fn open(dir: &Path) -> anyhow::Result<(SnapshotFile, Option<Stored>)> {
+        let path = dir.join(FILE_NAME);
+        let stored = read(&path)?;
+        let file = SnapshotFile {
+            path,
+            current: Mutex::new(stored.as_ref().map(|stored| stored.meta.clone())),
+        };
+        Ok((file, stored))
+    }
+
+    /// Makes `meta` and `data` the current snapshot, durably, unless the file already holds a
+    /// later one. Blocks on the disk.
+    pub(super) fn store(&self, meta: &SnapshotMeta, data: &[u8]) -> anyhow::Result<()> {
+        let mut current = self
+            .current
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if current
+            .as_ref()
+            .is_some_and(|current| current.last_log_id > meta.last_log_id)
+        {
             return Ok(());
         }
+        let meta_json = serde_json::to_vec(meta)?;
+        let meta_len = u32::try_from(meta_json.len()).context("snapshot meta over 4 GiB")?;
+        let mut contents = Vec::with_capacity(HEADER_LEN + meta_json.len() + data.len());
+        contents.extend_from_slice(MAGIC);
+        contents.extend_from_slice(&meta_len.to_le_bytes());
+        let mut checksum = crc32fast::Hasher::new();
+        checksum.update(&meta_json);
+        checksum.update(data);
+        contents.extend_from_slice(&checksum.finalize().to_le_bytes());
+        contents.extend_from_slice(&meta_json);
+        contents.extend_from_slice(data);
+        replace(&self.path, &contents)?;
+        // Only a durable rename may let the log be purged up to this snapshot.
+        sync_parent(&self.path)?;
+        *current = Some(meta.clone());
+        Ok(())
     }
-    batch.insert(META, serde_json::to_vec(meta).map_err(|e| write(&e))?);
-    batch.insert(DATA, data);
-    Ok(())
+
+    /// Reads the current snapshot. Blocks on the disk.
+    pub(super) fn read(&self) -> anyhow::Result<Option<Stored>> {
+        read(&self.path)
+    }
+}
+
+fn read(path: &Path) -> anyhow::Result<Option<Stored>> {
+    let contents = match fs::read(path) {
+        Ok(contents) => contents,
+        Err(error) if error.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(error) => return Err(error).with_context(|| format!("reading {}", path.display())),
+    };
+    decode(contents).with_context(|| format!("reading snapshot {}", path.display()))
+}
+
+fn decode(mut contents: Vec<u8>) -> anyhow::Result<Option<Stored>> {
+    if contents.len() < HEADER_LEN || &contents[..MAGIC.len()] != MAGIC {
+        bail!("not a snapshot file (bad magic or shorter than its header)");
+    }
+    let word = |at: usize| {
+        let mut bytes = [0; 4];
+        bytes.copy_from_slice(&contents[at..at + 4]);
+        u32::from_le_bytes(bytes)
+    };
+    let (meta_len, checksum) = (word(MAGIC.len()) as usize, word(MAGIC.len() + 4));
+    let body = &contents[HEADER_LEN..];
+    if meta_len > body.len() || crc32fast::hash(body) != checksum {
+        bail!("checksum mismatch: the file is damaged");
+    }
+    let meta: SnapshotMeta = serde_json::from_slice(&body[..meta_len]).context("decoding the meta")?;
+    let data = contents.split_off(HEADER_LEN + meta_len);
+    Ok(Some(Stored { meta, data }))
+}
+
+/// Moves a snapshot a build before the snapshot file kept in sled (tree `sm` or tree
+/// `snapshot`) into `file`, keeping the latest of all of them (a rollback to such a build
+/// and a second upgrade leave two; the older build may have purged the log up to its own),
+/// then removes it from sled. Once the file is durable: a crash in between moves it again.
+pub(super) fn take_from_sled(
+    storage: &Storage,
+    state_machine: &sled::Tree,
+    file: &SnapshotFile,
+    mut current: Option<Stored>,
+) -> anyhow::Result<Option<Stored>> {
+    let tree = storage.legacy_tree(SLED_TREE)?;
+    let in_state_machine = state_machine.contains_key(SLED_META)? || state_machine.contains_key(SLED_DATA)?;
+    for holder in [Some(state_machine), tree.as_ref()].into_iter().flatten() {
+        // Both keys were written in one batch: one without the other is no snapshot.
+        let (Some(meta), Some(data)) = (holder.get(SLED_META)?, holder.get(SLED_DATA)?) else {
+            continue;
+        };
+        let meta: SnapshotMeta = serde_json::from_slice(&meta).context("decoding a snapshot meta in sled")?;
+        if current
+            .as_ref()
+            .is_none_or(|current| meta.last_log_id > current.meta.last_log_id)
+        {
+            file.store(&meta, &data)?;
+            current = Some(Stored {
+                meta,
+                data: data.to_vec(),
+            });
+        }
+    }
+    if in_state_machine {
+        let mut batch = sled::Batch::default();
+        batch.remove(SLED_META);
+        batch.remove(SLED_DATA);
+        state_machine.apply_batch(batch)?;
+        state_machine.flush()?;
+    }
+    if tree.is_some() {
+        storage.drop_tree(SLED_TREE)?;
+    }
+    Ok(current)
+}
+
+/// Stores a snapshot on a blocking thread: a file of megabytes and two fsyncs must not stall
+/// the runtime that serves Raft.
+pub(super) async fn store(
+    file: &Arc<SnapshotFile>,
+    meta: &SnapshotMeta,
+    data: Vec<u8>,
+) -> Result<Vec<u8>, StorageError> {
+    let (file, owned_meta) = (file.clone(), meta.clone());
+    tokio::task::spawn_blocking(move || file.store(&owned_meta, &data).map(|()| data))
+        .await
+        .map_err(anyhow::Error::from)
+        .and_then(|stored| stored)
+        .map_err(|error| {
+            StorageIOError::<NodeId>::write_snapshot(
+                Some(meta.signature()),
+                AnyError::error(format!("{error:#}")),
+            )
+            .into()
+        })
+}
+
+/// Reads the current snapshot on a blocking thread.
+pub(super) async fn current(file: &Arc<SnapshotFile>) -> Result<Option<Snapshot<TypeConfig>>, StorageError> {
+    let file = file.clone();
+    let stored = tokio::task::spawn_blocking(move || file.read())
+        .await
+        .map_err(anyhow::Error::from)
+        .and_then(|read| read)
+        .map_err(|error| {
+            StorageIOError::<NodeId>::read_snapshot(None, AnyError::error(format!("{error:#}")))
+        })?;
+    Ok(stored.map(|Stored { meta, data }| Snapshot {
+        meta,
+        snapshot: Box::new(Cursor::new(data)),
+    }))
 }
 
 /// Builds from the state captured when openraft asked for a builder, so building runs
 /// concurrently with further applies without seeing them.
 pub struct SnapshotBuilder {
-    /// The `snapshot` tree.
-    pub(super) tree: Tree,
+    pub(super) file: Arc<SnapshotFile>,
     pub(super) state: AppliedState,
-    /// Serializes snapshot writes with installs (see [`stage`]) and with [`read_current`].
-    pub(super) lock: Arc<Mutex<()>>,
 }
 
 impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
@@ -117,19 +260,10 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
             last_membership: self.state.membership.clone(),
             snapshot_id: format!("{index}-{nanos}"),
         };
-        {
-            let _guard = self.lock.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-            let mut batch = sled::Batch::default();
-            stage(&self.tree, &mut batch, &meta, &data)?;
-            self.tree
-                .apply_batch(batch)
-                .map_err(|e| StorageIOError::write_snapshot(Some(meta.signature()), &e))?;
-        }
-        // The log is purged after this returns, so the snapshot must be on disk first.
-        self.tree
-            .flush_async()
-            .await
-            .map_err(|e| StorageIOError::write_snapshot(Some(meta.signature()), &e))?;
+        // The log is purged after this returns, so the snapshot is durable first. The state
+        // machine's tree may not yet hold what the snapshot does: the open after a crash
+        // restores it from the snapshot.
+        let data = store(&self.file, &meta, data).await?;
         Ok(Snapshot {
             meta,
             snapshot: Box::new(Cursor::new(data)),

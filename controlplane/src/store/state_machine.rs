@@ -1,19 +1,19 @@
 //! The state machine on sled (tree `sm`): last applied log id, last membership, config
 //! version and every object as JSON, written in one atomic batch per `apply` call, so a
 //! restart reads back exactly the state of some applied log id. The current snapshot is in
-//! tree `snapshot` (see [`snapshot`]); an install writes both trees in one transaction.
+//! a file of its own (see [`snapshot`]): an install stores the snapshot first, then the
+//! state, and an open that finds a snapshot later than the state restores the state from it.
 
 use std::io::Cursor;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use anyhow::Context;
 use openraft::storage::RaftStateMachine;
 use openraft::{AnyError, EntryPayload, OptionalSend, Snapshot, StorageIOError};
 use serde_json::value::RawValue;
-use sled::transaction::{ConflictableTransactionError, TransactionError, Transactional};
 use tokio::sync::watch;
 
-use super::snapshot::{self, SnapshotBuilder, SnapshotPayload};
+use super::snapshot::{self, SnapshotBuilder, SnapshotFile, SnapshotPayload, Stored};
 use super::{Storage, Tree};
 use crate::command::{Applied, Outcome, Reading, StoredConfig, StoredKey, Write};
 use crate::types::{Entry, LogId, SnapshotMeta, StorageError, StoredMembership, TypeConfig};
@@ -94,6 +94,20 @@ impl AppliedState {
         }
     }
 
+    /// The state a snapshot holds, read by this build; `view` is the view held so far, so
+    /// that an unreadable config is reported once.
+    fn from_snapshot(meta: &SnapshotMeta, data: &[u8], view: &ConfigView) -> anyhow::Result<Self> {
+        let payload: SnapshotPayload = serde_json::from_slice(data).context("decoding snapshot")?;
+        let mut state = AppliedState {
+            last_applied: meta.last_log_id,
+            membership: meta.last_membership.clone(),
+            stored: payload.into_stored(),
+            view: view.clone(),
+        };
+        state.publish(state.stored.read());
+        Ok(state)
+    }
+
     fn stage_meta(&self, batch: &mut sled::Batch) -> Result<(), serde_json::Error> {
         batch.insert(APPLIED, serde_json::to_vec(&self.last_applied)?);
         batch.insert(MEMBERSHIP, serde_json::to_vec(&self.membership)?);
@@ -102,64 +116,53 @@ impl AppliedState {
     }
 }
 
-/// Moves a snapshot an older build kept in the state machine's tree into the `snapshot`
-/// tree, in one transaction. Where both hold one (this build, then an older one that wrote
-/// its own, then this build again), the later one is kept: the older build may have purged
-/// the log up to it.
-fn move_legacy_snapshot(tree: &sled::Tree, snapshots: &sled::Tree) -> anyhow::Result<()> {
-    if tree.get(snapshot::META)?.is_none() {
-        return Ok(());
+/// Writes `state` over `old` in one batch, so a crash leaves one or the other.
+fn replace_state(tree: &sled::Tree, old: &StoredConfig, state: &AppliedState) -> anyhow::Result<()> {
+    let mut batch = sled::Batch::default();
+    for key in old.objects.keys() {
+        batch.remove(object_key(key));
     }
-    let last_log_id = |meta: &[u8]| {
-        serde_json::from_slice::<SnapshotMeta>(meta)
-            .map(|meta| meta.last_log_id)
-            .map_err(ConflictableTransactionError::Abort)
-    };
-    (tree, snapshots)
-        .transaction(|(tree, snapshots)| {
-            // An older build wrote both keys in one batch: one without the other is not a
-            // snapshot, and goes.
-            let (Some(meta), Some(data)) = (tree.remove(snapshot::META)?, tree.remove(snapshot::DATA)?)
-            else {
-                return Ok(());
-            };
-            let kept = snapshots.get(snapshot::META)?;
-            let newer = match kept {
-                Some(kept) => last_log_id(&meta)? > last_log_id(&kept)?,
-                None => true,
-            };
-            if newer {
-                snapshots.insert(snapshot::META, meta)?;
-                snapshots.insert(snapshot::DATA, data)?;
-            }
-            Ok(())
-        })
-        .map_err(|error: TransactionError<serde_json::Error>| anyhow::anyhow!("{error}"))
+    for (key, json) in &state.stored.objects {
+        batch.insert(object_key(key), json.get().as_bytes());
+    }
+    state.stage_meta(&mut batch)?;
+    tree.apply_batch(batch)?;
+    Ok(())
 }
 
 pub struct StateMachineStore {
     tree: Tree,
-    snapshots: Tree,
+    snapshots: Arc<SnapshotFile>,
     state: AppliedState,
     publish: watch::Sender<ConfigView>,
-    snapshot_lock: Arc<Mutex<()>>,
 }
 
 impl StateMachineStore {
     /// Loads the applied state from `db` and publishes it.
     pub fn open(storage: &Storage) -> anyhow::Result<Self> {
         let tree = storage.tree("sm").context("opening state machine tree")?;
-        let snapshots = storage.tree("snapshot").context("opening snapshot tree")?;
-        move_legacy_snapshot(&tree, &snapshots)
-            .context("moving the snapshot out of the state machine tree")?;
-        let state = AppliedState::load(&tree).context("loading state machine")?;
+        let (snapshots, current) = SnapshotFile::open(storage.dir())?;
+        let current = snapshot::take_from_sled(storage, &tree, &snapshots, current)
+            .context("moving the snapshot out of sled")?;
+        let mut state = AppliedState::load(&tree).context("loading state machine")?;
+        if let Some(Stored { meta, data }) =
+            current.filter(|stored| stored.meta.last_log_id > state.last_applied)
+        {
+            // An install cut short after its snapshot was stored, or a build whose state had
+            // not reached the disk yet: the snapshot is the later state, and the log may
+            // already be purged up to it.
+            tracing::info!(snapshot = %meta.snapshot_id, "restoring the state machine from the snapshot");
+            let restored = AppliedState::from_snapshot(&meta, &data, &state.view)?;
+            replace_state(&tree, &state.stored, &restored)?;
+            tree.flush().context("flushing the restored state")?;
+            state = restored;
+        }
         let (publish, _) = watch::channel(state.view.clone());
         Ok(Self {
             tree,
-            snapshots,
+            snapshots: Arc::new(snapshots),
             state,
             publish,
-            snapshot_lock: Arc::default(),
         })
     }
 
@@ -247,9 +250,8 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
 
     async fn get_snapshot_builder(&mut self) -> SnapshotBuilder {
         SnapshotBuilder {
-            tree: self.snapshots.clone(),
+            file: self.snapshots.clone(),
             state: self.state.clone(),
-            lock: self.snapshot_lock.clone(),
         }
     }
 
@@ -263,45 +265,14 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         snapshot: Box<Cursor<Vec<u8>>>,
     ) -> Result<(), StorageError> {
         let data = snapshot.into_inner();
-        let fail =
-            |message: String| StorageIOError::read_snapshot(Some(meta.signature()), AnyError::error(message));
-        let payload: SnapshotPayload =
-            serde_json::from_slice(&data).map_err(|e| fail(format!("decoding snapshot: {e}")))?;
-        let mut state = AppliedState {
-            last_applied: meta.last_log_id,
-            membership: meta.last_membership.clone(),
-            stored: payload.into_stored(),
-            view: self.state.view.clone(),
-        };
-        state.publish(state.stored.read());
-        let write = |e: &dyn std::error::Error| {
-            StorageIOError::write_snapshot(Some(meta.signature()), AnyError::error(e))
-        };
-        // One transaction replaces everything, so a crash leaves either the old or the new
-        // state and snapshot.
-        let mut batch = sled::Batch::default();
-        for key in self.state.stored.objects.keys() {
-            batch.remove(object_key(key));
-        }
-        for (key, json) in &state.stored.objects {
-            batch.insert(object_key(key), json.get().as_bytes());
-        }
-        state.stage_meta(&mut batch).map_err(|e| write(&e))?;
-        {
-            let _guard = self
-                .snapshot_lock
-                .lock()
-                .unwrap_or_else(|poisoned| poisoned.into_inner());
-            let mut snapshot_batch = sled::Batch::default();
-            snapshot::stage(&self.snapshots, &mut snapshot_batch, meta, &data)?;
-            (&*self.tree, &*self.snapshots)
-                .transaction(|(tree, snapshots)| {
-                    tree.apply_batch(&batch)?;
-                    snapshots.apply_batch(&snapshot_batch)?;
-                    Ok(())
-                })
-                .map_err(|e: TransactionError| write(&e))?;
-        }
+        let state = AppliedState::from_snapshot(meta, &data, &self.state.view).map_err(|e| {
+            StorageIOError::read_snapshot(Some(meta.signature()), AnyError::error(format!("{e:#}")))
+        })?;
+        // The snapshot first: once it is durable, a crash before the state below is written
+        // leaves an open to restore the state from it.
+        snapshot::store(&self.snapshots, meta, data).await?;
+        let write = |e: &dyn std::error::Error| StorageIOError::write_state_machine(AnyError::error(e));
+        replace_state(&self.tree, &self.state.stored, &state).map_err(|e| write(&*e))?;
         self.tree.flush_async().await.map_err(|e| write(&e))?;
         self.state = state;
         self.publish.send_replace(self.state.view.clone());
@@ -309,6 +280,6 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
     }
 
     async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot<TypeConfig>>, StorageError> {
-        snapshot::read_current(&self.snapshots, &self.snapshot_lock)
+        snapshot::current(&self.snapshots).await
     }
 }

@@ -311,74 +311,141 @@ fn a_database_being_released_is_waited_for_not_refused() {
     assert!(second.is_ok(), "{:?}", second.err());
 }
 
-/// Moves the `snapshot` tree's snapshot to where an older build kept it, in tree `sm`.
-fn as_an_older_build_kept_it(storage: &Storage) {
-    let (sm_tree, snapshot_tree) = (storage.tree("sm").unwrap(), storage.tree("snapshot").unwrap());
-    for key in [snapshot::META, snapshot::DATA] {
-        let value = snapshot_tree.remove(key).unwrap().unwrap();
-        sm_tree.insert(key, value).unwrap();
+/// Applies a Backend named after `index` and builds a snapshot; returns it as stored.
+async fn snapshot_at(sm: &mut StateMachineStore, index: u64) -> snapshot::Stored {
+    let name = format!("b{index}");
+    apply(sm, index, vec![backend(&name, "127.0.0.1:1")], None)
+        .await
+        .unwrap();
+    let built = sm.get_snapshot_builder().await.build_snapshot().await.unwrap();
+    snapshot::Stored {
+        meta: built.meta,
+        data: built.snapshot.into_inner(),
     }
 }
 
-/// Opens the state machine in `dir` and returns its current snapshot's last index, checking
-/// that tree `sm` holds no snapshot key.
-async fn reopened_snapshot_index(dir: &Path) -> Option<u64> {
+fn put_in_sled(tree: &sled::Tree, stored: &snapshot::Stored) {
+    tree.insert(snapshot::SLED_META, serde_json::to_vec(&stored.meta).unwrap())
+        .unwrap();
+    tree.insert(snapshot::SLED_DATA, stored.data.as_slice()).unwrap();
+}
+
+/// Opens the state machine in `dir`; returns its current snapshot's last index and the
+/// object names of its config, checking that sled holds no snapshot any more.
+async fn reopened(dir: &Path) -> (Option<u64>, Vec<String>) {
     let storage = Storage::open(dir).unwrap();
     let mut sm = StateMachineStore::open(&storage).unwrap();
     let current = sm.get_current_snapshot().await.unwrap().unwrap();
+    let payload: snapshot::SnapshotPayload = serde_json::from_slice(current.snapshot.get_ref()).unwrap();
+    assert_eq!(payload.version, current.meta.last_log_id.unwrap().index);
     let sm_tree = storage.tree("sm").unwrap();
-    for key in [snapshot::META, snapshot::DATA] {
+    for key in [snapshot::SLED_META, snapshot::SLED_DATA] {
         assert!(
             sm_tree.get(key).unwrap().is_none(),
             "a snapshot key left in tree sm"
         );
     }
-    let payload: snapshot::SnapshotPayload = serde_json::from_slice(current.snapshot.get_ref()).unwrap();
-    assert_eq!(payload.version, current.meta.last_log_id.unwrap().index);
+    assert!(
+        storage.legacy_tree(snapshot::SLED_TREE).unwrap().is_none(),
+        "tree snapshot left"
+    );
+    let names = sm
+        .subscribe()
+        .borrow()
+        .config
+        .objects()
+        .map(|o| o.name().to_string())
+        .collect();
     drop((sm, sm_tree));
     storage.close(Duration::from_secs(1)).await.unwrap();
-    current.meta.last_log_id.map(|id| id.index)
+    (current.meta.last_log_id.map(|id| id.index), names)
 }
 
-/// The snapshot is kept in a tree of its own: in the state machine's tree, sled would
-/// rewrite it with the page it shares with keys every apply writes. A snapshot an older
-/// build kept there is moved on open, unless the snapshot tree holds a later one.
+/// The snapshot is a file: to sled it would be a blob file, which sled leaves behind when
+/// killed. A snapshot older builds kept in sled (tree `sm`, then tree `snapshot`) moves to
+/// the file on open, the latest of all kept.
 #[tokio::test]
-async fn the_snapshot_is_kept_apart_from_what_every_apply_writes() {
+async fn a_snapshot_kept_in_sled_by_an_older_build_moves_to_the_file() {
     let dir = tempfile::tempdir().unwrap();
-    let snapshot_at = |index: u64| {
-        let dir = dir.path().to_owned();
-        async move {
-            let storage = Storage::open(&dir).unwrap();
-            let mut sm = StateMachineStore::open(&storage).unwrap();
-            let name = format!("b{index}");
-            apply(&mut sm, index, vec![backend(&name, "127.0.0.1:1")], None)
-                .await
-                .unwrap();
-            sm.get_snapshot_builder().await.build_snapshot().await.unwrap();
-            drop(sm);
-            storage
-        }
-    };
-    // Only an older build's snapshot, in tree sm: moved.
-    let storage = snapshot_at(1).await;
-    as_an_older_build_kept_it(&storage);
-    storage.close(Duration::from_secs(1)).await.unwrap();
-    assert_eq!(reopened_snapshot_index(dir.path()).await, Some(1));
-    // This build's snapshot at 2, then an older build's at 3 in tree sm: the later one wins.
-    let storage = snapshot_at(2).await;
-    let at_two: Vec<_> = [snapshot::META, snapshot::DATA]
-        .map(|key| storage.tree("snapshot").unwrap().get(key).unwrap().unwrap())
-        .into();
-    storage.close(Duration::from_secs(1)).await.unwrap();
-    let storage = snapshot_at(3).await;
-    as_an_older_build_kept_it(&storage);
-    let snapshot_tree = storage.tree("snapshot").unwrap();
-    for (key, value) in [snapshot::META, snapshot::DATA].into_iter().zip(at_two) {
-        snapshot_tree.insert(key, value).unwrap();
+    let storage = Storage::open(dir.path()).unwrap();
+    let mut sm = StateMachineStore::open(&storage).unwrap();
+    let mut snapshots = Vec::new();
+    for index in 1..=3 {
+        snapshots.push(snapshot_at(&mut sm, index).await);
     }
-    drop(snapshot_tree);
+    drop(sm);
+    let sm_tree = storage.tree("sm").unwrap();
+    let snapshot_tree = storage.tree(snapshot::SLED_TREE).unwrap();
+    // The file at 1, tree sm at 2, tree snapshot at 3: the last one is kept.
+    put_in_sled(&sm_tree, &snapshots[1]);
+    put_in_sled(&snapshot_tree, &snapshots[2]);
+    drop((sm_tree, snapshot_tree));
     storage.close(Duration::from_secs(1)).await.unwrap();
-    assert_eq!(reopened_snapshot_index(dir.path()).await, Some(3));
-    assert_eq!(reopened_snapshot_index(dir.path()).await, Some(3), "moved once");
+    std::fs::remove_file(dir.path().join("state.snapshot")).unwrap();
+    let (file, _) = snapshot::SnapshotFile::open(dir.path()).unwrap();
+    file.store(&snapshots[0].meta, &snapshots[0].data).unwrap();
+    assert_eq!(reopened(dir.path()).await.0, Some(3));
+    assert_eq!(reopened(dir.path()).await.0, Some(3), "moved once");
+
+    // The file later than what sled holds: the file stays.
+    let storage = Storage::open(dir.path()).unwrap();
+    put_in_sled(&storage.tree("sm").unwrap(), &snapshots[0]);
+    storage.close(Duration::from_secs(1)).await.unwrap();
+    assert_eq!(reopened(dir.path()).await.0, Some(3));
+}
+
+/// An install stores the snapshot, then the state: an open that finds the snapshot later
+/// than the state (the install cut short, or a build whose state had not reached the disk)
+/// restores the state from the snapshot, since the log may be purged up to it.
+#[tokio::test]
+async fn an_open_restores_the_state_from_a_later_snapshot() {
+    let source = tempfile::tempdir().unwrap();
+    let mut sm = open_sm(source.path());
+    snapshot_at(&mut sm, 1).await;
+    snapshot_at(&mut sm, 2).await;
+    let later = snapshot_at(&mut sm, 3).await;
+    drop(sm);
+
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let mut sm = open_sm(dir.path());
+        snapshot_at(&mut sm, 1).await;
+        apply(
+            &mut sm,
+            2,
+            vec![backend("not-in-the-snapshot", "127.0.0.1:2")],
+            None,
+        )
+        .await
+        .unwrap();
+    }
+    let (file, _) = snapshot::SnapshotFile::open(dir.path()).unwrap();
+    file.store(&later.meta, &later.data).unwrap();
+    // The snapshot at 3 replaces the state applied up to 2, and the state stays restored.
+    for _ in 0..2 {
+        let (index, names) = reopened(dir.path()).await;
+        assert_eq!(
+            (index, names),
+            (Some(3), vec!["b1".to_string(), "b2".into(), "b3".into()])
+        );
+    }
+    let mut sm = open_sm(dir.path());
+    assert_eq!(sm.applied_state().await.unwrap().0.map(|id| id.index), Some(3));
+}
+
+#[tokio::test]
+async fn a_damaged_snapshot_file_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut sm = open_sm(dir.path());
+    snapshot_at(&mut sm, 1).await;
+    drop(sm);
+    let path = dir.path().join("state.snapshot");
+    let mut contents = std::fs::read(&path).unwrap();
+    let last = contents.len() - 1;
+    contents[last] ^= 1;
+    std::fs::write(&path, contents).unwrap();
+    let error = StateMachineStore::open(&Storage::open(dir.path()).unwrap())
+        .err()
+        .expect("a damaged snapshot is refused");
+    assert!(format!("{error:#}").contains("damaged"), "{error:#}");
 }
