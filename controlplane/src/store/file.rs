@@ -317,7 +317,7 @@ impl LogFile {
     }
 }
 
-fn temporary_path(path: &Path) -> PathBuf {
+pub(super) fn temporary_path(path: &Path) -> PathBuf {
     let mut name = path.file_name().unwrap_or_default().to_owned();
     name.push(".tmp");
     path.with_file_name(name)

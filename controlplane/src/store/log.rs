@@ -10,9 +10,11 @@
 use std::fmt::Debug;
 use std::ops::{Bound, RangeBounds};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
 use openraft::storage::{LogFlushed, RaftLogStorage};
 use openraft::{AnyError, LogState, RaftLogReader, StorageIOError, Vote};
+use tokio::sync::watch;
 
 use super::file::LogFile;
 use super::{Storage, Tree};
@@ -21,6 +23,10 @@ use crate::types::{Entry, LogId, NodeId, StorageError, TypeConfig};
 const VOTE: &[u8] = b"vote";
 const COMMITTED: &[u8] = b"committed";
 const LAST_PURGED: &[u8] = b"last_purged";
+/// How long a purge waits for the snapshot that covers it to be durable: an install's write
+/// of the snapshot file takes a fraction of that. Past it the purge fails, and with it the
+/// node, rather than leave entries that are nowhere.
+const SNAPSHOT_WAIT: Duration = Duration::from_secs(60);
 /// Where builds before the log file kept entries (JSON under big-endian indexes).
 const LEGACY_LOG_TREE: &str = "log";
 
@@ -29,6 +35,8 @@ const LEGACY_LOG_TREE: &str = "log";
 pub struct LogStore {
     entries: Arc<Mutex<LogFile>>,
     meta: Tree,
+    /// The last log id the durable snapshot covers (see [`Storage`]).
+    snapshot_covers: watch::Receiver<Option<LogId>>,
 }
 
 impl LogStore {
@@ -79,6 +87,7 @@ impl LogStore {
         Ok(Self {
             entries: Arc::new(Mutex::new(file)),
             meta,
+            snapshot_covers: storage.snapshot_covers.subscribe(),
         })
     }
 
@@ -209,8 +218,22 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn purge(&mut self, log_id: LogId) -> Result<(), StorageError> {
-        // The purge point is durable before any entry goes (the same flush makes the snapshot
-        // that covers them durable): a crash midway then leaves extra entries, never a gap.
+        // openraft asks for the purge as it hands the snapshot that covers it to the state
+        // machine, which may still be writing it.
+        let covered = tokio::time::timeout(
+            SNAPSHOT_WAIT,
+            self.snapshot_covers.wait_for(|covers| *covers >= Some(log_id)),
+        )
+        .await
+        .is_ok_and(|waited| waited.is_ok());
+        if !covered {
+            return Err(StorageIOError::write_logs(AnyError::error(format!(
+                "not purging the log up to {log_id}: no durable snapshot covers it after {SNAPSHOT_WAIT:?}"
+            )))
+            .into());
+        }
+        // The purge point is durable before any entry goes: a crash midway then leaves extra
+        // entries, never a gap.
         self.write_meta(LAST_PURGED, &log_id)?;
         self.flush_meta()
             .await

@@ -1,5 +1,6 @@
 //! Raft storage in one directory per process: the log's entries in an append-only file
-//! (`file.rs`), everything else (vote, state machine, snapshot) in one sled database. The rest
+//! (`file.rs`), the current snapshot in a file of its own (`snapshot.rs`), the vote and the
+//! state machine in one sled database. The rest
 //! of the crate only sees openraft's storage traits and the published
 //! [`ConfigView`](crate::view::ConfigView), so another engine can replace either by
 //! implementing the same two types.
@@ -21,6 +22,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
+use tokio::sync::watch;
+
+use crate::types::LogId;
 
 /// How long [`Storage::open`] waits for a database lock that is being released.
 const LOCK_GRACE: Duration = Duration::from_secs(5);
@@ -33,6 +37,10 @@ pub struct Storage {
     dir: PathBuf,
     db: sled::Db,
     open_trees: Arc<()>,
+    /// The last log id the durable snapshot covers, which the log is never purged past:
+    /// openraft purges the log while the state machine is still installing the snapshot that
+    /// covers it, and a crash in between would leave entries that are nowhere.
+    snapshot_covers: Arc<watch::Sender<Option<LogId>>>,
 }
 
 impl Storage {
@@ -62,10 +70,11 @@ impl Storage {
             dir: path.to_owned(),
             db,
             open_trees: Arc::default(),
+            snapshot_covers: Arc::new(watch::Sender::new(None)),
         })
     }
 
-    /// The directory sled's lock guards, which also holds the log file.
+    /// The directory sled's lock guards, which also holds the log and the snapshot.
     pub fn dir(&self) -> &Path {
         &self.dir
     }
@@ -82,6 +91,15 @@ impl Storage {
         } else {
             Ok(None)
         }
+    }
+
+    /// For tests that purge the log without snapshots (openraft's storage suite), which
+    /// openraft itself never does.
+    #[cfg(test)]
+    fn let_every_purge_through(&self) {
+        use openraft::CommittedLeaderId;
+        let last = LogId::new(CommittedLeaderId::new(u64::MAX, u64::MAX), u64::MAX);
+        self.snapshot_covers.send_replace(Some(last));
     }
 
     fn drop_tree(&self, name: &str) -> Result<(), sled::Error> {

@@ -8,8 +8,11 @@
 //! snapshot in sled, first in the state machine's tree, then in a tree of its own;
 //! [`take_from_sled`] moves it here on open.
 //!
-//! Layout: an 8-byte magic, the meta's length (u32, little endian), the CRC-32 of everything
-//! after it (u32, little endian), the meta as JSON, then the payload.
+//! Layout: an 8-byte magic, the meta's length (u32, little endian), the CRC-32 of the length,
+//! the meta and the payload (u32, little endian), the meta as JSON, then the payload.
+//!
+//! The log is purged only up to what the durable snapshot covers ([`Storage`]'s
+//! `snapshot_covers`, which [`SnapshotFile::store`] moves once the file is in place).
 
 use std::fs;
 use std::io::{self, Cursor};
@@ -21,12 +24,13 @@ use anyhow::{bail, Context};
 use openraft::{AnyError, RaftSnapshotBuilder, Snapshot, StorageIOError};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
+use tokio::sync::watch;
 
-use super::file::{replace, sync_parent};
+use super::file::{replace, sync_parent, temporary_path};
 use super::state_machine::AppliedState;
 use super::Storage;
 use crate::command::{StoredConfig, StoredKey};
-use crate::types::{NodeId, SnapshotMeta, StorageError, TypeConfig};
+use crate::types::{LogId, NodeId, SnapshotMeta, StorageError, TypeConfig};
 
 const FILE_NAME: &str = "state.snapshot";
 const MAGIC: &[u8; 8] = b"PCRSNAP1";
@@ -76,6 +80,7 @@ pub(super) struct Stored {
 /// The current snapshot's file.
 pub(super) struct SnapshotFile {
     path: PathBuf,
+    covers: Arc<watch::Sender<Option<LogId>>>,
     /// The meta of the snapshot in the file. Its lock serializes writes: a build that started
     /// before an install must not replace the installed snapshot. Reads need no lock: a
     /// rename replaces the file whole, and an open file keeps what it opened.
@@ -83,14 +88,28 @@ pub(super) struct SnapshotFile {
 }
 
 impl SnapshotFile {
-    /// Opens the snapshot file in `dir` and reads the snapshot it holds. A damaged file is an
-    /// error: the log may have been purged up to it, so it cannot be dropped.
-    pub(super) fn open(dir: &Path) -> anyhow::Result<(SnapshotFile, Option<Stored>)> {
-        let path = dir.join(FILE_NAME);
+    /// Opens the snapshot file in `storage`'s directory and reads the snapshot it holds. A
+    /// damaged file is an error: the log may have been purged up to it, so it cannot be
+    /// dropped.
+    pub(super) fn open(storage: &Storage) -> anyhow::Result<(SnapshotFile, Option<Stored>)> {
+        let path = storage.dir().join(FILE_NAME);
+        // What a crash left of a store: never renamed, so never the snapshot.
+        let temporary = temporary_path(&path);
+        match fs::remove_file(&temporary) {
+            Err(error) if error.kind() != io::ErrorKind::NotFound => {
+                return Err(error).with_context(|| format!("removing {}", temporary.display()))
+            }
+            _ => {}
+        }
         let stored = read(&path)?;
+        let meta = stored.as_ref().map(|stored| stored.meta.clone());
+        storage
+            .snapshot_covers
+            .send_replace(meta.as_ref().and_then(|meta| meta.last_log_id));
         let file = SnapshotFile {
             path,
-            current: Mutex::new(stored.as_ref().map(|stored| stored.meta.clone())),
+            covers: storage.snapshot_covers.clone(),
+            current: Mutex::new(meta),
         };
         Ok((file, stored))
     }
@@ -109,20 +128,21 @@ impl SnapshotFile {
             return Ok(());
         }
         let meta_json = serde_json::to_vec(meta)?;
-        let meta_len = u32::try_from(meta_json.len()).context("snapshot meta over 4 GiB")?;
+        let meta_len = u32::try_from(meta_json.len())
+            .context("snapshot meta over 4 GiB")?
+            .to_le_bytes();
         let mut contents = Vec::with_capacity(HEADER_LEN + meta_json.len() + data.len());
         contents.extend_from_slice(MAGIC);
-        contents.extend_from_slice(&meta_len.to_le_bytes());
-        let mut checksum = crc32fast::Hasher::new();
-        checksum.update(&meta_json);
-        checksum.update(data);
-        contents.extend_from_slice(&checksum.finalize().to_le_bytes());
+        contents.extend_from_slice(&meta_len);
+        contents.extend_from_slice(&checksum(&meta_len, &meta_json, data).to_le_bytes());
         contents.extend_from_slice(&meta_json);
         contents.extend_from_slice(data);
         replace(&self.path, &contents)?;
         // Only a durable rename may let the log be purged up to this snapshot.
         sync_parent(&self.path)?;
         *current = Some(meta.clone());
+        self.covers
+            .send_if_modified(|covers| raise(covers, meta.last_log_id));
         Ok(())
     }
 
@@ -132,32 +152,55 @@ impl SnapshotFile {
     }
 }
 
+/// Moves `covers` up to `to`, never down; says whether it moved.
+fn raise(covers: &mut Option<LogId>, to: Option<LogId>) -> bool {
+    let moved = to > *covers;
+    if moved {
+        *covers = to;
+    }
+    moved
+}
+
+fn checksum(meta_len: &[u8; 4], meta: &[u8], data: &[u8]) -> u32 {
+    let mut checksum = crc32fast::Hasher::new();
+    checksum.update(meta_len);
+    checksum.update(meta);
+    checksum.update(data);
+    checksum.finalize()
+}
+
 fn read(path: &Path) -> anyhow::Result<Option<Stored>> {
     let contents = match fs::read(path) {
         Ok(contents) => contents,
         Err(error) if error.kind() == io::ErrorKind::NotFound => return Ok(None),
         Err(error) => return Err(error).with_context(|| format!("reading {}", path.display())),
     };
-    decode(contents).with_context(|| format!("reading snapshot {}", path.display()))
+    decode(contents)
+        .map(Some)
+        .with_context(|| format!("reading snapshot {}", path.display()))
 }
 
-fn decode(mut contents: Vec<u8>) -> anyhow::Result<Option<Stored>> {
+fn decode(mut contents: Vec<u8>) -> anyhow::Result<Stored> {
     if contents.len() < HEADER_LEN || &contents[..MAGIC.len()] != MAGIC {
-        bail!("not a snapshot file (bad magic or shorter than its header)");
+        bail!("not a snapshot file (bad magic or shorter than its header): the file is damaged");
     }
     let word = |at: usize| {
         let mut bytes = [0; 4];
         bytes.copy_from_slice(&contents[at..at + 4]);
-        u32::from_le_bytes(bytes)
+        bytes
     };
-    let (meta_len, checksum) = (word(MAGIC.len()) as usize, word(MAGIC.len() + 4));
-    let body = &contents[HEADER_LEN..];
-    if meta_len > body.len() || crc32fast::hash(body) != checksum {
+    let (meta_len, stored_checksum) = (word(MAGIC.len()), u32::from_le_bytes(word(MAGIC.len() + 4)));
+    let meta_end = HEADER_LEN + u32::from_le_bytes(meta_len) as usize;
+    if meta_end > contents.len() {
+        bail!("the meta's length runs past the end of the file: the file is damaged");
+    }
+    let (meta, data) = contents[HEADER_LEN..].split_at(meta_end - HEADER_LEN);
+    if checksum(&meta_len, meta, data) != stored_checksum {
         bail!("checksum mismatch: the file is damaged");
     }
-    let meta: SnapshotMeta = serde_json::from_slice(&body[..meta_len]).context("decoding the meta")?;
-    let data = contents.split_off(HEADER_LEN + meta_len);
-    Ok(Some(Stored { meta, data }))
+    let meta: SnapshotMeta = serde_json::from_slice(meta).context("decoding the meta")?;
+    let data = contents.split_off(meta_end);
+    Ok(Stored { meta, data })
 }
 
 /// Moves a snapshot a build before the snapshot file kept in sled (tree `sm` or tree

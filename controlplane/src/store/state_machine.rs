@@ -141,7 +141,7 @@ impl StateMachineStore {
     /// Loads the applied state from `db` and publishes it.
     pub fn open(storage: &Storage) -> anyhow::Result<Self> {
         let tree = storage.tree("sm").context("opening state machine tree")?;
-        let (snapshots, current) = SnapshotFile::open(storage.dir())?;
+        let (snapshots, current) = SnapshotFile::open(storage)?;
         let current = snapshot::take_from_sled(storage, &tree, &snapshots, current)
             .context("moving the snapshot out of sled")?;
         let mut state = AppliedState::load(&tree).context("loading state machine")?;
@@ -153,8 +153,9 @@ impl StateMachineStore {
             // already be purged up to it.
             tracing::info!(snapshot = %meta.snapshot_id, "restoring the state machine from the snapshot");
             let restored = AppliedState::from_snapshot(&meta, &data, &state.view)?;
-            replace_state(&tree, &state.stored, &restored)?;
-            tree.flush().context("flushing the restored state")?;
+            replace_state(&tree, &state.stored, &restored)
+                .and_then(|()| Ok(tree.flush()?))
+                .context("writing the state restored from the snapshot")?;
             state = restored;
         }
         let (publish, _) = watch::channel(state.view.clone());

@@ -1,7 +1,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use openraft::storage::RaftStateMachine;
+use openraft::storage::{RaftLogStorage, RaftStateMachine};
 use openraft::testing::{StoreBuilder, Suite};
 use openraft::{CommittedLeaderId, EntryPayload, RaftLogReader, RaftSnapshotBuilder};
 use portcullis_config::{Kind, ObjectKey};
@@ -18,11 +18,13 @@ impl StoreBuilder<TypeConfig, LogStore, StateMachineStore, TempDir> for TempStor
     async fn build(&self) -> Result<(TempDir, LogStore, StateMachineStore), StorageError> {
         let dir = tempfile::tempdir().unwrap();
         let storage = Storage::open(dir.path()).unwrap();
-        Ok((
+        let stores = (
             dir,
             LogStore::open(&storage).unwrap(),
             StateMachineStore::open(&storage).unwrap(),
-        ))
+        );
+        storage.let_every_purge_through();
+        Ok(stores)
     }
 }
 
@@ -288,6 +290,8 @@ async fn snapshot_round_trip_replaces_state() {
         let current = target.get_current_snapshot().await.unwrap().unwrap();
         assert_eq!(current.meta, snapshot.meta);
     }
+    // The installed state is in sled, not only in the snapshot an open would restore it from.
+    std::fs::remove_file(target_dir.path().join("state.snapshot")).unwrap();
     let mut reopened = open_sm(target_dir.path());
     let view = reopened.subscribe().borrow().clone();
     assert_eq!((view.version, view.config.len()), (2, 2));
@@ -361,37 +365,90 @@ async fn reopened(dir: &Path) -> (Option<u64>, Vec<String>) {
     (current.meta.last_log_id.map(|id| id.index), names)
 }
 
-/// The snapshot is a file: to sled it would be a blob file, which sled leaves behind when
-/// killed. A snapshot older builds kept in sled (tree `sm`, then tree `snapshot`) moves to
-/// the file on open, the latest of all kept.
-#[tokio::test]
-async fn a_snapshot_kept_in_sled_by_an_older_build_moves_to_the_file() {
+/// Opens the storage in `dir` and makes `stored` its snapshot file's content.
+async fn store_in_file(dir: &Path, stored: &snapshot::Stored) {
+    let storage = Storage::open(dir).unwrap();
+    let (file, _) = snapshot::SnapshotFile::open(&storage).unwrap();
+    file.store(&stored.meta, &stored.data).unwrap();
+    drop(file);
+    storage.close(Duration::from_secs(1)).await.unwrap();
+}
+
+/// Snapshots at indexes 1, 2 and 3 of one state machine.
+async fn three_snapshots() -> Vec<snapshot::Stored> {
     let dir = tempfile::tempdir().unwrap();
-    let storage = Storage::open(dir.path()).unwrap();
-    let mut sm = StateMachineStore::open(&storage).unwrap();
+    let mut sm = open_sm(dir.path());
     let mut snapshots = Vec::new();
     for index in 1..=3 {
         snapshots.push(snapshot_at(&mut sm, index).await);
     }
-    drop(sm);
-    let sm_tree = storage.tree("sm").unwrap();
-    let snapshot_tree = storage.tree(snapshot::SLED_TREE).unwrap();
-    // The file at 1, tree sm at 2, tree snapshot at 3: the last one is kept.
-    put_in_sled(&sm_tree, &snapshots[1]);
-    put_in_sled(&snapshot_tree, &snapshots[2]);
-    drop((sm_tree, snapshot_tree));
-    storage.close(Duration::from_secs(1)).await.unwrap();
-    std::fs::remove_file(dir.path().join("state.snapshot")).unwrap();
-    let (file, _) = snapshot::SnapshotFile::open(dir.path()).unwrap();
-    file.store(&snapshots[0].meta, &snapshots[0].data).unwrap();
-    assert_eq!(reopened(dir.path()).await.0, Some(3));
-    assert_eq!(reopened(dir.path()).await.0, Some(3), "moved once");
+    snapshots
+}
 
-    // The file later than what sled holds: the file stays.
+/// The snapshot is a file: to sled it would be a blob file, which sled leaves behind when
+/// killed. A snapshot older builds kept in sled (tree `sm`, then tree `snapshot`) moves to
+/// the file on open, the latest of all kept, wherever it is.
+#[tokio::test]
+async fn a_snapshot_kept_in_sled_by_an_older_build_moves_to_the_file() {
+    let snapshots = three_snapshots().await;
+    // (in the file, in tree sm, in tree snapshot), as indexes into `snapshots`.
+    for (in_file, in_sm, in_tree) in [(0, Some(1), Some(2)), (0, Some(2), Some(1)), (2, Some(0), None)] {
+        let dir = tempfile::tempdir().unwrap();
+        store_in_file(dir.path(), &snapshots[in_file]).await;
+        let storage = Storage::open(dir.path()).unwrap();
+        if let Some(index) = in_sm {
+            put_in_sled(&storage.tree("sm").unwrap(), &snapshots[index]);
+        }
+        if let Some(index) = in_tree {
+            put_in_sled(&storage.tree(snapshot::SLED_TREE).unwrap(), &snapshots[index]);
+        }
+        storage.close(Duration::from_secs(1)).await.unwrap();
+        let case = format!("file {in_file}, tree sm {in_sm:?}, tree snapshot {in_tree:?}");
+        assert_eq!(reopened(dir.path()).await.0, Some(3), "{case}");
+        assert_eq!(reopened(dir.path()).await.0, Some(3), "{case}, opened again");
+    }
+}
+
+/// A build that began before an install must not replace the installed snapshot with its
+/// older one; the log may be purged only up to the snapshot on disk.
+#[tokio::test]
+async fn an_older_snapshot_never_replaces_a_later_one() {
+    let snapshots = three_snapshots().await;
+    let dir = tempfile::tempdir().unwrap();
     let storage = Storage::open(dir.path()).unwrap();
-    put_in_sled(&storage.tree("sm").unwrap(), &snapshots[0]);
-    storage.close(Duration::from_secs(1)).await.unwrap();
-    assert_eq!(reopened(dir.path()).await.0, Some(3));
+    let (file, _) = snapshot::SnapshotFile::open(&storage).unwrap();
+    file.store(&snapshots[2].meta, &snapshots[2].data).unwrap();
+    file.store(&snapshots[1].meta, &snapshots[1].data).unwrap();
+    let current = file.read().unwrap().unwrap();
+    assert_eq!(current.meta, snapshots[2].meta);
+    assert_eq!(*storage.snapshot_covers.borrow(), snapshots[2].meta.last_log_id);
+}
+
+/// openraft asks for a purge while the state machine may still be writing the snapshot that
+/// covers it: the purge waits for it, so a crash never leaves entries that are nowhere.
+#[tokio::test]
+async fn the_log_is_purged_only_up_to_a_durable_snapshot() {
+    let snapshots = three_snapshots().await;
+    let dir = tempfile::tempdir().unwrap();
+    let storage = Storage::open(dir.path()).unwrap();
+    let mut log = LogStore::open(&storage).unwrap();
+    let (file, _) = snapshot::SnapshotFile::open(&storage).unwrap();
+    file.store(&snapshots[0].meta, &snapshots[0].data).unwrap();
+    let up_to = |index: usize| snapshots[index].meta.last_log_id.unwrap();
+
+    log.purge(up_to(0)).await.unwrap();
+    let mut purge = log.clone();
+    let to = up_to(2);
+    let mut waiting = tokio::spawn(async move { purge.purge(to).await });
+    // A purge takes a sled flush and a file write, well under this.
+    let early = tokio::time::timeout(Duration::from_millis(300), &mut waiting).await;
+    assert!(early.is_err(), "purged past the snapshot on disk");
+    file.store(&snapshots[2].meta, &snapshots[2].data).unwrap();
+    waiting.await.unwrap().unwrap();
+    assert_eq!(
+        log.get_log_state().await.unwrap().last_purged_log_id,
+        Some(up_to(2))
+    );
 }
 
 /// An install stores the snapshot, then the state: an open that finds the snapshot later
@@ -399,13 +456,7 @@ async fn a_snapshot_kept_in_sled_by_an_older_build_moves_to_the_file() {
 /// restores the state from the snapshot, since the log may be purged up to it.
 #[tokio::test]
 async fn an_open_restores_the_state_from_a_later_snapshot() {
-    let source = tempfile::tempdir().unwrap();
-    let mut sm = open_sm(source.path());
-    snapshot_at(&mut sm, 1).await;
-    snapshot_at(&mut sm, 2).await;
-    let later = snapshot_at(&mut sm, 3).await;
-    drop(sm);
-
+    let snapshots = three_snapshots().await;
     let dir = tempfile::tempdir().unwrap();
     {
         let mut sm = open_sm(dir.path());
@@ -419,18 +470,21 @@ async fn an_open_restores_the_state_from_a_later_snapshot() {
         .await
         .unwrap();
     }
-    let (file, _) = snapshot::SnapshotFile::open(dir.path()).unwrap();
-    file.store(&later.meta, &later.data).unwrap();
-    // The snapshot at 3 replaces the state applied up to 2, and the state stays restored.
-    for _ in 0..2 {
-        let (index, names) = reopened(dir.path()).await;
-        assert_eq!(
-            (index, names),
-            (Some(3), vec!["b1".to_string(), "b2".into(), "b3".into()])
-        );
-    }
+    store_in_file(dir.path(), &snapshots[2]).await;
+    let all_three = vec!["b1".to_string(), "b2".into(), "b3".into()];
+    assert_eq!(reopened(dir.path()).await, (Some(3), all_three.clone()));
+    // The restored state reached sled: without the snapshot, the state machine holds it.
+    std::fs::remove_file(dir.path().join("state.snapshot")).unwrap();
     let mut sm = open_sm(dir.path());
     assert_eq!(sm.applied_state().await.unwrap().0.map(|id| id.index), Some(3));
+    let names: Vec<String> = sm
+        .subscribe()
+        .borrow()
+        .config
+        .objects()
+        .map(|o| o.name().to_string())
+        .collect();
+    assert_eq!(names, all_three);
 }
 
 #[tokio::test]
@@ -440,12 +494,18 @@ async fn a_damaged_snapshot_file_is_refused() {
     snapshot_at(&mut sm, 1).await;
     drop(sm);
     let path = dir.path().join("state.snapshot");
-    let mut contents = std::fs::read(&path).unwrap();
-    let last = contents.len() - 1;
-    contents[last] ^= 1;
-    std::fs::write(&path, contents).unwrap();
-    let error = StateMachineStore::open(&Storage::open(dir.path()).unwrap())
-        .err()
-        .expect("a damaged snapshot is refused");
-    assert!(format!("{error:#}").contains("damaged"), "{error:#}");
+    let contents = std::fs::read(&path).unwrap();
+    // A flipped bit in the payload, in the meta's length, and a file cut short.
+    let mut flipped = contents.clone();
+    let last = flipped.len() - 1;
+    flipped[last] ^= 1;
+    let mut long_meta = contents.clone();
+    long_meta[9] ^= 0x10;
+    for damaged in [flipped, long_meta, contents[..contents.len() / 2].to_vec()] {
+        std::fs::write(&path, damaged).unwrap();
+        let error = StateMachineStore::open(&Storage::open(dir.path()).unwrap())
+            .err()
+            .expect("a damaged snapshot is refused");
+        assert!(format!("{error:#}").contains("damaged"), "{error:#}");
+    }
 }
