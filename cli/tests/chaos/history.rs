@@ -1,6 +1,8 @@
 //! The record of every operation a chaos run made, and the check of what a linearizable
-//! config store must show in it (versions only move forward, for writes and for reads). Each write creates an object of its own, so a read shows
-//! exactly which writes it saw.
+//! config store must show in it (versions only move forward, for writes and for reads). Each
+//! recorded write creates an object of its own, so a read shows exactly which writes it saw;
+//! writes of objects that refer to each other are not recorded one by one, but no read may
+//! show a reference to an object it does not hold.
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::time::Instant;
@@ -16,8 +18,18 @@ pub struct Write {
 pub struct Read {
     pub started: Instant,
     pub ended: Instant,
-    /// The version and the names read; `None` when the read failed.
-    pub result: Option<(u64, BTreeSet<String>)>,
+    /// `None` when the read failed.
+    pub result: Option<Observed>,
+}
+
+/// What one read of the whole config showed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Observed {
+    pub version: u64,
+    /// The objects the recorded writes create.
+    pub names: BTreeSet<String>,
+    /// References to objects the read does not hold, as `Kind/name -> Kind/name`.
+    pub dangling: Vec<String>,
 }
 
 /// Who a node said led, in which term, as seen by polling every node's status.
@@ -39,12 +51,7 @@ pub struct Report {
 }
 
 /// Checks the history. `last` is a linearizable read taken after the faults stopped.
-pub fn check(
-    writes: &[Write],
-    reads: &[Read],
-    leadership: &[Leadership],
-    last: &(u64, BTreeSet<String>),
-) -> Report {
+pub fn check(writes: &[Write], reads: &[Read], leadership: &[Leadership], last: &Observed) -> Report {
     let mut report = Report {
         writes: writes.len(),
         acked: writes.iter().filter(|write| write.acked.is_some()).count(),
@@ -60,7 +67,7 @@ pub fn check(
 
     // No acknowledged write lost.
     for (write, version) in &acked {
-        if !last.1.contains(&write.name) {
+        if !last.names.contains(&write.name) {
             report.violations.push(format!(
                 "acknowledged write {} (version {version}) lost",
                 write.name
@@ -81,9 +88,20 @@ pub fn check(
     let written: HashSet<&str> = writes.iter().map(|write| write.name.as_str()).collect();
     // No read older than a write acknowledged before it began.
     for read in reads {
-        let Some((version, names)) = &read.result else {
+        let Some(Observed {
+            version,
+            names,
+            dangling,
+        }) = &read.result
+        else {
             continue;
         };
+        // A reference to nothing: a write applied on a config it was not validated on.
+        for reference in dangling {
+            report.violations.push(format!(
+                "read at version {version} shows {reference}, which it does not hold"
+            ));
+        }
         for (write, written_at) in &acked {
             if write.ended < read.started && (!names.contains(&write.name) || version < written_at) {
                 report.violations.push(format!(
@@ -101,10 +119,11 @@ pub fn check(
         }
         // Nor older than a read that ended before it began.
         for earlier in reads {
-            if let Some((earlier_version, _)) = &earlier.result {
-                if earlier.ended < read.started && earlier_version > version {
+            if let Some(seen) = &earlier.result {
+                if earlier.ended < read.started && seen.version > *version {
                     report.violations.push(format!(
-                        "read at version {version} began after a read at version {earlier_version} ended"
+                        "read at version {version} began after a read at version {} ended",
+                        seen.version
                     ));
                 }
             }
@@ -146,16 +165,20 @@ mod tests {
         }
     }
 
+    fn observed(version: u64, names: &[&str]) -> Observed {
+        Observed {
+            version,
+            names: names.iter().map(|name| name.to_string()).collect(),
+            dangling: Vec::new(),
+        }
+    }
+
     fn read(base: Instant, started: u64, version: u64, names: &[&str]) -> Read {
         Read {
             started: at(base, started),
             ended: at(base, started + 2),
-            result: Some((version, names.iter().map(|name| name.to_string()).collect())),
+            result: Some(observed(version, names)),
         }
-    }
-
-    fn names(names: &[&str]) -> BTreeSet<String> {
-        names.iter().map(|name| name.to_string()).collect()
     }
 
     #[test]
@@ -164,19 +187,24 @@ mod tests {
         let writes = [write(base, "a", 10, Some(1)), write(base, "b", 30, None)];
         // A read begun before the first write was acknowledged need not see it.
         let reads = [read(base, 5, 0, &[]), read(base, 15, 1, &["a"])];
-        let report = check(&writes, &reads, &[], &(2, names(&["a", "b"])));
+        let report = check(&writes, &reads, &[], &observed(2, &["a", "b"]));
         assert!(report.violations.is_empty(), "{:?}", report.violations);
         assert_eq!((report.acked, report.failed_writes), (1, 1));
     }
 
     #[test]
-    fn a_lost_write_a_stale_read_and_two_leaders_are_caught() {
+    fn a_lost_write_a_stale_read_two_leaders_and_a_dangling_reference_are_caught() {
         let base = Instant::now();
         let writes = [write(base, "a", 10, Some(1)), write(base, "b", 30, Some(1))];
+        let mut pointing_nowhere = read(base, 60, 2, &["a"]);
+        if let Some(seen) = &mut pointing_nowhere.result {
+            seen.dangling.push("Route/r -> Backend/gone".into());
+        }
         let reads = [
             read(base, 15, 0, &[]),
             read(base, 40, 2, &["a"]),
             read(base, 50, 1, &["a"]),
+            pointing_nowhere,
         ];
         let leadership = [
             Leadership {
@@ -190,7 +218,7 @@ mod tests {
                 leader: Some(2),
             },
         ];
-        let report = check(&writes, &reads, &leadership, &(1, names(&["a"])));
+        let report = check(&writes, &reads, &leadership, &observed(1, &["a"]));
         let violations = report.violations.join("\n");
         assert!(
             violations.contains("acknowledged write b (version 1) lost"),
@@ -202,6 +230,10 @@ mod tests {
         );
         assert!(violations.contains("read at version 0 misses a"), "{violations}");
         assert!(violations.contains("each led term 4"), "{violations}");
+        assert!(
+            violations.contains("read at version 2 shows Route/r -> Backend/gone, which it does not hold"),
+            "{violations}"
+        );
         assert!(
             violations.contains("read at version 1 began after a read at version 2 ended"),
             "{violations}"

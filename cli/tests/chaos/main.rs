@@ -4,7 +4,9 @@
 //!
 //! - A 3-node cluster, each node in its own network namespace (`netns.rs`), under concurrent
 //!   writers and a linearizable reader while the leader is SIGKILLed and restarted and nodes
-//!   (the leader among them) are partitioned from the others and healed.
+//!   (the leader among them) are partitioned from the others and healed. Besides the
+//!   recorded writers, tasks race to add and remove Routes and the Backends they refer to:
+//!   no read may show a Route to a Backend it does not hold.
 //! - Crash safety of the storage (log file and sled): one node SIGKILLed mid-write again and
 //!   again; every restart must come back, with every acknowledged write.
 //!
@@ -22,9 +24,11 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use history::{Leadership, Read, Report, Write};
+use history::{Leadership, Observed, Read, Report, Write};
 use portcullis_proto::v1::admin_client::AdminClient;
-use portcullis_proto::v1::{ApplyRequest, ListRequest, Object, StatusRequest};
+use portcullis_proto::v1::{
+    ApplyRequest, DeleteRequest, ListRequest, ListResponse, Object, ObjectRef, StatusRequest,
+};
 use portcullis_proto::LEADER_METADATA_KEY;
 use serde_json::json;
 use support::*;
@@ -104,12 +108,18 @@ impl Clients {
         None
     }
 
+    /// Creates the Backend `name`, one of the recorded writes.
     async fn write(&self, name: &str) -> Option<u64> {
-        let object = json!({"apiVersion": "portcullis.dev/v1alpha1", "kind": "Backend",
-            "metadata": {"name": name}, "spec": {"endpoints": ["127.0.0.1:9"]}});
+        self.apply("Backend", name, json!({"endpoints": ["127.0.0.1:9"]}))
+            .await
+    }
+
+    async fn apply(&self, kind: &str, name: &str, spec: serde_json::Value) -> Option<u64> {
+        let object = json!({"apiVersion": "portcullis.dev/v1alpha1", "kind": kind,
+            "metadata": {"name": name}, "spec": spec});
         let request = ApplyRequest {
             objects: vec![Object {
-                kind: "Backend".into(),
+                kind: kind.into(),
                 name: name.into(),
                 json: object.to_string().into_bytes().into(),
             }],
@@ -124,22 +134,64 @@ impl Clients {
         Some(response.version)
     }
 
-    /// A linearizable read of every Backend.
-    async fn read(&self) -> Option<(u64, BTreeSet<String>)> {
-        let request = ListRequest {
-            kind: "Backend".into(),
-            ..Default::default()
+    async fn delete(&self, kind: &str, name: &str) -> Option<u64> {
+        let request = DeleteRequest {
+            objects: vec![ObjectRef {
+                kind: kind.into(),
+                name: name.into(),
+            }],
+            expected_version: None,
         };
         let response = self
             .call(|mut client| {
                 let request = request.clone();
-                async move { client.list(request).await }
+                async move { client.delete(request).await }
             })
             .await?;
-        Some((
-            response.version,
-            response.objects.into_iter().map(|object| object.name).collect(),
-        ))
+        Some(response.version)
+    }
+
+    /// A linearizable read of the whole config.
+    async fn read(&self) -> Option<Observed> {
+        let response = self
+            .call(|mut client| async move { client.list(ListRequest::default()).await })
+            .await?;
+        Some(observed(response))
+    }
+}
+
+/// What a read of every object shows: the recorded writers' Backends, and every reference
+/// of a Route to a Listener or a Backend the read does not hold.
+fn observed(response: ListResponse) -> Observed {
+    let held: BTreeSet<(String, String)> = response
+        .objects
+        .iter()
+        .map(|object| (object.kind.clone(), object.name.clone()))
+        .collect();
+    let mut dangling = Vec::new();
+    for object in response.objects.iter().filter(|object| object.kind == "Route") {
+        let route: serde_json::Value = serde_json::from_slice(&object.json).unwrap_or_default();
+        let listeners = route["spec"]["listeners"].as_array().into_iter().flatten();
+        let backends = route["spec"]["backends"].as_array().into_iter().flatten();
+        let references = listeners
+            .map(|listener| ("Listener", listener.as_str()))
+            .chain(backends.map(|backend| ("Backend", backend["name"].as_str())));
+        for (kind, name) in references {
+            let name = name.unwrap_or_default();
+            if !held.contains(&(kind.to_string(), name.to_string())) {
+                dangling.push(format!("Route/{} -> {kind}/{name}", object.name));
+            }
+        }
+    }
+    Observed {
+        version: response.version,
+        names: response
+            .objects
+            .into_iter()
+            .filter(|object| object.kind == "Backend" && object.name.starts_with(WRITER_PREFIX))
+            .map(|object| object.name)
+            .collect(),
+        dangling,
     }
 }
 
@@ -153,6 +205,80 @@ struct Recorder {
 /// Concurrent writers: their writes queue at the leader, so faults also meet writes waiting
 /// behind another one's commit.
 const WRITERS: usize = 3;
+/// Names of the recorded writers' Backends start so; no other object's does.
+const WRITER_PREFIX: &str = "w";
+/// Tasks racing on Routes and the Backends they refer to, and how many Backends they share.
+const LINKERS: usize = 2;
+const SHARED_BACKENDS: u64 = 3;
+/// The Listener every linker's Route is served on.
+const LINKED_LISTENER: &str = "linked";
+
+/// `LINKERS` tasks that, until `stop`, each pick one of a few shared Backends and create it,
+/// delete it, give it a Route of the task's own, or delete that Route, counting the Routes
+/// created in `routes`. Apply refuses a Route to a missing Backend and delete a Backend a
+/// Route still refers to, so a Route pointing nowhere can only come from a write applied on
+/// a config it was not planned on.
+fn linkers(
+    clients: &Arc<Clients>,
+    routes: &Arc<AtomicUsize>,
+    stop: &Arc<AtomicBool>,
+    pause: Duration,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    (0..LINKERS)
+        .map(|linker_id| {
+            tokio::spawn(linker(
+                linker_id,
+                clients.clone(),
+                routes.clone(),
+                stop.clone(),
+                pause,
+            ))
+        })
+        .collect()
+}
+
+async fn linker(
+    linker_id: usize,
+    clients: Arc<Clients>,
+    routes: Arc<AtomicUsize>,
+    stop: Arc<AtomicBool>,
+    pause: Duration,
+) {
+    let listener = json!({"address": "127.0.0.1", "port": 1});
+    while clients
+        .apply("Listener", LINKED_LISTENER, listener.clone())
+        .await
+        .is_none()
+    {
+        if stop.load(Ordering::Relaxed) {
+            return;
+        }
+        tokio::time::sleep(pause).await;
+    }
+    let mut dice = Dice::new();
+    while !stop.load(Ordering::Relaxed) {
+        let backend = format!("shared-{}", dice.below(SHARED_BACKENDS));
+        let route = format!("linked-{linker_id}-{backend}");
+        match dice.below(4) {
+            0 => {
+                clients
+                    .apply("Backend", &backend, json!({"endpoints": ["127.0.0.1:9"]}))
+                    .await
+            }
+            1 => clients.delete("Backend", &backend).await,
+            2 => {
+                let spec = json!({"listeners": [LINKED_LISTENER], "backends": [{"name": backend}]});
+                let acked = clients.apply("Route", &route, spec).await;
+                if acked.is_some() {
+                    routes.fetch_add(1, Ordering::Relaxed);
+                }
+                acked
+            }
+            _ => clients.delete("Route", &route).await,
+        };
+        tokio::time::sleep(pause).await;
+    }
+}
 
 /// `WRITERS` tasks, each writing a new object every `pause` until `stop`, recording each
 /// outcome.
@@ -185,7 +311,7 @@ async fn writer(
     let mut sequence = 0;
     while !stop.load(Ordering::Relaxed) {
         sequence += 1;
-        let name = format!("w{writer_id}-{sequence}");
+        let name = format!("{WRITER_PREFIX}{writer_id}-{sequence}");
         let acked = clients.write(&name).await;
         recorder.writes.lock().unwrap().push(Write {
             name,
@@ -357,19 +483,15 @@ where
     panic!("timed out after {timeout:?} waiting for {what}");
 }
 
-/// This node's own state: its version and Backends, whatever its role.
-async fn local_read(channel: &Channel) -> Option<(u64, BTreeSet<String>)> {
+/// This node's own state, whatever its role.
+async fn local_read(channel: &Channel) -> Option<Observed> {
     let mut client =
         AdminClient::new(channel.clone()).max_decoding_message_size(portcullis_proto::MAX_MESSAGE_BYTES);
     let local = ListRequest {
-        kind: "Backend".into(),
         consistency: portcullis_proto::v1::ReadConsistency::Local.into(),
+        ..ListRequest::default()
     };
-    let response = client.list(local).await.ok()?.into_inner();
-    Some((
-        response.version,
-        response.objects.into_iter().map(|object| object.name).collect(),
-    ))
+    Some(observed(client.list(local).await.ok()?.into_inner()))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -413,6 +535,13 @@ async fn a_cluster_under_kills_and_partitions_keeps_a_linearizable_history() {
     let leadership = Arc::new(Mutex::new(Vec::new()));
     let stop = Arc::new(AtomicBool::new(false));
     let mut tasks = writers(&clients, &recorder, &stop, Duration::from_millis(20));
+    let linked_routes = Arc::new(AtomicUsize::new(0));
+    tasks.extend(linkers(
+        &clients,
+        &linked_routes,
+        &stop,
+        Duration::from_millis(20),
+    ));
     tasks.extend([
         tokio::spawn(reader(
             clients.clone(),
@@ -496,11 +625,18 @@ async fn a_cluster_under_kills_and_partitions_keeps_a_linearizable_history() {
     print_report(
         &format!("chaos ({seconds} s)"),
         &report,
-        &format!("{kills} leader kills, {partitions} partitions"),
+        &format!(
+            "{kills} leader kills, {partitions} partitions, {} Routes to shared Backends created",
+            linked_routes.load(Ordering::Relaxed)
+        ),
     );
     assert!(
         kills >= 2 && partitions >= 2,
         "too few faults: {kills} kills, {partitions} partitions"
+    );
+    assert!(
+        linked_routes.load(Ordering::Relaxed) > 0,
+        "no Route to a shared Backend was created"
     );
     assert!(
         report.acked > 0 && report.reads > report.failed_reads,
