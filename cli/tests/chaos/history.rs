@@ -74,6 +74,13 @@ pub fn check(writes: &[Write], reads: &[Read], leadership: &[Leadership], last: 
             ));
         }
     }
+    // No reference to nothing in the last read either (the reads below are checked alike).
+    for reference in &last.dangling {
+        report.violations.push(format!(
+            "the last read, at version {}, shows {reference}, which it does not hold",
+            last.version
+        ));
+    }
     // One version per acknowledged write: two writes acknowledged at one version mean two
     // leaders committed on the same base.
     let mut by_version: BTreeMap<u64, &str> = BTreeMap::new();

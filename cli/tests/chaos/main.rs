@@ -33,6 +33,7 @@ use portcullis_proto::LEADER_METADATA_KEY;
 use serde_json::json;
 use support::*;
 use tonic::transport::{Channel, Endpoint};
+use tonic::Code;
 
 /// Longer than an election (1–2 s), shorter than the control plane's 10 s commit deadline:
 /// an operation that takes longer counts as failed, its effect unknown.
@@ -97,6 +98,17 @@ impl Clients {
                         .and_then(|leader| self.cluster_addresses.iter().position(|a| a == leader));
                     match leader {
                         Some(leader) if leader != node => node = leader,
+                        // A refusal on the merits (a delete of an object still referred
+                        // to, ...) came from a node that answers: the next operation starts
+                        // there too.
+                        _ if !matches!(
+                            status.code(),
+                            Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled | Code::Unknown
+                        ) =>
+                        {
+                            self.next.store(node, Ordering::Relaxed);
+                            return None;
+                        }
                         _ => break,
                     }
                 }
@@ -170,12 +182,20 @@ fn observed(response: ListResponse) -> Observed {
         .collect();
     let mut dangling = Vec::new();
     for object in response.objects.iter().filter(|object| object.kind == "Route") {
-        let route: serde_json::Value = serde_json::from_slice(&object.json).unwrap_or_default();
+        let Ok(route) = serde_json::from_slice::<serde_json::Value>(&object.json) else {
+            dangling.push(format!("Route/{} -> (its JSON does not parse)", object.name));
+            continue;
+        };
         let listeners = route["spec"]["listeners"].as_array().into_iter().flatten();
         let backends = route["spec"]["backends"].as_array().into_iter().flatten();
         let references = listeners
             .map(|listener| ("Listener", listener.as_str()))
-            .chain(backends.map(|backend| ("Backend", backend["name"].as_str())));
+            .chain(backends.map(|backend| {
+                (
+                    backend["kind"].as_str().unwrap_or("Backend"),
+                    backend["name"].as_str(),
+                )
+            }));
         for (kind, name) in references {
             let name = name.unwrap_or_default();
             if !held.contains(&(kind.to_string(), name.to_string())) {
@@ -206,7 +226,7 @@ struct Recorder {
 /// behind another one's commit.
 const WRITERS: usize = 3;
 /// Names of the recorded writers' Backends start so; no other object's does.
-const WRITER_PREFIX: &str = "w";
+const WRITER_PREFIX: &str = "recorded-";
 /// Tasks racing on Routes and the Backends they refer to, and how many Backends they share.
 const LINKERS: usize = 2;
 const SHARED_BACKENDS: u64 = 3;
@@ -255,7 +275,7 @@ async fn linker(
         }
         tokio::time::sleep(pause).await;
     }
-    let mut dice = Dice::new();
+    let mut dice = Dice::new(&format!("linker {linker_id}"));
     while !stop.load(Ordering::Relaxed) {
         let backend = format!("shared-{}", dice.below(SHARED_BACKENDS));
         let route = format!("linked-{linker_id}-{backend}");
@@ -386,13 +406,14 @@ fn assert_no_violations(report: &Report) {
 struct Dice(u64);
 
 impl Dice {
-    fn new() -> Dice {
+    /// `what` names the dice in the line that prints its seed.
+    fn new(what: &str) -> Dice {
         let seed = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|elapsed| elapsed.as_nanos() as u64)
             .unwrap_or(1)
             | 1;
-        println!("fault schedule seed {seed}");
+        println!("{what} seed {seed}");
         Dice(seed)
     }
 
@@ -558,7 +579,7 @@ async fn a_cluster_under_kills_and_partitions_keeps_a_linearizable_history() {
 
     // The faults: rounds alternate killing the leader (SIGKILL, restarted 5–6 s later) and
     // partitioning a node for 5–6 s, the leader every other time.
-    let mut dice = Dice::new();
+    let mut dice = Dice::new("fault schedule");
     let (mut kills, mut partitions) = (0, 0);
     let began = Instant::now();
     let deadline = began + Duration::from_secs(seconds);
@@ -664,7 +685,7 @@ async fn a_node_killed_mid_write_again_and_again_keeps_every_acknowledged_write(
     let recorder = Arc::new(Recorder::default());
     let stop = Arc::new(AtomicBool::new(false));
     let writers = writers(&clients, &recorder, &stop, Duration::from_millis(2));
-    let mut dice = Dice::new();
+    let mut dice = Dice::new("fault schedule");
     for _ in 0..cycles {
         let mut node = start_single(dir.path(), port);
         // Each restart must come back, with everything acknowledged before it.

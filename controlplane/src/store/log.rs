@@ -220,15 +220,24 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     async fn purge(&mut self, log_id: LogId) -> Result<(), StorageError> {
         // openraft asks for the purge as it hands the snapshot that covers it to the state
         // machine, which may still be writing it.
-        let covered = tokio::time::timeout(
+        let waited = tokio::time::timeout(
             SNAPSHOT_WAIT,
             self.snapshot_covers.wait_for(|covers| *covers >= Some(log_id)),
         )
         .await
-        .is_ok_and(|waited| waited.is_ok());
-        if !covered {
+        .map(|covered| covered.map(drop));
+        let reason = match waited {
+            Ok(Ok(())) => None,
+            Ok(Err(_)) => Some("the snapshot store is gone".to_string()),
+            Err(_) => Some(format!(
+                "after {SNAPSHOT_WAIT:?} the durable snapshot covers only up to {:?} (a failed install, \
+                 or a stalled disk; see the state machine's errors)",
+                *self.snapshot_covers.borrow()
+            )),
+        };
+        if let Some(reason) = reason {
             return Err(StorageIOError::write_logs(AnyError::error(format!(
-                "not purging the log up to {log_id}: no durable snapshot covers it after {SNAPSHOT_WAIT:?}"
+                "not purging the log up to {log_id}: {reason}"
             )))
             .into());
         }
