@@ -28,8 +28,9 @@ pub struct Observed {
     pub version: u64,
     /// The objects the recorded writes create.
     pub names: BTreeSet<String>,
-    /// References to objects the read does not hold, as `Kind/name -> Kind/name`.
-    pub dangling: Vec<String>,
+    /// What no valid config holds (a Route referring to an object the read does not hold),
+    /// described.
+    pub broken: Vec<String>,
 }
 
 /// Who a node said led, in which term, as seen by polling every node's status.
@@ -74,12 +75,11 @@ pub fn check(writes: &[Write], reads: &[Read], leadership: &[Leadership], last: 
             ));
         }
     }
-    // No reference to nothing in the last read either (the reads below are checked alike).
-    for reference in &last.dangling {
-        report.violations.push(format!(
-            "the last read, at version {}, shows {reference}, which it does not hold",
-            last.version
-        ));
+    // Nothing broken in the last read either (the reads below are checked alike).
+    for problem in &last.broken {
+        report
+            .violations
+            .push(format!("the last read, at version {}: {problem}", last.version));
     }
     // One version per acknowledged write: two writes acknowledged at one version mean two
     // leaders committed on the same base.
@@ -98,16 +98,16 @@ pub fn check(writes: &[Write], reads: &[Read], leadership: &[Leadership], last: 
         let Some(Observed {
             version,
             names,
-            dangling,
+            broken,
         }) = &read.result
         else {
             continue;
         };
         // A reference to nothing: a write applied on a config it was not validated on.
-        for reference in dangling {
-            report.violations.push(format!(
-                "read at version {version} shows {reference}, which it does not hold"
-            ));
+        for problem in broken {
+            report
+                .violations
+                .push(format!("read at version {version}: {problem}"));
         }
         for (write, written_at) in &acked {
             if write.ended < read.started && (!names.contains(&write.name) || version < written_at) {
@@ -176,7 +176,7 @@ mod tests {
         Observed {
             version,
             names: names.iter().map(|name| name.to_string()).collect(),
-            dangling: Vec::new(),
+            broken: Vec::new(),
         }
     }
 
@@ -205,7 +205,8 @@ mod tests {
         let writes = [write(base, "a", 10, Some(1)), write(base, "b", 30, Some(1))];
         let mut pointing_nowhere = read(base, 60, 2, &["a"]);
         if let Some(seen) = &mut pointing_nowhere.result {
-            seen.dangling.push("Route/r -> Backend/gone".into());
+            seen.broken
+                .push("Route/r refers to Backend/gone, which the read does not hold".into());
         }
         let reads = [
             read(base, 15, 0, &[]),
@@ -238,7 +239,7 @@ mod tests {
         assert!(violations.contains("read at version 0 misses a"), "{violations}");
         assert!(violations.contains("each led term 4"), "{violations}");
         assert!(
-            violations.contains("read at version 2 shows Route/r -> Backend/gone, which it does not hold"),
+            violations.contains("read at version 2: Route/r refers to Backend/gone"),
             "{violations}"
         );
         assert!(

@@ -48,8 +48,8 @@ fn env_number(name: &str, default: u64) -> u64 {
 }
 
 /// Admin clients for every node. Operations follow leader redirects (a follower never
-/// proposes, so following one cannot apply a write twice) and otherwise fail, moving the next
-/// operation to another node.
+/// proposes, so following one cannot apply a write twice). A refusal on the merits fails the
+/// operation and keeps the next one on that node; any other failure moves it to another.
 struct Clients {
     channels: Vec<Channel>,
     /// Each node's address as the cluster knows it, to map a redirect to a node.
@@ -101,9 +101,12 @@ impl Clients {
                         // A refusal on the merits (a delete of an object still referred
                         // to, ...) came from a node that answers: the next operation starts
                         // there too.
-                        _ if !matches!(
+                        _ if matches!(
                             status.code(),
-                            Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled | Code::Unknown
+                            Code::FailedPrecondition
+                                | Code::InvalidArgument
+                                | Code::NotFound
+                                | Code::AlreadyExists
                         ) =>
                         {
                             self.next.store(node, Ordering::Relaxed);
@@ -172,18 +175,18 @@ impl Clients {
     }
 }
 
-/// What a read of every object shows: the recorded writers' Backends, and every reference
-/// of a Route to a Listener or a Backend the read does not hold.
+/// What a read of every object shows: the recorded writers' Backends, and every Route that
+/// refers to a Listener or a Backend the read does not hold.
 fn observed(response: ListResponse) -> Observed {
     let held: BTreeSet<(String, String)> = response
         .objects
         .iter()
         .map(|object| (object.kind.clone(), object.name.clone()))
         .collect();
-    let mut dangling = Vec::new();
+    let mut broken = Vec::new();
     for object in response.objects.iter().filter(|object| object.kind == "Route") {
         let Ok(route) = serde_json::from_slice::<serde_json::Value>(&object.json) else {
-            dangling.push(format!("Route/{} -> (its JSON does not parse)", object.name));
+            broken.push(format!("Route/{}'s JSON does not parse", object.name));
             continue;
         };
         let listeners = route["spec"]["listeners"].as_array().into_iter().flatten();
@@ -199,7 +202,10 @@ fn observed(response: ListResponse) -> Observed {
         for (kind, name) in references {
             let name = name.unwrap_or_default();
             if !held.contains(&(kind.to_string(), name.to_string())) {
-                dangling.push(format!("Route/{} -> {kind}/{name}", object.name));
+                broken.push(format!(
+                    "Route/{} refers to {kind}/{name}, which the read does not hold",
+                    object.name
+                ));
             }
         }
     }
@@ -211,7 +217,7 @@ fn observed(response: ListResponse) -> Observed {
             .filter(|object| object.kind == "Backend" && object.name.starts_with(WRITER_PREFIX))
             .map(|object| object.name)
             .collect(),
-        dangling,
+        broken,
     }
 }
 
@@ -402,7 +408,8 @@ fn assert_no_violations(report: &Report) {
     );
 }
 
-/// A small deterministic generator, seeded from the clock and printed, for fault timing.
+/// A small xorshift generator seeded from the clock, for fault timing and the linkers' choices:
+/// cheap, and its seed printed so a failed run's log says which sequence it drew.
 struct Dice(u64);
 
 impl Dice {

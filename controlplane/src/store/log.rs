@@ -225,15 +225,21 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             self.snapshot_covers.wait_for(|covers| *covers >= Some(log_id)),
         )
         .await
+        // Drops the watch's read guard before the message below borrows it again.
         .map(|covered| covered.map(drop));
         let reason = match waited {
             Ok(Ok(())) => None,
             Ok(Err(_)) => Some("the snapshot store is gone".to_string()),
-            Err(_) => Some(format!(
-                "after {SNAPSHOT_WAIT:?} the durable snapshot covers only up to {:?} (a failed install, \
-                 or a stalled disk; see the state machine's errors)",
-                *self.snapshot_covers.borrow()
-            )),
+            Err(_) => {
+                let covers = match *self.snapshot_covers.borrow() {
+                    Some(covers) => format!("covers only up to {covers}"),
+                    None => "is missing".to_string(),
+                };
+                Some(format!(
+                    "after {SNAPSHOT_WAIT:?} the durable snapshot {covers} (a failed install, or a \
+                     stalled disk; see the state machine's errors)"
+                ))
+            }
         };
         if let Some(reason) = reason {
             return Err(StorageIOError::write_logs(AnyError::error(format!(
