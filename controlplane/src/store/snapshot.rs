@@ -245,25 +245,28 @@ pub(super) fn take_from_sled(
     Ok(current)
 }
 
-/// Stores a snapshot on a blocking thread: a file of megabytes and two fsyncs must not stall
-/// the runtime that serves Raft.
+/// Stores the snapshot `encode` gives on a blocking thread, and returns its bytes: encoding
+/// megabytes of JSON, writing them and two fsyncs must not stall the runtime that serves Raft.
 pub(super) async fn store(
     file: &Arc<SnapshotFile>,
     meta: &SnapshotMeta,
-    data: Vec<u8>,
+    encode: impl FnOnce() -> anyhow::Result<Vec<u8>> + Send + 'static,
 ) -> Result<Vec<u8>, StorageError> {
     let (file, owned_meta) = (file.clone(), meta.clone());
-    tokio::task::spawn_blocking(move || file.store(&owned_meta, &data).map(|()| data))
-        .await
-        .map_err(anyhow::Error::from)
-        .and_then(|stored| stored)
-        .map_err(|error| {
-            StorageIOError::<NodeId>::write_snapshot(
-                Some(meta.signature()),
-                AnyError::error(format!("{error:#}")),
-            )
-            .into()
-        })
+    tokio::task::spawn_blocking(move || {
+        let data = encode()?;
+        file.store(&owned_meta, &data).map(|()| data)
+    })
+    .await
+    .map_err(anyhow::Error::from)
+    .and_then(|stored| stored)
+    .map_err(|error| {
+        StorageIOError::<NodeId>::write_snapshot(
+            Some(meta.signature()),
+            AnyError::error(format!("{error:#}")),
+        )
+        .into()
+    })
 }
 
 /// Reads the current snapshot on a blocking thread.
@@ -291,8 +294,6 @@ pub struct SnapshotBuilder {
 
 impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
     async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError> {
-        let data = serde_json::to_vec(&SnapshotPayload::of(&self.state))
-            .map_err(|e| StorageIOError::write_snapshot(None, &e))?;
         let nanos = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map(|elapsed| elapsed.as_nanos())
@@ -306,7 +307,10 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
         // The log is purged after this returns, so the snapshot is durable first. The state
         // machine's tree may not yet hold what the snapshot does: the open after a crash
         // restores it from the snapshot.
-        let data = store(&self.file, &meta, data).await?;
+        // openraft builds once per builder: the state moves to the blocking thread.
+        let state = std::mem::take(&mut self.state);
+        let encode = move || Ok(serde_json::to_vec(&SnapshotPayload::of(&state))?);
+        let data = store(&self.file, &meta, encode).await?;
         Ok(Snapshot {
             meta,
             snapshot: Box::new(Cursor::new(data)),

@@ -266,12 +266,20 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         snapshot: Box<Cursor<Vec<u8>>>,
     ) -> Result<(), StorageError> {
         let data = snapshot.into_inner();
-        let state = AppliedState::from_snapshot(meta, &data, &self.state.view).map_err(|e| {
+        // Decoding and reading megabytes of JSON run off the runtime that serves Raft.
+        let (owned_meta, view) = (meta.clone(), self.state.view.clone());
+        let (state, data) = tokio::task::spawn_blocking(move || {
+            AppliedState::from_snapshot(&owned_meta, &data, &view).map(|state| (state, data))
+        })
+        .await
+        .map_err(anyhow::Error::from)
+        .and_then(|decoded| decoded)
+        .map_err(|e| {
             StorageIOError::read_snapshot(Some(meta.signature()), AnyError::error(format!("{e:#}")))
         })?;
         // The snapshot first: once it is durable, a crash before the state below is written
         // leaves an open to restore the state from it.
-        snapshot::store(&self.snapshots, meta, data).await?;
+        snapshot::store(&self.snapshots, meta, move || Ok(data)).await?;
         let write = |e: &dyn std::error::Error| StorageIOError::write_state_machine(AnyError::error(e));
         replace_state(&self.tree, &self.state.stored, &state).map_err(|e| write(&*e))?;
         self.tree.flush_async().await.map_err(|e| write(&e))?;
