@@ -289,26 +289,33 @@ pub(super) async fn current(file: &Arc<SnapshotFile>) -> Result<Option<Snapshot<
 /// concurrently with further applies without seeing them.
 pub struct SnapshotBuilder {
     pub(super) file: Arc<SnapshotFile>,
-    pub(super) state: AppliedState,
+    /// Taken by the build, which moves it to a blocking thread: openraft builds once per
+    /// builder.
+    pub(super) state: Option<AppliedState>,
 }
 
 impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
     async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError> {
+        let Some(state) = self.state.take() else {
+            return Err(StorageIOError::write_snapshot(
+                None,
+                AnyError::error("a snapshot builder was asked to build a second time"),
+            )
+            .into());
+        };
         let nanos = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map(|elapsed| elapsed.as_nanos())
             .unwrap_or_default();
-        let index = self.state.last_applied.map(|id| id.index).unwrap_or_default();
+        let index = state.last_applied.map(|id| id.index).unwrap_or_default();
         let meta = SnapshotMeta {
-            last_log_id: self.state.last_applied,
-            last_membership: self.state.membership.clone(),
+            last_log_id: state.last_applied,
+            last_membership: state.membership.clone(),
             snapshot_id: format!("{index}-{nanos}"),
         };
         // The log is purged after this returns, so the snapshot is durable first. The state
         // machine's tree may not yet hold what the snapshot does: the open after a crash
         // restores it from the snapshot.
-        // openraft builds once per builder: the state moves to the blocking thread.
-        let state = std::mem::take(&mut self.state);
         let encode = move || Ok(serde_json::to_vec(&SnapshotPayload::of(&state))?);
         let data = store(&self.file, &meta, encode).await?;
         Ok(Snapshot {

@@ -252,7 +252,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
     async fn get_snapshot_builder(&mut self) -> SnapshotBuilder {
         SnapshotBuilder {
             file: self.snapshots.clone(),
-            state: self.state.clone(),
+            state: Some(self.state.clone()),
         }
     }
 
