@@ -1,9 +1,8 @@
 //! Raft storage in one directory per process: the log's entries in an append-only file
 //! (`file.rs`), the current snapshot in a file of its own (`snapshot.rs`), the vote and the
-//! state machine in one sled database. The rest
-//! of the crate only sees openraft's storage traits and the published
-//! [`ConfigView`](crate::view::ConfigView), so another engine can replace either by
-//! implementing the same two types.
+//! state machine in one sled database. The rest of the crate only sees openraft's storage
+//! traits and the published [`ConfigView`](crate::view::ConfigView), so another engine can
+//! replace either by implementing the same two types.
 
 // openraft's storage traits dictate the (large) error type; helpers return it as-is.
 #![allow(clippy::result_large_err)]
