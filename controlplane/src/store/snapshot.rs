@@ -245,6 +245,13 @@ pub(super) fn take_from_sled(
     Ok(current)
 }
 
+/// Runs `work` on a blocking thread; a panic in it is an error like the ones it returns.
+pub(super) async fn off_runtime<T: Send + 'static>(
+    work: impl FnOnce() -> anyhow::Result<T> + Send + 'static,
+) -> anyhow::Result<T> {
+    tokio::task::spawn_blocking(work).await?
+}
+
 /// Stores the snapshot `encode` gives on a blocking thread, and returns its bytes: encoding
 /// megabytes of JSON, writing them and two fsyncs must not stall the runtime that serves Raft.
 pub(super) async fn store(
@@ -253,13 +260,11 @@ pub(super) async fn store(
     encode: impl FnOnce() -> anyhow::Result<Vec<u8>> + Send + 'static,
 ) -> Result<Vec<u8>, StorageError> {
     let (file, owned_meta) = (file.clone(), meta.clone());
-    tokio::task::spawn_blocking(move || {
+    off_runtime(move || {
         let data = encode()?;
         file.store(&owned_meta, &data).map(|()| data)
     })
     .await
-    .map_err(anyhow::Error::from)
-    .and_then(|stored| stored)
     .map_err(|error| {
         StorageIOError::<NodeId>::write_snapshot(
             Some(meta.signature()),
@@ -272,13 +277,9 @@ pub(super) async fn store(
 /// Reads the current snapshot on a blocking thread.
 pub(super) async fn current(file: &Arc<SnapshotFile>) -> Result<Option<Snapshot<TypeConfig>>, StorageError> {
     let file = file.clone();
-    let stored = tokio::task::spawn_blocking(move || file.read())
-        .await
-        .map_err(anyhow::Error::from)
-        .and_then(|read| read)
-        .map_err(|error| {
-            StorageIOError::<NodeId>::read_snapshot(None, AnyError::error(format!("{error:#}")))
-        })?;
+    let stored = off_runtime(move || file.read()).await.map_err(|error| {
+        StorageIOError::<NodeId>::read_snapshot(None, AnyError::error(format!("{error:#}")))
+    })?;
     Ok(stored.map(|Stored { meta, data }| Snapshot {
         meta,
         snapshot: Box::new(Cursor::new(data)),

@@ -268,12 +268,10 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         let data = snapshot.into_inner();
         // Decoding and reading megabytes of JSON run off the runtime that serves Raft.
         let (owned_meta, view) = (meta.clone(), self.state.view.clone());
-        let (state, data) = tokio::task::spawn_blocking(move || {
+        let (state, data) = snapshot::off_runtime(move || {
             AppliedState::from_snapshot(&owned_meta, &data, &view).map(|state| (state, data))
         })
         .await
-        .map_err(anyhow::Error::from)
-        .and_then(|decoded| decoded)
         .map_err(|e| {
             StorageIOError::read_snapshot(Some(meta.signature()), AnyError::error(format!("{e:#}")))
         })?;
