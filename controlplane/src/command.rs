@@ -145,6 +145,13 @@ pub struct Applied {
 /// The Raft response of every entry.
 pub type Outcome = Result<Applied, Rejection>;
 
+/// A validated write and the config it leaves, on which the next write of a batch is planned.
+#[derive(Debug)]
+pub struct Planned {
+    pub write: Write,
+    pub config: ConfigSet,
+}
+
 /// Validates creating or replacing `objects` on `config` (at `version`) and states the result
 /// as a [`Write`]. `expected_version` is the client's optimistic-concurrency guard.
 pub fn plan_apply(
@@ -152,10 +159,10 @@ pub fn plan_apply(
     version: u64,
     submitted: &[Submitted],
     expected_version: Option<u64>,
-) -> Result<Write, Rejection> {
+) -> Result<Planned, Rejection> {
     check_expected(version, expected_version)?;
     let objects = submitted.iter().map(|s| s.object.clone()).collect();
-    let (_, changes) = config.apply(objects).map_err(Rejection::invalid)?;
+    let (next, changes) = config.apply(objects).map_err(Rejection::invalid)?;
     let json_of: BTreeMap<ObjectKey, &RawValue> =
         submitted.iter().map(|s| (s.object.key(), &*s.json)).collect();
     // An apply creates or changes only objects it was given.
@@ -164,11 +171,14 @@ pub fn plan_apply(
         .filter(|(_, change)| matches!(change, Change::Created | Change::Configured))
         .filter_map(|(key, _)| Some((StoredKey::from(key), (*json_of.get(key)?).to_owned())))
         .collect();
-    Ok(Write {
-        base_version: version,
-        put,
-        delete: Vec::new(),
-        changes: object_changes(&changes),
+    Ok(Planned {
+        write: Write {
+            base_version: version,
+            put,
+            delete: Vec::new(),
+            changes: object_changes(&changes),
+        },
+        config: next,
     })
 }
 
@@ -179,7 +189,7 @@ pub fn plan_delete(
     version: u64,
     keys: &[ObjectKey],
     expected_version: Option<u64>,
-) -> Result<Write, Rejection> {
+) -> Result<Planned, Rejection> {
     check_expected(version, expected_version)?;
     let missing: Vec<String> = keys
         .iter()
@@ -192,12 +202,15 @@ pub fn plan_delete(
             message: missing.join("\n"),
         });
     }
-    let (_, changes) = config.delete(keys).map_err(Rejection::invalid)?;
-    Ok(Write {
-        base_version: version,
-        put: Vec::new(),
-        delete: changes.iter().map(|(key, _)| StoredKey::from(key)).collect(),
-        changes: object_changes(&changes),
+    let (next, changes) = config.delete(keys).map_err(Rejection::invalid)?;
+    Ok(Planned {
+        write: Write {
+            base_version: version,
+            put: Vec::new(),
+            delete: changes.iter().map(|(key, _)| StoredKey::from(key)).collect(),
+            changes: object_changes(&changes),
+        },
+        config: next,
     })
 }
 
@@ -220,6 +233,25 @@ fn object_changes(changes: &[(ObjectKey, Change)]) -> Vec<ObjectChange> {
 }
 
 impl Write {
+    /// One entry for writes planned one after another on `base_version`, each on the config
+    /// the ones before it leave, naming no object twice: it applies whole or not at all, as
+    /// any write does, and leaves the config the last of them planned. Older builds read it
+    /// as they read any write.
+    pub fn batch(base_version: u64, writes: Vec<Write>) -> Write {
+        let mut batch = Write {
+            base_version,
+            put: Vec::new(),
+            delete: Vec::new(),
+            changes: Vec::new(),
+        };
+        for write in writes {
+            batch.put.extend(write.put);
+            batch.delete.extend(write.delete);
+            batch.changes.extend(write.changes);
+        }
+        batch
+    }
+
     /// What the write answers when it commits on top of `version`.
     pub fn applied(&self, version: u64) -> Applied {
         Applied {
@@ -364,6 +396,7 @@ pub(crate) mod tests {
             &submit(&objects).map_err(Rejection::invalid)?,
             expected,
         )
+        .map(|planned| planned.write)
     }
 
     fn backend_key(name: &str) -> ObjectKey {
@@ -455,7 +488,9 @@ pub(crate) mod tests {
         let Reading::Readable(before) = stored.read() else {
             panic!("unreadable")
         };
-        let delete = plan_delete(&before, stored.version, &[backend_key("db")], None).unwrap();
+        let delete = plan_delete(&before, stored.version, &[backend_key("db")], None)
+            .unwrap()
+            .write;
         stored.apply(&delete).unwrap();
         let (Reading::Readable(after), Reading::Readable(whole)) =
             (stored.read_after(&before, &delete), stored.read())

@@ -57,6 +57,8 @@ pub struct Metrics {
     stream_acks: Counter,
     stream_nacks: Counter,
     admin_requests: Family<AdminLabels, Counter>,
+    write_entries: Counter,
+    writes_proposed: Counter,
     signal_entries: Counter,
     signal_entry_bytes: Counter,
     signal_write_failures: Counter,
@@ -142,6 +144,12 @@ impl Metrics {
         result
     }
 
+    /// One Raft entry proposed for `writes` Admin writes committed together.
+    pub fn write_entry_proposed(&self, writes: usize) {
+        self.write_entries.inc();
+        self.writes_proposed.inc_by(writes as u64);
+    }
+
     /// The registry a scrape encodes: these counters plus the node's live state.
     pub fn registry(
         &self,
@@ -175,6 +183,16 @@ impl Metrics {
             "portcullis_admin_requests",
             "Admin API writes (Apply, Delete, AddNode) by gRPC method and status code",
             self.admin_requests.clone(),
+        );
+        registry.register(
+            "portcullis_admin_write_entries",
+            "Raft entries this node proposed for Admin writes (Apply, Delete); writes queued behind one commit go together in the next entry",
+            self.write_entries.clone(),
+        );
+        registry.register(
+            "portcullis_admin_writes_proposed",
+            "Admin writes (Apply, Delete) in the entries this node proposed",
+            self.writes_proposed.clone(),
         );
         registry.register(
             "portcullis_signals_entries",

@@ -6,7 +6,8 @@ use portcullis_config::ConfigSet;
 /// (admin reads, proxy streams) clone the `Arc`, so they never see a half-applied write.
 #[derive(Debug, Clone, Default)]
 pub struct ConfigView {
-    /// Bumped by every write that changes something; 0 means nothing applied yet.
+    /// Bumped by every entry that changes something (the writes committed in one share it);
+    /// 0 means nothing applied yet.
     pub version: u64,
     pub config: Arc<ConfigSet>,
     /// Set when the replicated config has moved past `version` to a version this build

@@ -388,9 +388,10 @@ async fn observe_leadership(clients: Arc<Clients>, seen: Arc<Mutex<Vec<Leadershi
 
 fn print_report(what: &str, report: &Report, faults: &str) {
     println!(
-        "{what}: {} writes ({} acknowledged, {} failed or unknown), {} reads ({} failed), {} terms with a leader, {faults}; violations: {}",
+        "{what}: {} writes ({} acknowledged, {} of them at a version another shares, {} failed or unknown), {} reads ({} failed), {} terms with a leader, {faults}; violations: {}",
         report.writes,
         report.acked,
+        report.acked_together,
         report.failed_writes,
         report.reads,
         report.failed_reads,

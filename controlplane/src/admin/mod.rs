@@ -3,25 +3,28 @@
 //! linearizable (read-index on the leader) unless the client asks for this node's state.
 
 pub(crate) mod wire;
+pub(crate) mod writes;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use openraft::{BasicNode, ChangeMembers, ServerState};
+use openraft::{BasicNode, ChangeMembers};
+use portcullis_config::ConfigSet;
 use portcullis_proto::v1::admin_server::Admin;
 use portcullis_proto::v1::{
     AddNodeRequest, ApplyRequest, ApplyResponse, ClusterMember, ClusterStatus, DeleteRequest, GetRequest,
     GetResponse, ListRequest, ListResponse, ProxyStatus, ReadConsistency, RemoveNodeRequest, StatusRequest,
     StatusResponse,
 };
-use tokio::sync::{watch, Mutex};
+use tokio::sync::watch;
 use tonic::{Request, Response, Status};
 
-use crate::command::{self, ErrorCode, Rejection, Write};
+use crate::command;
 use crate::metrics::Metrics;
 use crate::registry::ProxyRegistry;
 use crate::types::{NodeId, Raft};
 use crate::view::ConfigView;
+use writes::WriteQueue;
 
 /// How long AddNode waits for a new node to catch up before giving up on it.
 const LEARNER_CATCH_UP: Duration = Duration::from_secs(10);
@@ -30,16 +33,32 @@ const LEARNER_CATCH_UP: Duration = Duration::from_secs(10);
 /// writes that never commit; without a deadline the client would wait forever.
 const COMMIT_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// How often a write planned on a version that moved before it committed (a write through
-/// another node's leadership, during an election) is planned again.
-const PLAN_ATTEMPTS: usize = 3;
-
 /// Runs a Raft write, giving up with DEADLINE_EXCEEDED after [`COMMIT_TIMEOUT`]. The write
 /// may still commit later, once a quorum is back.
 async fn with_commit_deadline<T>(write: impl std::future::Future<Output = T>) -> Result<T, Status> {
     tokio::time::timeout(COMMIT_TIMEOUT, write)
         .await
         .map_err(|_| not_committed())
+}
+
+/// The address of member `leader`, for a redirect.
+fn leader_address(raft: &Raft, leader: NodeId) -> Option<String> {
+    let metrics = raft.metrics();
+    let metrics = metrics.borrow();
+    metrics
+        .membership_config
+        .membership()
+        .get_node(&leader)
+        .map(|node| node.addr.clone())
+}
+
+/// The config this node's build can read, or why it cannot serve one.
+fn readable_view(view: &watch::Receiver<ConfigView>) -> Result<ConfigView, Status> {
+    let view = view.borrow().clone();
+    match &view.unreadable {
+        Some(reason) => Err(Status::failed_precondition(reason.to_string())),
+        None => Ok(view),
+    }
 }
 
 fn not_committed() -> Status {
@@ -54,9 +73,7 @@ pub struct AdminService {
     view: watch::Receiver<ConfigView>,
     registry: ProxyRegistry,
     metrics: Metrics,
-    /// Serializes plan-and-commit on this node: a write is planned on the version the
-    /// previous one committed, so writes through one leader never race each other.
-    writes: Mutex<()>,
+    writes: WriteQueue,
 }
 
 impl AdminService {
@@ -66,105 +83,23 @@ impl AdminService {
         registry: ProxyRegistry,
         metrics: Metrics,
     ) -> Self {
+        let writes = WriteQueue::new(raft.clone(), view.clone(), metrics.clone());
         Self {
             raft,
             view,
             registry,
             metrics,
-            writes: Mutex::new(()),
+            writes,
         }
     }
 
     fn leader_address(&self, leader: NodeId) -> Option<String> {
-        let metrics = self.raft.metrics();
-        let metrics = metrics.borrow();
-        metrics
-            .membership_config
-            .membership()
-            .get_node(&leader)
-            .map(|node| node.addr.clone())
-    }
-
-    /// This node leads and has applied every entry of its log, so its config holds
-    /// everything committed so far.
-    fn leads_with_its_log_applied(&self) -> bool {
-        let metrics = self.raft.metrics();
-        let metrics = metrics.borrow();
-        metrics.state == ServerState::Leader
-            && metrics.current_leader == Some(metrics.id)
-            && metrics.last_applied.map(|applied| applied.index) == metrics.last_log_index
+        leader_address(&self.raft, leader)
     }
 
     /// The config this node's build can read, or why it cannot serve one.
     fn readable_view(&self) -> Result<ConfigView, Status> {
-        let view = self.view.borrow().clone();
-        match &view.unreadable {
-            Some(reason) => Err(Status::failed_precondition(reason.to_string())),
-            None => Ok(view),
-        }
-    }
-
-    /// Plans a write on the current config and commits it. A plan overtaken by another
-    /// write is planned again on the newer config, unless the client pinned the version. One
-    /// deadline covers the wait for earlier writes, the planning and the commit; running out
-    /// before the proposal is a clean failure (nothing changed), after it the write may still
-    /// commit.
-    async fn write(
-        &self,
-        expected_version: Option<u64>,
-        plan: impl Fn(&ConfigView) -> Result<Write, Rejection>,
-    ) -> Result<Response<ApplyResponse>, Status> {
-        let deadline = tokio::time::Instant::now() + COMMIT_TIMEOUT;
-        let not_proposed = || {
-            Status::unavailable(format!(
-                "the write was not proposed within {}s (no quorum, or writes queued before it); nothing changed, retry",
-                COMMIT_TIMEOUT.as_secs()
-            ))
-        };
-        let _serial = tokio::time::timeout_at(deadline, self.writes.lock())
-            .await
-            .map_err(|_| not_proposed())?;
-        for _ in 0..PLAN_ATTEMPTS {
-            // A leader that has applied its whole log plans on what it holds: the entry names
-            // the version it was planned on and applies only on that version, whoever commits
-            // it, so an accepted plan needs no confirmation first. Anything else is planned
-            // on a config a read-index confirmed (a follower redirects, a new leader waits for
-            // what its predecessor committed), and so is a refusal, before the client hears
-            // it: a deposed leader that does not know yet must not refuse on a stale config.
-            let planned = if self.leads_with_its_log_applied() {
-                self.readable_view().ok().and_then(|view| plan(&view).ok())
-            } else {
-                None
-            };
-            let write = match planned {
-                Some(write) => write,
-                None => {
-                    tokio::time::timeout_at(deadline, self.raft.ensure_linearizable())
-                        .await
-                        .map_err(|_| not_proposed())?
-                        .map_err(|error| {
-                            wire::leadership_error(error, |leader| self.leader_address(leader))
-                        })?;
-                    plan(&self.readable_view()?).map_err(wire::rejection)?
-                }
-            };
-            let response = tokio::time::timeout_at(deadline, self.raft.client_write(write))
-                .await
-                .map_err(|_| not_committed())?
-                .map_err(|error| wire::write_error(error, |leader| self.leader_address(leader)))?;
-            match response.data {
-                Ok(applied) => return Ok(Response::new(wire::apply_response(applied))),
-                Err(rejection)
-                    if rejection.code == ErrorCode::FailedPrecondition && expected_version.is_none() =>
-                {
-                    tracing::debug!(reason = %rejection.message, "write overtaken; planning again");
-                }
-                Err(rejection) => return Err(wire::rejection(rejection)),
-            }
-        }
-        Err(Status::aborted(format!(
-            "the write was overtaken by other writes {PLAN_ATTEMPTS} times; retry"
-        )))
+        readable_view(&self.view)
     }
 
     /// The view to answer a read from, after the wait `consistency` asks for.
@@ -303,10 +238,10 @@ impl Admin for AdminService {
             let request = request.into_inner();
             let objects = wire::decode_objects(&request.objects)?;
             let expected = request.expected_version;
-            self.write(expected, |view| {
-                command::plan_apply(&view.config, view.version, &objects, expected)
-            })
-            .await
+            let plan =
+                move |config: &ConfigSet, version| command::plan_apply(config, version, &objects, expected);
+            let applied = self.writes.write(expected, Box::new(plan)).await?;
+            Ok(Response::new(wire::apply_response(applied)))
         }
         .await;
         self.metrics.admin_write("Apply", result)
@@ -316,9 +251,11 @@ impl Admin for AdminService {
         let request = request.into_inner();
         let objects = wire::decode_objects(&request.objects)?;
         let view = self.readable_view()?;
-        let write = command::plan_apply(&view.config, view.version, &objects, request.expected_version)
+        let planned = command::plan_apply(&view.config, view.version, &objects, request.expected_version)
             .map_err(wire::rejection)?;
-        Ok(Response::new(wire::apply_response(write.applied(view.version))))
+        Ok(Response::new(wire::apply_response(
+            planned.write.applied(view.version),
+        )))
     }
 
     async fn delete(&self, request: Request<DeleteRequest>) -> Result<Response<ApplyResponse>, Status> {
@@ -331,10 +268,10 @@ impl Admin for AdminService {
                 .map(|(index, object)| wire::object_key(Some(object), &format!("objects[{index}]")))
                 .collect::<Result<Vec<_>, _>>()?;
             let expected = request.expected_version;
-            self.write(expected, |view| {
-                command::plan_delete(&view.config, view.version, &keys, expected)
-            })
-            .await
+            let plan =
+                move |config: &ConfigSet, version| command::plan_delete(config, version, &keys, expected);
+            let applied = self.writes.write(expected, Box::new(plan)).await?;
+            Ok(Response::new(wire::apply_response(applied)))
         }
         .await;
         self.metrics.admin_write("Delete", result)

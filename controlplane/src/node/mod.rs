@@ -71,6 +71,9 @@ pub struct ControlPlane {
     health: JoinHandle<()>,
     sampler: JoinHandle<()>,
     metrics: Option<MetricsServer>,
+    /// This node's config, for tests that drive its parts directly.
+    #[cfg(test)]
+    view: watch::Receiver<crate::view::ConfigView>,
 }
 
 fn raft_config() -> anyhow::Result<Arc<openraft::Config>> {
@@ -105,6 +108,8 @@ impl ControlPlane {
         let log = LogStore::open(&storage).context("opening Raft log")?;
         let state_machine = StateMachineStore::open(&storage)?;
         let view = state_machine.subscribe();
+        #[cfg(test)]
+        let state_machine_view = view.clone();
         let raft = Raft::new(
             config.node_id,
             raft_config()?,
@@ -212,6 +217,8 @@ impl ControlPlane {
             health,
             sampler,
             metrics,
+            #[cfg(test)]
+            view: state_machine_view,
         })
     }
 

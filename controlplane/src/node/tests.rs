@@ -1,3 +1,5 @@
+use std::sync::Arc;
+
 use portcullis_proto::v1::{DeleteRequest, GetRequest, ListRequest, Object, ObjectRef, ReadConsistency};
 use serde_json::json;
 use tonic::Code;
@@ -5,7 +7,9 @@ use tonic_health::pb::health_check_response::ServingStatus as HealthStatus;
 use tonic_health::pb::health_client::HealthClient;
 use tonic_health::pb::HealthCheckRequest;
 
+use crate::admin::writes::{Plan, WriteQueue, BATCH_WRITES, QUEUE_LIMIT};
 use crate::command::tests::{backend, route};
+use crate::metrics::Metrics;
 use crate::testutil::*;
 
 #[tokio::test]
@@ -158,6 +162,141 @@ async fn serves_admin_and_keeps_config_across_restart() {
         .unwrap()
         .into_inner();
     assert_eq!(applied.version, 2);
+    node.shutdown().await.unwrap();
+}
+
+/// Writes that queue while an entry commits go together in the next one: each client hears
+/// its own changes at the version they share, and writes that cannot both stand are never
+/// both accepted.
+#[tokio::test]
+async fn concurrent_writes_commit_together_and_each_hears_its_own_changes() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = start(dir.path(), 1, false).await;
+    let mut client = admin(node.local_addr()).await;
+    wait_for_leader(&mut client).await;
+    let base = vec![
+        listener("public", 8080, json!({})),
+        backend("shared", "127.0.0.1:9000"),
+    ];
+    client.apply(apply_request(base, None)).await.unwrap();
+
+    const WRITERS: usize = 48;
+    let creates = (0..WRITERS).map(|index| {
+        let mut client = client.clone();
+        async move {
+            let request = apply_request(vec![backend(&format!("b-{index}"), "127.0.0.1:9001")], None);
+            let applied = client.apply(request).await.unwrap().into_inner();
+            let changes: Vec<(String, String)> = applied
+                .changes
+                .into_iter()
+                .map(|change| {
+                    let object = change.object.unwrap_or_default();
+                    (format!("{}/{}", object.kind, object.name), change.action)
+                })
+                .collect();
+            assert_eq!(changes, [(format!("Backend/b-{index}"), "created".to_string())]);
+            applied.version
+        }
+    });
+    let mut route_client = client.clone();
+    let mut delete_client = client.clone();
+    let route_to_shared = route_client.apply(apply_request(vec![route("web", "public", "shared")], None));
+    let delete_shared = delete_client.delete(DeleteRequest {
+        objects: vec![ObjectRef {
+            kind: "Backend".into(),
+            name: "shared".into(),
+        }],
+        expected_version: None,
+    });
+    let (versions, routed, deleted) =
+        tokio::join!(futures::future::join_all(creates), route_to_shared, delete_shared);
+
+    // A Route to the Backend and the Backend's deletion: exactly one of them stands.
+    let (routed, deleted) = (
+        routed.map(|answer| answer.into_inner().version),
+        deleted.map(|answer| answer.into_inner().version),
+    );
+    let ((Ok(either), Err(_)) | (Err(_), Ok(either))) = (&routed, &deleted) else {
+        panic!("route: {routed:?}, delete: {deleted:?}");
+    };
+    let distinct: std::collections::BTreeSet<u64> = versions.iter().copied().collect();
+    assert!(
+        distinct.len() < WRITERS,
+        "{WRITERS} writes sent at once each had an entry of its own: {distinct:?}"
+    );
+    let listed = client.list(ListRequest::default()).await.unwrap().into_inner();
+    assert_eq!(Some(listed.version), distinct.into_iter().chain([*either]).max());
+    let holds = |kind: &str, name: &str| {
+        listed
+            .objects
+            .iter()
+            .any(|object| object.kind == kind && object.name == name)
+    };
+    assert!((0..WRITERS).all(|index| holds("Backend", &format!("b-{index}"))));
+    // What stands is what its client was told.
+    assert_eq!(
+        (holds("Route", "web"), holds("Backend", "shared")),
+        (routed.is_ok(), routed.is_ok())
+    );
+    node.shutdown().await.unwrap();
+}
+
+/// A plan creating the Backend `name`, as the Admin service's Apply would.
+fn create_backend(name: &str) -> Plan {
+    let submitted = crate::command::tests::submit(&[backend(name, "127.0.0.1:9000")]).unwrap();
+    Box::new(move |config, version| crate::command::plan_apply(config, version, &submitted, None))
+}
+
+/// The queue driven directly: a request that found nothing committing holds the turn while
+/// the others queue; the queue refuses one write beyond its limit; when the request is
+/// cancelled mid-commit, the writes queued behind it are committed, in full batches.
+#[tokio::test]
+async fn a_cancelled_request_hands_the_queued_writes_on_in_batches() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = start(dir.path(), 1, false).await;
+    let mut client = admin(node.local_addr()).await;
+    wait_for_leader(&mut client).await;
+    let queue = Arc::new(WriteQueue::new(
+        node.raft.clone(),
+        node.view.clone(),
+        Metrics::default(),
+    ));
+
+    // Polled once: it took the turn and its entry went to Raft.
+    let mut cut = Box::pin(queue.write(None, create_backend("cut")));
+    assert!(futures::poll!(&mut cut).is_pending());
+    let mut queued = tokio::task::JoinSet::new();
+    for index in 0..QUEUE_LIMIT {
+        let queue = queue.clone();
+        queued.spawn(async move { queue.write(None, create_backend(&format!("q-{index}"))).await });
+    }
+    // Every spawned write runs until it queues: the runtime is single-threaded, and a yield
+    // lets some of the others run.
+    for _ in 0..QUEUE_LIMIT {
+        tokio::task::yield_now().await;
+    }
+    let refused = queue
+        .write(None, create_backend("one-too-many"))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::ResourceExhausted, "{}", refused.message());
+
+    drop(cut);
+    let mut versions = std::collections::BTreeSet::new();
+    while let Some(joined) = tokio::time::timeout(std::time::Duration::from_secs(10), queued.join_next())
+        .await
+        .expect("the queued writes were not committed")
+    {
+        versions.insert(joined.unwrap().unwrap().version);
+    }
+    // 64 writes to an entry; a write re-queued once because the cancelled one's entry
+    // committed under it can add one more.
+    assert!(
+        (QUEUE_LIMIT / BATCH_WRITES..=QUEUE_LIMIT / BATCH_WRITES + 1).contains(&versions.len()),
+        "{} writes in {} entries",
+        QUEUE_LIMIT,
+        versions.len()
+    );
     node.shutdown().await.unwrap();
 }
 

@@ -56,7 +56,7 @@ async fn apply(
     expected: Option<u64>,
 ) -> Outcome {
     let view = sm.subscribe().borrow().clone();
-    let write = command::plan_apply(&view.config, view.version, &submit(&objects).unwrap(), expected)?;
+    let write = command::plan_apply(&view.config, view.version, &submit(&objects).unwrap(), expected)?.write;
     run(sm, index, write).await
 }
 
@@ -95,7 +95,8 @@ async fn applies_writes_and_versions() {
         &submit(&[backend("db", "127.0.0.1:2")]).unwrap(),
         None,
     )
-    .unwrap();
+    .unwrap()
+    .write;
     let rejected = run(&mut sm, 3, stale).await.unwrap_err();
     assert_eq!(rejected.code, ErrorCode::FailedPrecondition);
     assert_eq!(rejected.message, "config is at version 1, expected 0");
@@ -110,7 +111,9 @@ async fn applies_writes_and_versions() {
     );
 
     let current = view.borrow().clone();
-    let delete = command::plan_delete(&current.config, current.version, &[backend_key("api")], None).unwrap();
+    let delete = command::plan_delete(&current.config, current.version, &[backend_key("api")], None)
+        .unwrap()
+        .write;
     let applied = run(&mut sm, 5, delete).await.unwrap();
     assert_eq!(
         (applied.version, applied.changes[0].action.as_str()),
