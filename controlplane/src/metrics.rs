@@ -144,7 +144,7 @@ impl Metrics {
         result
     }
 
-    /// One Raft entry proposed for `writes` Admin writes committed together.
+    /// One Raft entry handed to Raft for `writes` Admin writes, to commit together.
     pub fn write_entry_proposed(&self, writes: usize) {
         self.write_entries.inc();
         self.writes_proposed.inc_by(writes as u64);
@@ -186,12 +186,12 @@ impl Metrics {
         );
         registry.register(
             "portcullis_admin_write_entries",
-            "Raft entries this node proposed for Admin writes (Apply, Delete); writes queued behind one commit go together in the next entry",
+            "Raft entries this node handed to Raft for Admin writes (Apply, Delete), retries included; writes queued behind one commit go together in the next entry",
             self.write_entries.clone(),
         );
         registry.register(
             "portcullis_admin_writes_proposed",
-            "Admin writes (Apply, Delete) in the entries this node proposed",
+            "Admin writes (Apply, Delete) in the entries this node handed to Raft, retries included",
             self.writes_proposed.clone(),
         );
         registry.register(

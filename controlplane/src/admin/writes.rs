@@ -72,6 +72,9 @@ struct Queued {
     pinned: bool,
     deadline: Instant,
     attempts: usize,
+    /// Objects named and JSON bytes put, once planned: a write too large to join is not
+    /// planned again for every entry it waits behind.
+    size: Option<(usize, usize)>,
     /// [`WAITING`], [`PROPOSED`] (in an entry handed to Raft: it may commit whatever its
     /// client does) or [`ABANDONED`] (its client stopped waiting first).
     state: Arc<AtomicU8>,
@@ -84,11 +87,20 @@ impl Queued {
         let _ = self.answer.send(result);
     }
 
-    /// Takes the write for an entry, unless its client stopped waiting.
+    /// Takes the write for an entry, unless its client stopped waiting or its deadline
+    /// passed: its client then hears, from its own timer, that nothing changed.
     fn claim(&self) -> bool {
+        if Instant::now() >= self.deadline {
+            abandon(&self.state);
+            return false;
+        }
         self.state
             .compare_exchange(WAITING, PROPOSED, Ordering::AcqRel, Ordering::Acquire)
             .is_ok()
+    }
+
+    fn abandoned(&self) -> bool {
+        self.state.load(Ordering::Acquire) == ABANDONED
     }
 }
 
@@ -145,17 +157,24 @@ impl Batch {
         let mut index = 0;
         let mut examined = 0;
         while index < waiting.len() && examined < BATCH_WRITES && self.members.len() < BATCH_WRITES {
+            if waiting[index].abandoned() {
+                waiting.remove(index);
+                continue;
+            }
             examined += 1;
-            let candidate = &waiting[index];
-            let joins = match candidate.pinned {
+            let candidate = &mut waiting[index];
+            let fits = |(objects, bytes): (usize, usize)| {
+                self.named.len() + objects <= BATCH_OBJECTS && self.bytes + bytes <= BATCH_BYTES
+            };
+            let joins = match candidate.pinned || !candidate.size.is_none_or(fits) {
                 true => None,
                 false => (candidate.plan)(&config, self.base_version)
                     .ok()
                     .filter(|planned| {
                         let named = names(&planned.write);
-                        named.is_disjoint(&self.named)
-                            && self.named.len() + named.len() <= BATCH_OBJECTS
-                            && self.bytes + put_bytes(&planned.write) <= BATCH_BYTES
+                        let size = (named.len(), put_bytes(&planned.write));
+                        candidate.size = Some(size);
+                        named.is_disjoint(&self.named) && fits(size)
                     }),
             };
             let Some(planned) = joins else {
@@ -199,6 +218,7 @@ impl WriteQueue {
             pinned: expected_version.is_some(),
             deadline,
             attempts: 0,
+            size: None,
             state: state.clone(),
             answer,
         };
@@ -216,6 +236,8 @@ impl WriteQueue {
                 )));
             }
         };
+        // A request cancelled (its client gone) leaves no write behind to be proposed later.
+        let _cancelled = Abandon(state.clone());
         if let Some(queued) = alone {
             let _turn = Turn(self.committer.clone());
             self.committer.commit(queued, false).await;
@@ -225,11 +247,35 @@ impl WriteQueue {
             // Dropped unanswered: the node is stopping, or its committer failed.
             Ok(Err(_)) if state.load(Ordering::Acquire) == PROPOSED => Err(outcome_unknown()),
             Ok(Err(_)) => Err(shutting_down()),
-            Err(_) => match state.compare_exchange(WAITING, ABANDONED, Ordering::AcqRel, Ordering::Acquire) {
-                Ok(_) => Err(not_proposed()),
-                Err(_) => Err(not_committed()),
-            },
+            Err(_) if abandon(&state) => Err(not_proposed()),
+            Err(_) => Err(not_committed()),
         }
+    }
+}
+
+/// Marks a write its client no longer waits for, unless it was proposed already; true when it
+/// was not (it never will be).
+fn abandon(state: &AtomicU8) -> bool {
+    match state.compare_exchange(WAITING, ABANDONED, Ordering::AcqRel, Ordering::Acquire) {
+        Ok(_) | Err(ABANDONED) => true,
+        Err(_) => false,
+    }
+}
+
+/// Abandons its write when dropped: held by the request for as long as it waits.
+struct Abandon(Arc<AtomicU8>);
+
+impl Drop for Abandon {
+    fn drop(&mut self) {
+        abandon(&self.0);
+    }
+}
+
+#[cfg(test)]
+impl WriteQueue {
+    /// Writes waiting behind the one committing.
+    pub(crate) fn waiting(&self) -> usize {
+        self.committer.queue().waiting.len()
     }
 }
 
@@ -283,6 +329,34 @@ impl Drop for Turn {
     }
 }
 
+/// The waiting writes, out of the queue while a batch is gathered from them (planned outside
+/// the lock, so that requests queueing meanwhile do not wait on it). Dropped, even by a panic,
+/// it puts back those left, ahead of the writes that arrived meanwhile.
+struct Taken<'a> {
+    committer: &'a Committer,
+    waiting: VecDeque<Queued>,
+}
+
+impl<'a> Taken<'a> {
+    fn new(committer: &'a Committer) -> Self {
+        let mut queue = committer.queue();
+        queue.gathering = queue.waiting.len();
+        let waiting = std::mem::take(&mut queue.waiting);
+        drop(queue);
+        Taken { committer, waiting }
+    }
+}
+
+impl Drop for Taken<'_> {
+    fn drop(&mut self) {
+        let mut queue = self.committer.queue();
+        queue.gathering = 0;
+        let mut waiting = std::mem::take(&mut self.waiting);
+        waiting.append(&mut queue.waiting);
+        queue.waiting = waiting;
+    }
+}
+
 struct Committer {
     raft: Raft,
     view: watch::Receiver<ConfigView>,
@@ -311,27 +385,33 @@ impl Committer {
     /// Plans `first`, and with it (when `gather`) the waiting writes that may join it,
     /// proposes them as one entry and answers each.
     async fn commit(&self, first: Queued, gather: bool) {
+        if !first.claim() {
+            // Its client stopped waiting and heard that nothing changed.
+            return;
+        }
+        let pinned = first.pinned;
+        let (mut batch, config) = match self.plan_applied(first) {
+            Ok(planned) => planned,
+            Err(first) => {
+                // Claimed again once its config is confirmed.
+                first.state.store(WAITING, Ordering::Release);
+                match self.plan_confirmed(first).await {
+                    Some(planned) => planned,
+                    None => return,
+                }
+            }
+        };
+        if gather && !pinned {
+            let mut taken = Taken::new(self);
+            batch.gather(config, &mut taken.waiting);
+        }
         let Batch {
             base_version,
             deadline,
             writes,
             members,
             ..
-        } = match first.claim() {
-            // Its client stopped waiting and heard that nothing changed.
-            false => return,
-            true => match self.plan_batch(first, gather) {
-                Ok(batch) => batch,
-                Err(first) => {
-                    // Claimed again once its config is confirmed.
-                    first.state.store(WAITING, Ordering::Release);
-                    match self.plan_confirmed(first).await {
-                        Some(batch) => batch,
-                        None => return,
-                    }
-                }
-            },
-        };
+        } = batch;
         self.metrics.write_entry_proposed(members.len());
         let entry = Write::batch(base_version, writes);
         let committed = match tokio::time::timeout_at(deadline, self.raft.client_write(entry)).await {
@@ -388,15 +468,15 @@ impl Committer {
         }
     }
 
-    /// Plans `first` on the config this leader holds, when it has applied its whole log, and
-    /// with it (when `gather`) the waiting writes that may join it. Hands `first` back when it must be
-    /// planned on a confirmed config instead: this node may not lead, or may not hold
-    /// everything committed, or refuses the write.
+    /// Plans `first` on the config this leader holds, when it has applied its whole log;
+    /// returns it with the config it leaves. Hands `first` back when it must be planned on a
+    /// confirmed config instead: this node may not lead, or may not hold everything committed,
+    /// or refuses the write.
     ///
     /// A leader that has applied its whole log plans on what it holds: the entry names the
     /// version it was planned on and applies only on that version, whoever commits it, so an
     /// accepted plan needs no confirmation first.
-    fn plan_batch(&self, first: Queued, gather: bool) -> Result<Batch, Queued> {
+    fn plan_applied(&self, first: Queued) -> Result<(Batch, ConfigSet), Queued> {
         if !self.leads_with_its_log_applied() {
             return Err(first);
         }
@@ -406,28 +486,13 @@ impl Committer {
         let Ok(planned) = (first.plan)(&view.config, view.version) else {
             return Err(first);
         };
-        let pinned = first.pinned;
-        let mut batch = Batch::new(view.version, first, planned.write);
-        if gather && !pinned {
-            // Planned outside the lock, so that requests queueing meanwhile do not wait on it.
-            let mut waiting = {
-                let mut queue = self.queue();
-                queue.gathering = queue.waiting.len();
-                std::mem::take(&mut queue.waiting)
-            };
-            batch.gather(planned.config, &mut waiting);
-            let mut queue = self.queue();
-            queue.gathering = 0;
-            waiting.append(&mut queue.waiting);
-            queue.waiting = waiting;
-        }
-        Ok(batch)
+        Ok((Batch::new(view.version, first, planned.write), planned.config))
     }
 
-    /// Plans `first` alone on a config a read-index confirmed: a follower redirects, a new
-    /// leader waits for what its predecessor committed, and a refusal is answered only from
-    /// there. A deposed leader that does not know it yet must not refuse on a stale config.
-    async fn plan_confirmed(&self, first: Queued) -> Option<Batch> {
+    /// Plans `first` on a config a read-index confirmed: a follower redirects, a new leader
+    /// waits for what its predecessor committed, and a refusal is answered only from there. A
+    /// deposed leader that does not know it yet must not refuse on a stale config.
+    async fn plan_confirmed(&self, first: Queued) -> Option<(Batch, ConfigSet)> {
         let confirmed = tokio::time::timeout_at(first.deadline, self.raft.ensure_linearizable()).await;
         let planned = match confirmed {
             Err(_) => Err(not_proposed()),
@@ -438,12 +503,12 @@ impl Committer {
             Ok(Ok(_)) if !first.claim() => return None,
             Ok(Ok(_)) => readable_view(&self.view).and_then(|view| {
                 (first.plan)(&view.config, view.version)
-                    .map(|planned| (view.version, planned.write))
+                    .map(|planned| (view.version, planned))
                     .map_err(wire::rejection)
             }),
         };
         match planned {
-            Ok((version, write)) => Some(Batch::new(version, first, write)),
+            Ok((version, planned)) => Some((Batch::new(version, first, planned.write), planned.config)),
             Err(status) => {
                 first.reply(Err(status));
                 None
@@ -488,6 +553,7 @@ mod tests {
             pinned,
             deadline: Instant::now() + Duration::from_secs(10),
             attempts: 0,
+            size: None,
             state: Arc::new(AtomicU8::new(WAITING)),
             answer: oneshot::channel().0,
         }
@@ -503,6 +569,11 @@ mod tests {
 
     fn abandoned(queued: Queued) -> Queued {
         queued.state.store(ABANDONED, Ordering::Release);
+        queued
+    }
+
+    fn expired(mut queued: Queued) -> Queued {
+        queued.deadline = Instant::now() - Duration::from_millis(1);
         queued
     }
 
@@ -561,10 +632,13 @@ mod tests {
             // Refused after the delete before it, though valid on the committed config: waits.
             applying(vec![route("to-shared", "gw", "shared")], None),
             applying(vec![backend("c", "127.0.0.1:5")], None),
-            // Its client stopped waiting: dropped, and nothing is planned on it.
+            // Its client stopped waiting: dropped, and nothing is planned on top of it.
             abandoned(applying(vec![backend("gone", "127.0.0.1:6")], None)),
             applying(vec![route("to-gone", "gw", "gone")], None),
+            // Past its deadline: its client hears, from its own timer, that nothing changed.
+            expired(applying(vec![backend("late", "127.0.0.1:7")], None)),
         ]);
+        let late = waiting[waiting.len() - 1].state.clone();
         batch.gather(planned.config, &mut waiting);
 
         assert_eq!(
@@ -591,6 +665,7 @@ mod tests {
             .iter()
             .map(|member| member.queued.state.load(Ordering::Acquire));
         assert!(joined.skip(1).all(|state| state == PROPOSED), "joined unclaimed");
+        assert_eq!(late.load(Ordering::Acquire), ABANDONED);
 
         // One entry: applies whole on the version the batch was planned on.
         let applied = stored.apply(&Write::batch(1, batch.writes)).unwrap();
