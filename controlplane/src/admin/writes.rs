@@ -50,10 +50,15 @@ const BATCH_BYTES: usize = 1 << 20;
 pub(crate) const QUEUE_LIMIT: usize = 1_024;
 
 /// Where a queued write stands; the client and the committer move it with compare-and-swap,
-/// so a client told "nothing changed" never has its write proposed after all.
+/// so a client told "nothing changed" never has its write proposed after all, and a client
+/// gone has its write proposed no more.
 const WAITING: u8 = 0;
 const PROPOSED: u8 = 1;
+/// Its client stopped waiting before it was proposed: it never will be.
 const ABANDONED: u8 = 2;
+/// Its client went away while it was proposed: if that entry is overtaken, it is not proposed
+/// again.
+const CANCELLED: u8 = 3;
 
 /// A write's validation: `Ok` with its result on `config` at `version`, or why it is refused.
 pub type Plan = Box<dyn Fn(&ConfigSet, u64) -> Result<Planned, Rejection> + Send>;
@@ -76,7 +81,7 @@ struct Queued {
     /// planned again for every entry it waits behind.
     size: Option<(usize, usize)>,
     /// [`WAITING`], [`PROPOSED`] (in an entry handed to Raft: it may commit whatever its
-    /// client does) or [`ABANDONED`] (its client stopped waiting first).
+    /// client does), [`ABANDONED`] or [`CANCELLED`].
     state: Arc<AtomicU8>,
     answer: oneshot::Sender<Result<Applied, Status>>,
 }
@@ -87,8 +92,8 @@ impl Queued {
         let _ = self.answer.send(result);
     }
 
-    /// Takes the write for an entry, unless its client stopped waiting or its deadline
-    /// passed: its client then hears, from its own timer, that nothing changed.
+    /// Takes the write for an entry once it is planned, unless its client stopped waiting or
+    /// its deadline passed: its client then hears that nothing changed.
     fn claim(&self) -> bool {
         if Instant::now() >= self.deadline {
             abandon(&self.state);
@@ -245,8 +250,12 @@ impl WriteQueue {
         match tokio::time::timeout_at(deadline, answered).await {
             Ok(Ok(result)) => result,
             // Dropped unanswered: the node is stopping, or its committer failed.
-            Ok(Err(_)) if state.load(Ordering::Acquire) == PROPOSED => Err(outcome_unknown()),
-            Ok(Err(_)) => Err(shutting_down()),
+            Ok(Err(_)) => match state.load(Ordering::Acquire) {
+                PROPOSED => Err(outcome_unknown()),
+                // Refused a claim past its deadline.
+                ABANDONED => Err(not_proposed()),
+                _ => Err(shutting_down()),
+            },
             Err(_) if abandon(&state) => Err(not_proposed()),
             Err(_) => Err(not_committed()),
         }
@@ -262,12 +271,17 @@ fn abandon(state: &AtomicU8) -> bool {
     }
 }
 
-/// Abandons its write when dropped: held by the request for as long as it waits.
+/// Abandons its write when dropped, or marks it cancelled if it is proposed: held by the
+/// request for as long as it waits.
 struct Abandon(Arc<AtomicU8>);
 
 impl Drop for Abandon {
     fn drop(&mut self) {
-        abandon(&self.0);
+        if !abandon(&self.0) {
+            let _ = self
+                .0
+                .compare_exchange(PROPOSED, CANCELLED, Ordering::AcqRel, Ordering::Acquire);
+        }
     }
 }
 
@@ -385,21 +399,15 @@ impl Committer {
     /// Plans `first`, and with it (when `gather`) the waiting writes that may join it,
     /// proposes them as one entry and answers each.
     async fn commit(&self, first: Queued, gather: bool) {
-        if !first.claim() {
-            // Its client stopped waiting and heard that nothing changed.
-            return;
-        }
         let pinned = first.pinned;
-        let (mut batch, config) = match self.plan_applied(first) {
+        let planned = match self.plan_applied(first) {
             Ok(planned) => planned,
-            Err(first) => {
-                // Claimed again once its config is confirmed.
-                first.state.store(WAITING, Ordering::Release);
-                match self.plan_confirmed(first).await {
-                    Some(planned) => planned,
-                    None => return,
-                }
-            }
+            Err(first) => self.plan_confirmed(first).await,
+        };
+        // `None`: refused and answered, or its client stopped waiting and heard that nothing
+        // changed.
+        let Some((mut batch, config)) = planned else {
+            return;
         };
         if gather && !pinned {
             let mut taken = Taken::new(self);
@@ -455,8 +463,14 @@ impl Committer {
     /// client pinned that version or it was planned too often already.
     fn overtaken(&self, mut queued: Queued, rejection: &Rejection) {
         queued.attempts += 1;
-        // The entry did not apply: nothing of the write is in the config.
-        queued.state.store(WAITING, Ordering::Release);
+        // The entry did not apply: nothing of the write is in the config. A client gone
+        // meanwhile (cancelled) has its write dropped here.
+        let waits = queued
+            .state
+            .compare_exchange(PROPOSED, WAITING, Ordering::AcqRel, Ordering::Acquire);
+        if waits.is_err() {
+            return;
+        }
         if queued.pinned {
             queued.reply(Err(wire::rejection(rejection.clone())));
         } else if queued.attempts >= PLAN_ATTEMPTS {
@@ -469,14 +483,14 @@ impl Committer {
     }
 
     /// Plans `first` on the config this leader holds, when it has applied its whole log;
-    /// returns it with the config it leaves. Hands `first` back when it must be planned on a
-    /// confirmed config instead: this node may not lead, or may not hold everything committed,
-    /// or refuses the write.
+    /// returns it claimed, with the config it leaves, or `None` if its client stopped waiting.
+    /// Hands `first` back when it must be planned on a confirmed config instead: this node may
+    /// not lead, or may not hold everything committed, or refuses the write.
     ///
     /// A leader that has applied its whole log plans on what it holds: the entry names the
     /// version it was planned on and applies only on that version, whoever commits it, so an
     /// accepted plan needs no confirmation first.
-    fn plan_applied(&self, first: Queued) -> Result<(Batch, ConfigSet), Queued> {
+    fn plan_applied(&self, first: Queued) -> Result<Option<(Batch, ConfigSet)>, Queued> {
         if !self.leads_with_its_log_applied() {
             return Err(first);
         }
@@ -486,7 +500,9 @@ impl Committer {
         let Ok(planned) = (first.plan)(&view.config, view.version) else {
             return Err(first);
         };
-        Ok((Batch::new(view.version, first, planned.write), planned.config))
+        Ok(first
+            .claim()
+            .then(|| (Batch::new(view.version, first, planned.write), planned.config)))
     }
 
     /// Plans `first` on a config a read-index confirmed: a follower redirects, a new leader
@@ -499,8 +515,6 @@ impl Committer {
             Ok(Err(error)) => Err(wire::leadership_error(error, |leader| {
                 leader_address(&self.raft, leader)
             })),
-            // Its client stopped waiting meanwhile and heard that nothing changed.
-            Ok(Ok(_)) if !first.claim() => return None,
             Ok(Ok(_)) => readable_view(&self.view).and_then(|view| {
                 (first.plan)(&view.config, view.version)
                     .map(|planned| (view.version, planned))
@@ -508,7 +522,9 @@ impl Committer {
             }),
         };
         match planned {
-            Ok((version, planned)) => Some((Batch::new(version, first, planned.write), planned.config)),
+            Ok((version, planned)) => first
+                .claim()
+                .then(|| (Batch::new(version, first, planned.write), planned.config)),
             Err(status) => {
                 first.reply(Err(status));
                 None

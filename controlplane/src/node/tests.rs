@@ -248,8 +248,9 @@ fn create_backend(name: &str) -> Plan {
 }
 
 /// The queue driven directly: a request that found nothing committing holds the turn while
-/// the others queue; the queue refuses one write beyond its limit; when the request is
-/// cancelled mid-commit, the writes queued behind it are committed, in full batches.
+/// the others queue; the queue refuses one write beyond its limit; a queued request that is
+/// cancelled leaves nothing behind; when the first request is cancelled mid-commit, the writes
+/// queued behind it are committed, in full batches.
 #[tokio::test]
 async fn a_cancelled_request_hands_the_queued_writes_on_in_batches() {
     let dir = tempfile::tempdir().unwrap();
@@ -266,8 +267,12 @@ async fn a_cancelled_request_hands_the_queued_writes_on_in_batches() {
     // for a read-index when the leader's first entry is not applied yet).
     let mut cut = Box::pin(queue.write(None, create_backend("cut")));
     assert!(futures::poll!(&mut cut).is_pending());
+    let doomed = {
+        let queue = queue.clone();
+        tokio::spawn(async move { queue.write(None, create_backend("doomed")).await })
+    };
     let mut queued = tokio::task::JoinSet::new();
-    for index in 0..QUEUE_LIMIT {
+    for index in 1..QUEUE_LIMIT {
         let queue = queue.clone();
         queued.spawn(async move { queue.write(None, create_backend(&format!("q-{index}"))).await });
     }
@@ -283,6 +288,8 @@ async fn a_cancelled_request_hands_the_queued_writes_on_in_batches() {
         .await
         .unwrap_err();
     assert_eq!(refused.code(), Code::ResourceExhausted, "{}", refused.message());
+    doomed.abort();
+    assert!(doomed.await.unwrap_err().is_cancelled());
 
     drop(cut);
     let mut versions = std::collections::BTreeSet::new();
@@ -292,12 +299,23 @@ async fn a_cancelled_request_hands_the_queued_writes_on_in_batches() {
     {
         versions.insert(joined.unwrap().unwrap().version);
     }
-    // 64 writes to an entry. A batch overtaken by the cancelled write's entry goes again
-    // whole, and one planned on a confirmed config gathers as well.
+    // 64 writes to an entry (the last one 63). A batch overtaken by the cancelled write's
+    // entry goes again whole, and one planned on a confirmed config gathers as well.
     assert_eq!(
         versions.len(),
         QUEUE_LIMIT / BATCH_WRITES,
-        "entries for {QUEUE_LIMIT} writes"
+        "entries for {} writes",
+        QUEUE_LIMIT - 1
+    );
+    let listed = client.list(ListRequest::default()).await.unwrap().into_inner();
+    let names: Vec<&str> = listed.objects.iter().map(|object| object.name.as_str()).collect();
+    assert!(
+        !names.contains(&"doomed"),
+        "a cancelled request's write was proposed"
+    );
+    assert_eq!(
+        names.iter().filter(|name| name.starts_with("q-")).count(),
+        QUEUE_LIMIT - 1
     );
     node.shutdown().await.unwrap();
 }
