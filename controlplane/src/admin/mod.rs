@@ -93,15 +93,6 @@ impl AdminService {
         }
     }
 
-    fn leader_address(&self, leader: NodeId) -> Option<String> {
-        leader_address(&self.raft, leader)
-    }
-
-    /// The config this node's build can read, or why it cannot serve one.
-    fn readable_view(&self) -> Result<ConfigView, Status> {
-        readable_view(&self.view)
-    }
-
     /// The view to answer a read from, after the wait `consistency` asks for.
     async fn read(&self, consistency: i32) -> Result<(ConfigView, ReadConsistency), Status> {
         let consistency = ReadConsistency::try_from(consistency)
@@ -117,9 +108,9 @@ impl AdminService {
                         COMMIT_TIMEOUT.as_secs()
                     ))
                 })?
-                .map_err(|error| wire::leadership_error(error, |leader| self.leader_address(leader)))?;
+                .map_err(|error| wire::leadership_error(error, |leader| leader_address(&self.raft, leader)))?;
         }
-        Ok((self.readable_view()?, consistency))
+        Ok((readable_view(&self.view)?, consistency))
     }
 
     /// This node's view: the cluster as it sees it and the proxies streaming from it.
@@ -250,7 +241,7 @@ impl Admin for AdminService {
     async fn validate(&self, request: Request<ApplyRequest>) -> Result<Response<ApplyResponse>, Status> {
         let request = request.into_inner();
         let objects = wire::decode_objects(&request.objects)?;
-        let view = self.readable_view()?;
+        let view = readable_view(&self.view)?;
         let planned = command::plan_apply(&view.config, view.version, &objects, request.expected_version)
             .map_err(wire::rejection)?;
         Ok(Response::new(wire::apply_response(
@@ -344,7 +335,7 @@ impl AdminService {
         };
         if leader != Some(me) {
             return Err(wire::forward_to_leader(
-                leader.and_then(|leader| self.leader_address(leader)),
+                leader.and_then(|leader| leader_address(&self.raft, leader)),
             ));
         }
         let membership = self
@@ -365,7 +356,7 @@ impl AdminService {
                 "node {node_id} is the last voter: a cluster cannot remove its last voter"
             )));
         }
-        let leader_address = |leader| self.leader_address(leader);
+        let leader_address = |leader| leader_address(&self.raft, leader);
         let change = if voters.contains(&node_id) {
             // A removed voter leaves as a voter and as a node at once (`retain: false`).
             ChangeMembers::RemoveVoters(BTreeSet::from([node_id]))
@@ -399,7 +390,7 @@ impl AdminService {
             Some(_) if voter => return Ok(Response::new(self.status())),
             _ => {}
         }
-        let leader_address = |leader| self.leader_address(leader);
+        let leader_address = |leader| leader_address(&self.raft, leader);
         let added = with_commit_deadline(self.raft.add_learner(
             node_id,
             BasicNode::new(address.clone()),
@@ -499,7 +490,7 @@ impl AdminService {
                 "node {node_id} still answers at {old}: stop it there first"
             ));
         }
-        let leader_address = |leader| self.leader_address(leader);
+        let leader_address = |leader| leader_address(&self.raft, leader);
         let nodes = BTreeMap::from([(node_id, BasicNode::new(address))]);
         with_commit_deadline(self.raft.change_membership(ChangeMembers::SetNodes(nodes), false))
             .await?
