@@ -11,7 +11,9 @@
 //!   again; every restart must come back, with every acknowledged write.
 //!
 //! Bounded for the suite; `PORTCULLIS_CHAOS_SECONDS` (default 40) and
-//! `PORTCULLIS_CRASH_CYCLES` (default 50) make the longer runs of docs/operations.md.
+//! `PORTCULLIS_CRASH_CYCLES` (default 50) make the longer runs of docs/operations.md, with
+//! `--release`: an unoptimized node's whole-config read outgrows `OPERATION_TIMEOUT` as the
+//! crash loop's config grows past 100,000 objects.
 
 mod history;
 mod netns;
