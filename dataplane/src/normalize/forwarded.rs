@@ -2,7 +2,7 @@
 //! otherwise, so a client cannot pose as another address to the upstream or to a policy
 //! keyed on the client address.
 
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 
 use http::header::HOST;
 use http::{HeaderMap, HeaderName, HeaderValue};
@@ -65,12 +65,19 @@ impl Forwarding {
             .map(|hop| hop.trim().to_string())
             .filter(|hop| !hop.is_empty())
             .collect();
-        let client = chain
-            .iter()
-            .rev()
-            .filter_map(|hop| hop.parse::<IpAddr>().ok())
-            .find(|hop| !self.trusts(*hop))
-            .unwrap_or(peer);
+        // From the nearest hop back: the first address no trusted hop is, else the
+        // farthest one every hop vouched for. A hop that cannot be read ends the walk, since
+        // nothing before it was vouched for.
+        let mut client = peer;
+        for hop in chain.iter().rev() {
+            let Some(address) = hop_address(hop) else {
+                break;
+            };
+            client = address;
+            if !self.trusts(address) {
+                break;
+            }
+        }
         let mut extended = chain.join(", ");
         if !extended.is_empty() {
             extended.push_str(", ");
@@ -87,6 +94,19 @@ impl Forwarding {
         }
         client
     }
+}
+
+/// An `X-Forwarded-For` entry's address: proxies write `ip`, `ip:port`, `[v6]` and
+/// `[v6]:port`.
+fn hop_address(hop: &str) -> Option<IpAddr> {
+    if let Ok(address) = hop.parse::<IpAddr>() {
+        return Some(address);
+    }
+    if let Ok(socket) = hop.parse::<SocketAddr>() {
+        return Some(socket.ip());
+    }
+    let bracketed = hop.strip_prefix('[')?.strip_suffix(']')?;
+    bracketed.parse::<Ipv6Addr>().ok().map(IpAddr::V6)
 }
 
 /// Built only from addresses and header values that were valid already.
@@ -141,6 +161,27 @@ mod tests {
         assert_eq!(map["x-forwarded-for"], "203.0.113.9, 10.1.1.1, 10.2.2.2");
         assert_eq!(map["x-forwarded-proto"], "https");
         assert_eq!(map["x-forwarded-host"], "api.example.com");
+    }
+
+    #[test]
+    fn the_client_behind_trusted_hops_is_read_as_each_hop_wrote_it() {
+        let forwarding = Forwarding::new(vec!["10.0.0.0/8".parse().unwrap()]);
+        let client = |chain: &str| {
+            let mut map = headers(&[("x-forwarded-for", chain)]);
+            forwarding
+                .rewrite(&mut map, "10.2.2.2".parse().unwrap())
+                .to_string()
+        };
+        // A hop that writes the port must not let the client's own claim through.
+        assert_eq!(client("203.0.113.77, 198.51.100.9:51234"), "198.51.100.9");
+        assert_eq!(client("203.0.113.77, [2001:db8::9]:443"), "2001:db8::9");
+        assert_eq!(client("203.0.113.77, [2001:db8::9]"), "2001:db8::9");
+        assert_eq!(client("203.0.113.77, 10.1.1.1:8080"), "203.0.113.77");
+        // Something unreadable ends the walk at the farthest hop vouched for.
+        assert_eq!(client("203.0.113.77, unknown, 10.1.1.1"), "10.1.1.1");
+        assert_eq!(client("203.0.113.77, _hidden"), "10.2.2.2");
+        // Every hop trusted: the farthest is the client, not the nearest proxy.
+        assert_eq!(client("10.9.9.9, 10.1.1.1"), "10.9.9.9");
     }
 
     #[test]

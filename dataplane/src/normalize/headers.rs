@@ -2,7 +2,7 @@
 //! client cannot use `Connection: x-forwarded-for` to strip what the proxy sets later, and
 //! the host must be one well-formed authority.
 
-use http::header::{CONNECTION, CONTENT_LENGTH, HOST, TE};
+use http::header::{CONNECTION, CONTENT_LENGTH, HOST, TE, TRANSFER_ENCODING};
 use http::uri::Authority;
 use http::{HeaderMap, HeaderName, HeaderValue};
 
@@ -15,7 +15,7 @@ const HOP_BY_HOP: [HeaderName; 8] = [
     http::header::PROXY_AUTHENTICATE,
     http::header::PROXY_AUTHORIZATION,
     http::header::TRAILER,
-    http::header::TRANSFER_ENCODING,
+    TRANSFER_ENCODING,
     http::header::UPGRADE,
 ];
 
@@ -36,6 +36,12 @@ pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap, keep_te_trailers: bool) 
         for name in named {
             headers.remove(name);
         }
+    }
+    // The body was framed by Transfer-Encoding, which overrides a Content-Length sent with
+    // it; forwarded, the stale length would frame the body again, cutting it short or
+    // leaving the peer waiting (RFC 9112 §6.3: an intermediary removes it).
+    if headers.contains_key(TRANSFER_ENCODING) {
+        headers.remove(CONTENT_LENGTH);
     }
     for name in &HOP_BY_HOP {
         headers.remove(name);
@@ -120,6 +126,12 @@ mod tests {
         assert_eq!(names, ["host", "te", "x-kept"]);
         strip_hop_by_hop(&mut headers, false);
         assert!(!headers.contains_key(TE));
+        let mut framed_twice = map(&[("transfer-encoding", "chunked"), ("content-length", "2")]);
+        strip_hop_by_hop(&mut framed_twice, false);
+        assert!(
+            framed_twice.is_empty(),
+            "a Content-Length sent with Transfer-Encoding goes"
+        );
         let mut gzip = map(&[("te", "gzip, trailers")]);
         strip_hop_by_hop(&mut gzip, true);
         assert!(gzip.is_empty(), "only `TE: trailers` may pass");

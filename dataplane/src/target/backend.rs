@@ -37,20 +37,24 @@ impl BackendTarget {
         })
     }
 
-    /// Every endpoint once, starting at the next in turn; ejected ones go last, so they
-    /// are tried only when nothing healthy is left.
+    /// Every endpoint once: the healthy ones in turn, starting at the next, then the ejected
+    /// ones, tried only when nothing healthy is left. The turn goes round the healthy ones
+    /// only, so an ejected endpoint's share is spread over all of them, not handed to its
+    /// neighbour.
     fn plan(&self) -> Vec<&Endpoint> {
-        let count = self.endpoints.len();
-        if count <= 1 {
+        if self.endpoints.len() <= 1 {
             return self.endpoints.iter().collect();
         }
-        let start = self.next.fetch_add(1, Ordering::Relaxed) % count;
-        let rotated = self.endpoints[start..].iter().chain(&self.endpoints[..start]);
-        let (healthy, ejected): (Vec<&Endpoint>, Vec<&Endpoint>) =
-            rotated.partition(|endpoint| !endpoint.health.is_ejected());
-        let mut plan = healthy;
-        plan.extend(ejected);
-        plan
+        let (mut healthy, ejected): (Vec<&Endpoint>, Vec<&Endpoint>) = self
+            .endpoints
+            .iter()
+            .partition(|endpoint| !endpoint.health.is_ejected());
+        if !healthy.is_empty() {
+            let start = self.next.fetch_add(1, Ordering::Relaxed) % healthy.len();
+            healthy.rotate_left(start);
+        }
+        healthy.extend(ejected);
+        healthy
     }
 }
 
@@ -81,5 +85,48 @@ impl Target for BackendTarget {
             .iter()
             .map(|endpoint| &endpoint.authority)
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::upstream::HealthRegistry;
+
+    #[test]
+    fn an_ejected_endpoints_turns_are_spread_over_the_healthy_ones() {
+        let registry = HealthRegistry::default();
+        let endpoints: Vec<Endpoint> = ["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"]
+            .iter()
+            .map(|address| registry.endpoint(address.parse().unwrap()))
+            .collect();
+        let eject_at_once = EjectionSpec {
+            consecutive_failures: 1,
+            ..EjectionSpec::default()
+        };
+        assert!(endpoints[1]
+            .health
+            .record_connect_failure(&eject_at_once)
+            .is_some());
+        let target = BackendTarget {
+            name: Arc::from("Backend/up"),
+            endpoints,
+            http2: false,
+            ejection: EjectionSpec::default(),
+            next: AtomicUsize::new(0),
+        };
+        let mut first = [0; 3];
+        for _ in 0..300 {
+            let plan = target.plan();
+            assert_eq!(plan.len(), 3, "every endpoint is in every plan");
+            assert_eq!(plan[2].label.as_ref(), "127.0.0.1:2", "the ejected one last");
+            let index = target
+                .endpoints
+                .iter()
+                .position(|endpoint| std::ptr::eq(endpoint, plan[0]))
+                .unwrap();
+            first[index] += 1;
+        }
+        assert_eq!(first, [150, 0, 150]);
     }
 }

@@ -274,6 +274,81 @@ async fn failed_connects_are_retried_on_another_endpoint_and_the_endpoint_ejecte
     proxy.shutdown().await.unwrap();
 }
 
+/// A listener whose accept queue is full: the kernel drops further SYNs, so a connect to it
+/// neither succeeds nor fails, as with a host that silently drops them. Holds the listener
+/// and the connections that fill it.
+async fn blackhole() -> (std::net::SocketAddr, tokio::net::TcpListener, Vec<TcpStream>) {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let listener = socket.listen(0).unwrap();
+    let address = listener.local_addr().unwrap();
+    let mut queued = Vec::new();
+    while let Ok(connected) =
+        tokio::time::timeout(Duration::from_millis(300), TcpStream::connect(address)).await
+    {
+        queued.push(connected.unwrap());
+        assert!(queued.len() < 64, "the accept queue never filled");
+    }
+    (address, listener, queued)
+}
+
+#[tokio::test]
+async fn an_endpoint_that_accepts_no_connection_within_the_route_timeout_is_ejected() {
+    let alive = spawn_upstream(|_| async { text("alive") }).await;
+    let (dead, _listener, _queued) = blackhole().await;
+    let port = free_port();
+    let backend = format!("apiVersion: portcullis.dev/v1alpha1\nkind: Backend\nmetadata: {{name: up}}\nspec: {{endpoints: ['{dead}', '{alive}'], ejection: {{consecutiveFailures: 2, duration: 30s}}}}\n---\n");
+    // A route timeout well below the 3 s connect timeout: the route's timer ends each
+    // attempt on the dead endpoint while it is still connecting.
+    let config = objects(&(listener("web", port) + &backend + &route("all", "web", "up", "timeout: 300ms")));
+    let proxy = start_proxy(None, Duration::from_secs(1)).await;
+    proxy.state.apply(1, config).await.unwrap();
+    let mut statuses = Vec::new();
+    for _ in 0..8 {
+        statuses.push(get(port, "/x").await.0);
+    }
+    // Round-robin puts the dead endpoint first for every other request until two of them
+    // ejected it.
+    assert_eq!(statuses, [504, 200, 504, 200, 200, 200, 200, 200]);
+    let (_, metrics) = get(proxy.admin_addr().port(), "/metrics").await;
+    let connect_errors = metrics
+        .lines()
+        .find(|line| {
+            line.starts_with("portcullis_proxy_upstream_errors_total{") && line.contains("kind=\"connect\"")
+        })
+        .and_then(|line| line.rsplit(' ').next())
+        .and_then(|count| count.parse::<u64>().ok());
+    assert_eq!(connect_errors, Some(2), "{metrics}");
+    proxy.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_content_length_sent_with_transfer_encoding_does_not_frame_the_forwarded_body() {
+    let upstream = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = upstream.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = upstream.accept().await {
+            tokio::spawn(async move {
+                let mut request = [0; 4096];
+                let _ = stream.read(&mut request).await;
+                let _ = stream
+                    .write_all(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Length: 2\r\n\r\n5\r\nhello\r\n0\r\n\r\n")
+                    .await;
+                let _ = stream.read(&mut request).await;
+            });
+        }
+    });
+    let port = free_port();
+    let proxy = start_proxy(None, Duration::from_secs(1)).await;
+    proxy
+        .state
+        .apply(1, simple_config(port, address, ""))
+        .await
+        .unwrap();
+    assert_eq!(get(port, "/x").await, (200, "hello".to_string()));
+    proxy.shutdown().await.unwrap();
+}
+
 #[tokio::test]
 async fn retries_on_configured_status_only_for_idempotent_requests() {
     let calls = Arc::new(AtomicUsize::new(0));

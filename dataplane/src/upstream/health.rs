@@ -52,16 +52,26 @@ impl EndpointHealth {
     }
 
     fn record_connect_failure_at(&self, policy: &EjectionSpec, now_ms: u64) -> Option<Duration> {
+        let ejected_until = self.ejected_until_ms.load(Ordering::Relaxed);
+        // Requests that chose the endpoint before it was ejected still fail after: they
+        // say nothing new and must not stretch the ejection.
+        if ejected_until > now_ms {
+            return None;
+        }
         let failures = self.consecutive_failures.fetch_add(1, Ordering::Relaxed) + 1;
         if failures < policy.consecutive_failures {
             return None;
         }
-        self.consecutive_failures.store(0, Ordering::Relaxed);
-        let ejections = self.ejections.fetch_add(1, Ordering::Relaxed);
+        let ejections = self.ejections.load(Ordering::Relaxed);
         let multiplier = 2u32.saturating_pow(ejections).min(MAX_EJECTION_MULTIPLIER);
         let duration = policy.duration().saturating_mul(multiplier);
         let until = now_ms.saturating_add(u64::try_from(duration.as_millis()).unwrap_or(u64::MAX));
-        self.ejected_until_ms.store(until, Ordering::Relaxed);
+        // Of the failures that reach the count together, one ejects.
+        self.ejected_until_ms
+            .compare_exchange(ejected_until, until, Ordering::Relaxed, Ordering::Relaxed)
+            .ok()?;
+        self.consecutive_failures.store(0, Ordering::Relaxed);
+        self.ejections.fetch_add(1, Ordering::Relaxed);
         Some(duration)
     }
 }
@@ -138,6 +148,31 @@ mod tests {
             "ejected again without a success: twice as long"
         );
         assert!(health.is_ejected_at(1_119));
+    }
+
+    #[test]
+    fn failures_while_ejected_do_not_stretch_the_ejection() {
+        let policy = EjectionSpec {
+            consecutive_failures: 2,
+            duration: portcullis_config::HumanDuration(Duration::from_millis(40)),
+        };
+        let health = EndpointHealth::default();
+        health.record_connect_failure_at(&policy, 1_000);
+        assert!(health.record_connect_failure_at(&policy, 1_000).is_some());
+        // Requests already under way when it was ejected fail in a burst.
+        for _ in 0..10 {
+            assert_eq!(health.record_connect_failure_at(&policy, 1_010), None);
+        }
+        assert!(
+            !health.is_ejected_at(1_040),
+            "re-admitted after one ejection time"
+        );
+        health.record_connect_failure_at(&policy, 1_040);
+        assert_eq!(
+            health.record_connect_failure_at(&policy, 1_040),
+            Some(Duration::from_millis(80)),
+            "the next ejection doubles once, not once per failure while it was out"
+        );
     }
 
     #[test]

@@ -14,6 +14,7 @@ use hyper::client::conn::http2::SendRequest;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::net::TcpStream;
 
+use super::connect_watch::watched;
 use super::Failure;
 use crate::body::Body;
 
@@ -56,7 +57,7 @@ impl Connections {
             },
             None => request,
         };
-        let mut sender = tokio::time::timeout(connect_timeout, connect(endpoint))
+        let mut sender = tokio::time::timeout(connect_timeout, watched(connect(endpoint)))
             .await
             .map_err(|_| Failure::Connect(format!("no connection within {connect_timeout:?}")))??;
         sender

@@ -2,6 +2,7 @@
 //! connections shared by every config version, with retries where they are safe.
 
 mod background;
+mod connect_watch;
 mod health;
 mod http2;
 mod request;
@@ -22,6 +23,7 @@ use hyper_util::client::legacy::Client;
 use portcullis_config::EjectionSpec;
 
 pub(crate) use background::Background;
+use connect_watch::{ConnectWatch, Watched};
 pub(crate) use health::{Endpoint, HealthRegistry};
 pub(crate) use retry::RetryPolicy;
 
@@ -53,7 +55,7 @@ pub(crate) struct Dispatch<'a> {
 }
 
 /// The pooled HTTP/1.1 client, for `http://` and `https://` upstreams.
-pub(crate) type Http1 = Client<HttpsConnector<HttpConnector>, Body>;
+pub(crate) type Http1 = Client<Watched<HttpsConnector<HttpConnector>>, Body>;
 pub(crate) use tls::TlsClients;
 
 thread_local! {
@@ -188,12 +190,25 @@ impl Upstream {
             };
             let may_retry = attempt < max_attempts && replay.is_some();
             let started = Instant::now();
+            let connects = Arc::new(ConnectWatch::default());
             let outcome = tokio::time::timeout_at(
                 deadline,
-                self.exchange(endpoint, dispatch.http2, upstream_request),
+                connects.over(self.exchange(endpoint, dispatch.http2, upstream_request)),
             )
             .await;
             match outcome {
+                Err(_) if connects.connecting() => {
+                    self.connect_failed(ctx, &dispatch, endpoint);
+                    tracing::warn!(route = %ctx.route, endpoint = %endpoint.authority, timeout = ?route.timeout, "no connection to the upstream within the route's timeout");
+                    return response::error(
+                        StatusCode::GATEWAY_TIMEOUT,
+                        "upstream_timeout",
+                        format!(
+                            "{} accepted no connection within {:?} (Route/{} timeout)",
+                            dispatch.target, route.timeout, ctx.route
+                        ),
+                    );
+                }
                 Err(_) => {
                     self.telemetry
                         .upstream_error(&ctx.route, dispatch.target, "timeout");
@@ -221,11 +236,7 @@ impl Upstream {
                     return finish_response(upstream_response, route);
                 }
                 Ok(Err(Failure::Connect(message))) => {
-                    if let Some(ejected_for) = endpoint.health.record_connect_failure(dispatch.ejection) {
-                        tracing::warn!(target = %dispatch.target, endpoint = %endpoint.authority, ?ejected_for, "endpoint ejected after repeated connect failures");
-                    }
-                    self.telemetry
-                        .upstream_error(&ctx.route, dispatch.target, "connect");
+                    self.connect_failed(ctx, &dispatch, endpoint);
                     if dispatch.connect_fallback && replay.is_some() && attempt < dispatch.endpoints.len() {
                         tracing::debug!(route = %ctx.route, endpoint = %endpoint.authority, %message, "connect failed, trying the picker's next endpoint");
                         continue;
@@ -244,6 +255,16 @@ impl Upstream {
                 Ok(Err(failure)) => return self.exchange_failed(ctx, route, &dispatch, endpoint, failure),
             }
         }
+    }
+
+    /// Counts a connect that failed, or that the route's timeout cut short, toward ejecting
+    /// `endpoint`.
+    fn connect_failed(&self, ctx: &RequestContext, dispatch: &Dispatch<'_>, endpoint: &Endpoint) {
+        if let Some(ejected_for) = endpoint.health.record_connect_failure(dispatch.ejection) {
+            tracing::warn!(target = %dispatch.target, endpoint = %endpoint.authority, ?ejected_for, "endpoint ejected after repeated connect failures");
+        }
+        self.telemetry
+            .upstream_error(&ctx.route, dispatch.target, "connect");
     }
 
     fn exchange_failed(

@@ -16,6 +16,7 @@ use rustls::pki_types::{PrivateKeyDer, ServerName};
 use rustls::{ClientConfig, RootCertStore};
 use sha2::{Digest, Sha256};
 
+use super::connect_watch::Watched;
 use super::{Http1, CONNECT_TIMEOUT};
 
 static MOZILLA_ROOTS: LazyLock<Arc<ClientConfig>> = LazyLock::new(|| {
@@ -53,7 +54,7 @@ fn http1(tls: Arc<ClientConfig>, server_name: Option<ServerName<'static>>) -> Ht
         Some(name) => builder.with_server_name_resolver(FixedServerNameResolver::new(name)),
         None => builder,
     };
-    let connector = builder.enable_http1().wrap_connector(connector);
+    let connector = Watched(builder.enable_http1().wrap_connector(connector));
     Client::builder(TokioExecutor::new())
         .timer(TokioTimer::new())
         .pool_timer(TokioTimer::new())
