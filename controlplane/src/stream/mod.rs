@@ -32,6 +32,11 @@ const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 const FANOUT_DEFER: Duration = Duration::from_millis(2);
 /// How long a proxy holding a newer version than this node waits for it to catch up.
 const CATCH_UP_GRACE: Duration = Duration::from_secs(10);
+/// A version a proxy refused whole is offered again after this, the wait doubling with each
+/// refusal up to [`REFUSED_RETRY_MAX`]: a refusal can pass (a port another process held is
+/// freed), and without a new write nothing else would send that version again.
+const REFUSED_RETRY_FIRST: Duration = Duration::from_secs(1);
+const REFUSED_RETRY_MAX: Duration = Duration::from_secs(60);
 /// How long a node may be out of touch with the cluster before its proxies are sent to
 /// other nodes (an election takes a second or two).
 const LEADERLESS_GRACE: Duration = Duration::from_secs(5);
@@ -101,6 +106,19 @@ struct Session {
     shutdown: watch::Receiver<bool>,
     metrics: Metrics,
     fanout: Arc<Fanout>,
+}
+
+struct Connected<'a> {
+    registry: ProxyRegistry,
+    proxy_id: &'a str,
+    session: u64,
+}
+
+impl Drop for Connected<'_> {
+    fn drop(&mut self) {
+        self.registry.disconnect(self.proxy_id, self.session);
+        tracing::info!(proxy_id = %self.proxy_id, "proxy stream ended");
+    }
 }
 
 /// What the proxy holds and has been sent, as far as this stream knows.
@@ -174,10 +192,15 @@ impl Session {
             }
         };
         tracing::info!(%proxy_id, ?shard, last_version, "proxy subscribed");
+        // Marks the proxy gone however the session ends, a panic included: an entry left
+        // connected would never be pruned and would refuse the proxy's next process.
+        let _connected = Connected {
+            registry: self.registry.clone(),
+            proxy_id: &proxy_id,
+            session,
+        };
         self.serve(&proxy_id, &shard, session, last_version, accepts_deltas)
             .await;
-        self.registry.disconnect(&proxy_id, session);
-        tracing::info!(%proxy_id, "proxy stream ended");
     }
 
     async fn serve(
@@ -204,8 +227,14 @@ impl Session {
         let mut catching_up = (held > 0).then(|| tokio::time::Instant::now() + CATCH_UP_GRACE);
         let mut leaderless_until =
             (!self.place().in_touch).then(|| tokio::time::Instant::now() + LEADERLESS_GRACE);
+        let mut offer_again: Option<tokio::time::Instant> = None;
+        let mut refused_retry = REFUSED_RETRY_FIRST;
         loop {
             tokio::select! {
+                () = tokio::time::sleep_until(offer_again.unwrap_or_else(tokio::time::Instant::now)), if offer_again.is_some() => {
+                    offer_again = None;
+                    pending = true;
+                }
                 () = tokio::time::sleep_until(leaderless_until.unwrap_or_else(tokio::time::Instant::now)), if leaderless_until.is_some() => {
                     return self.fail(self.left_cluster());
                 }
@@ -276,6 +305,8 @@ impl Session {
                     Ok(Some(ProxyMessage { message: Some(Message::Ack(ack)) })) => {
                         if exchange.awaiting.is_some_and(|(version, _)| version == ack.version) {
                             exchange = Exchange { acked: Some(ack.version), awaiting: None };
+                            offer_again = None;
+                            refused_retry = REFUSED_RETRY_FIRST;
                         }
                         self.registry.ack(proxy_id, session, ack.version);
                         self.metrics.ack_received();
@@ -285,10 +316,14 @@ impl Session {
                         if let Some((version, delta)) = exchange.awaiting.filter(|(version, _)| *version == nack.version) {
                             exchange.awaiting = None;
                             // The proxy keeps what it held. A refused delta is sent again
-                            // whole: the proxy may not hold its base after all.
+                            // whole at once: the proxy may not hold its base after all. A
+                            // refused whole version is offered again later.
                             if delta {
                                 exchange.acked = None;
                                 pending = true;
+                            } else {
+                                offer_again = Some(tokio::time::Instant::now() + refused_retry);
+                                refused_retry = (refused_retry * 2).min(REFUSED_RETRY_MAX);
                             }
                             tracing::debug!(%proxy_id, version, delta, "version refused");
                         }

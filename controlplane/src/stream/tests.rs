@@ -291,3 +291,38 @@ async fn deltas_follow_acknowledgements_and_a_refused_delta_is_resent_whole() {
     drop(tx);
     node.shutdown().await.unwrap();
 }
+
+#[tokio::test]
+async fn a_version_refused_whole_is_offered_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = start(dir.path(), 1, false).await;
+    let mut admin = admin(node.local_addr()).await;
+    wait_for_leader(&mut admin).await;
+    admin
+        .apply(apply_request(vec![backend("api", "127.0.0.1:9000")], None))
+        .await
+        .unwrap();
+    let (tx, mut stream) = subscribe(node.local_addr()).await;
+    let hello = Hello {
+        proxy_id: "edge-1".into(),
+        accepts_deltas: true,
+        ..Hello::default()
+    };
+    tx.send(proxy_message(Message::Hello(hello))).await.unwrap();
+    assert_eq!(next(&mut stream).await.version, 1);
+    // Refused for a reason that can pass (a port in use), with no write to follow.
+    let nack = Nack {
+        version: 1,
+        reason: "127.0.0.1:8080: address in use".into(),
+    };
+    tx.send(proxy_message(Message::Nack(nack))).await.unwrap();
+    let again = next(&mut stream).await;
+    assert_eq!((again.version, again.base_version), (1, None));
+    tx.send(proxy_message(Message::Ack(Ack { version: 1 })))
+        .await
+        .unwrap();
+    let status = wait_status(&mut admin, |s| proxy(s).is_some_and(|p| p.applied_version == 1)).await;
+    assert!(proxy(&status).unwrap().healthy);
+    drop(tx);
+    node.shutdown().await.unwrap();
+}
