@@ -162,6 +162,7 @@ impl ControlPlane {
             )
             .add_service(
                 ConfigStreamServer::new(ConfigStreamService::new(
+                    raft.clone(),
                     view.clone(),
                     standing,
                     registry.clone(),

@@ -22,7 +22,6 @@ const QUORUM_SILENCE: Duration = Duration::from_millis(1500);
 pub(crate) struct Standing {
     /// This node is in the cluster's membership (not removed, not waiting to be added).
     pub(crate) member: bool,
-    pub(crate) voters: usize,
     /// Writes can succeed through this node: Raft runs, a leader is known and, if this node
     /// is the leader of several voters, a quorum acknowledged it within `QUORUM_SILENCE`.
     pub(crate) in_touch: bool,
@@ -66,7 +65,6 @@ fn sample(raft: &Raft) -> Standing {
     };
     Standing {
         member,
-        voters,
         in_touch: metrics.running_state.is_ok() && member && leading,
     }
 }

@@ -21,6 +21,7 @@ use self::fanout::Fanout;
 use crate::metrics::Metrics;
 use crate::node::standing::Standing;
 use crate::registry::ProxyRegistry;
+use crate::types::Raft;
 use crate::view::ConfigView;
 
 /// How long a new stream may take to send its Hello; a client that never does would
@@ -32,6 +33,9 @@ const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 const FANOUT_DEFER: Duration = Duration::from_millis(2);
 /// How long a proxy holding a newer version than this node waits for it to catch up.
 const CATCH_UP_GRACE: Duration = Duration::from_secs(10);
+/// How long the leader may take to confirm, with a quorum, that it is behind a version a proxy
+/// holds.
+const CONFIRM_TIMEOUT: Duration = Duration::from_secs(2);
 /// A version a proxy refused whole is offered again after this, the wait doubling with each
 /// refusal up to [`REFUSED_RETRY_MAX`]: a refusal can pass (a port another process held is
 /// freed), and without a new write nothing else would send that version again.
@@ -42,6 +46,7 @@ const REFUSED_RETRY_MAX: Duration = Duration::from_secs(60);
 const LEADERLESS_GRACE: Duration = Duration::from_secs(5);
 
 pub struct ConfigStreamService {
+    raft: Raft,
     view: watch::Receiver<ConfigView>,
     /// This node's standing in the cluster: whether its proxies should go elsewhere.
     cluster: watch::Receiver<Standing>,
@@ -54,6 +59,7 @@ pub struct ConfigStreamService {
 
 impl ConfigStreamService {
     pub fn new(
+        raft: Raft,
         view: watch::Receiver<ConfigView>,
         cluster: watch::Receiver<Standing>,
         registry: ProxyRegistry,
@@ -61,6 +67,7 @@ impl ConfigStreamService {
         metrics: Metrics,
     ) -> Self {
         Self {
+            raft,
             view,
             cluster,
             registry,
@@ -85,6 +92,7 @@ impl ConfigStream for ConfigStreamService {
         let session = Session {
             inbound: request.into_inner(),
             outbound: tx,
+            raft: self.raft.clone(),
             view: self.view.clone(),
             cluster: self.cluster.clone(),
             registry: self.registry.clone(),
@@ -100,6 +108,7 @@ impl ConfigStream for ConfigStreamService {
 struct Session {
     inbound: Streaming<ProxyMessage>,
     outbound: mpsc::Sender<Result<ConfigSnapshot, Status>>,
+    raft: Raft,
     view: watch::Receiver<ConfigView>,
     cluster: watch::Receiver<Standing>,
     registry: ProxyRegistry,
@@ -142,6 +151,20 @@ impl Session {
     /// elsewhere.
     fn left_cluster(&self) -> Status {
         Status::unavailable("this control-plane node is not in touch with the cluster; use another node")
+    }
+
+    /// Whether the version a proxy holds comes from another history than this cluster's: this
+    /// node, confirmed as leader by a quorum and with every committed entry applied, is still
+    /// behind it. A proxy only ever gets committed versions and versions only grow, so it got
+    /// that one from a control plane rebuilt since from empty storage (the documented way
+    /// through an entry-format change) or restored from an older backup, counting versions
+    /// from where that one starts. Other nodes cannot tell a lagging log from another history.
+    async fn holds_another_history(&self, held: u64) -> bool {
+        if self.view.borrow().version >= held {
+            return false;
+        }
+        let confirmed = tokio::time::timeout(CONFIRM_TIMEOUT, self.raft.ensure_linearizable()).await;
+        matches!(confirmed, Ok(Ok(_))) && self.view.borrow().version < held
     }
 
     /// Ends the stream with `status`. `try_send`, because the proxy may have stopped
@@ -222,9 +245,13 @@ impl Session {
         let mut exchange = Exchange::default();
         // A proxy that moved here from another node may hold a version this node has not
         // applied yet: it waits for this node to catch up rather than go back. If this node
-        // does not, the proxy is sent to another one; only a lone node (a control plane
-        // rebuilt from empty storage, counting versions from 1 again) sends what it has.
-        let mut catching_up = (held > 0).then(|| tokio::time::Instant::now() + CATCH_UP_GRACE);
+        // does not, the proxy is sent to another one. Only the leader can tell a version this
+        // cluster never reached, and sends what it has.
+        let foreign = held > 0 && self.holds_another_history(held).await;
+        if foreign {
+            tracing::warn!(%proxy_id, held, version = self.view.borrow().version, "the proxy holds a version this cluster never reached (a control plane rebuilt from empty storage, or restored from an older backup?); it gets this cluster's current version");
+        }
+        let mut catching_up = (held > 0 && !foreign).then(|| tokio::time::Instant::now() + CATCH_UP_GRACE);
         let mut leaderless_until =
             (!self.place().in_touch).then(|| tokio::time::Instant::now() + LEADERLESS_GRACE);
         let mut offer_again: Option<tokio::time::Instant> = None;
@@ -239,7 +266,7 @@ impl Session {
                     return self.fail(self.left_cluster());
                 }
                 () = tokio::time::sleep_until(catching_up.unwrap_or_else(tokio::time::Instant::now)), if catching_up.is_some() => {
-                    if self.view.borrow().version < held && self.place().voters > 1 {
+                    if self.view.borrow().version < held && !self.holds_another_history(held).await {
                         return self.fail(Status::unavailable(format!(
                             "this control-plane node is behind version {held}; use another node"
                         )));

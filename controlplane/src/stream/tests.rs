@@ -1,9 +1,11 @@
 use std::time::Duration;
 
+use portcullis_proto::v1::admin_client::AdminClient;
 use portcullis_proto::v1::config_stream_client::ConfigStreamClient;
 use portcullis_proto::v1::proxy_message::Message;
-use portcullis_proto::v1::{Ack, ConfigSnapshot, Hello, Nack, ProxyStatus};
+use portcullis_proto::v1::{Ack, AddNodeRequest, ConfigSnapshot, Hello, Nack, ProxyMessage, ProxyStatus};
 use serde_json::json;
+use tonic::transport::Channel;
 use tonic::{Code, Streaming};
 
 use crate::command::tests::{backend, route};
@@ -142,36 +144,78 @@ async fn nothing_is_sent_before_the_first_version() {
     drop(tx);
 }
 
-#[tokio::test]
-async fn a_proxy_holding_a_newer_version_waits_for_this_node_to_catch_up() {
-    let dir = tempfile::tempdir().unwrap();
-    let node = start(dir.path(), 1, false).await;
-    let mut admin = admin(node.local_addr()).await;
-    wait_for_leader(&mut admin).await;
-    admin
+/// A leader at version 1 and a follower that has applied it.
+async fn two_nodes(
+    dirs: &(tempfile::TempDir, tempfile::TempDir),
+) -> (crate::ControlPlane, crate::ControlPlane, AdminClient<Channel>) {
+    let leader = start(dirs.0.path(), 1, false).await;
+    let mut client = admin(leader.local_addr()).await;
+    wait_for_leader(&mut client).await;
+    client
         .apply(apply_request(vec![backend("api", "127.0.0.1:9000")], None))
         .await
         .unwrap();
-    // The proxy comes from a node that had already applied version 2.
-    let (tx, mut stream) = subscribe(node.local_addr()).await;
-    let hello = Hello {
-        proxy_id: "edge-1".into(),
-        last_version: 2,
-        ..Hello::default()
+    let follower = start(dirs.1.path(), 2, true).await;
+    let add = AddNodeRequest {
+        node_id: 2,
+        address: follower.local_addr().to_string(),
     };
-    tx.send(proxy_message(Message::Hello(hello))).await.unwrap();
+    client.add_node(add).await.unwrap();
+    wait_status(&mut admin(follower.local_addr()).await, |s| s.version == 1).await;
+    (leader, follower, client)
+}
+
+fn holding(version: u64) -> ProxyMessage {
+    proxy_message(Message::Hello(Hello {
+        proxy_id: "edge-1".into(),
+        last_version: version,
+        ..Hello::default()
+    }))
+}
+
+#[tokio::test]
+async fn a_proxy_holding_a_newer_version_waits_for_a_follower_to_catch_up() {
+    let dirs = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (leader, follower, mut client) = two_nodes(&dirs).await;
+    // The proxy comes from a node that had already applied version 2. The follower cannot
+    // tell that from a version this cluster never reached: it waits.
+    let (tx, mut stream) = subscribe(follower.local_addr()).await;
+    tx.send(holding(2)).await.unwrap();
     let early = tokio::time::timeout(Duration::from_millis(500), stream.message()).await;
     assert!(
         early.is_err(),
         "sent an older version than the proxy holds: {early:?}"
     );
-    admin
+    client
         .apply(apply_request(vec![backend("api", "127.0.0.1:9001")], None))
         .await
         .unwrap();
     assert_eq!(next(&mut stream).await.version, 2);
     drop(tx);
-    node.shutdown().await.unwrap();
+    follower.shutdown().await.unwrap();
+    leader.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn the_leader_serves_a_proxy_holding_a_version_this_cluster_never_reached() {
+    let dirs = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (leader, follower, _client) = two_nodes(&dirs).await;
+    // The proxy served version 50 of a control plane this one replaced, rebuilt from empty
+    // storage: the leader, current by a quorum's word, knows version 50 is not its own.
+    let (tx, mut stream) = subscribe(leader.local_addr()).await;
+    tx.send(holding(50)).await.unwrap();
+    let served = tokio::time::timeout(Duration::from_secs(3), stream.message())
+        .await
+        .expect("the leader kept the proxy waiting")
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (served.version, names(&served)),
+        (1, vec!["Backend/api".to_string()])
+    );
+    drop(tx);
+    follower.shutdown().await.unwrap();
+    leader.shutdown().await.unwrap();
 }
 
 #[tokio::test]
