@@ -1,5 +1,5 @@
 //! Guardrails on completions (the `LlmResponse` phase). Each choice's text is checked on its
-//! own. A JSON answer is held until its checks are done: a denial replaces it with an error,
+//! own, and so is the reasoning a reasoning model shows beside it. A JSON answer is held until its checks are done: a denial replaces it with an error,
 //! a mutation replaces the choice's text (and drops its `logprobs`, which would repeat the
 //! original). A streamed answer passes event by event and is checked at its end, before
 //! `[DONE]`: a denial ends the stream with an error event instead (the text already sent
@@ -95,9 +95,7 @@ pub(crate) async fn check(response: Response<Body>, check: CompletionCheck) -> R
         let state = Stream {
             inner: Some(inner),
             parser: sse::Parser::default(),
-            texts: BTreeMap::new(),
-            unreadable: None,
-            broken: false,
+            collected: Collected::default(),
             ready: VecDeque::new(),
             check,
         };
@@ -126,14 +124,26 @@ pub(crate) async fn check(response: Response<Body>, check: CompletionCheck) -> R
     }
 }
 
-/// The text of a choice: chat `message.content`, completions `text`.
-fn choice_text(choice: &mut Value) -> Option<&mut Value> {
-    let text = if choice.get("message").is_some() {
-        choice.get_mut("message")?.get_mut("content")?
+/// The members of a chat message (or of a streamed chat delta) that users read: the content
+/// and the reasoning of a reasoning model (vLLM's `--reasoning-parser` puts it in
+/// `reasoning_content`, newer builds in `reasoning`).
+const MESSAGE_TEXTS: [&str; 3] = ["content", "reasoning_content", "reasoning"];
+
+/// The texts of a choice, each checked on its own: chat `message` members
+/// ([`MESSAGE_TEXTS`]), completions `text`.
+fn choice_texts(choice: &mut Value) -> Vec<&mut Value> {
+    let texts: Vec<&mut Value> = if choice.get("message").is_some_and(Value::is_object) {
+        choice["message"]
+            .as_object_mut()
+            .into_iter()
+            .flat_map(|message| message.iter_mut())
+            .filter(|(name, _)| MESSAGE_TEXTS.contains(&name.as_str()))
+            .map(|(_, text)| text)
+            .collect()
     } else {
-        choice.get_mut("text")?
+        choice.get_mut("text").into_iter().collect()
     };
-    text.is_string().then_some(text)
+    texts.into_iter().filter(|text| text.is_string()).collect()
 }
 
 /// `Ok(Some(answer))` when a guard replaced a text.
@@ -149,10 +159,15 @@ async fn checked_answer(bytes: &[u8], check: &CompletionCheck) -> Result<Option<
     let mut changed = false;
     for choice in choices.iter_mut() {
         // A choice without text (a tool call) has nothing to check.
-        let Some(text) = choice_text(choice) else { continue };
-        let original = text.as_str().unwrap_or_default().to_string();
-        if let Some(replacement) = check.text(original, false).await? {
-            *text = Value::String(replacement);
+        let mut replaced = false;
+        for text in choice_texts(choice) {
+            let original = text.as_str().unwrap_or_default().to_string();
+            if let Some(replacement) = check.text(original, false).await? {
+                *text = Value::String(replacement);
+                replaced = true;
+            }
+        }
+        if replaced {
             if let Some(choice) = choice.as_object_mut() {
                 choice.remove("logprobs");
             }
@@ -167,12 +182,7 @@ struct Stream {
     /// slot and the telemetry do not wait for them.
     inner: Option<Body>,
     parser: sse::Parser,
-    /// Each choice's text so far, by index.
-    texts: BTreeMap<u64, String>,
-    /// Why the stream cannot be checked, if it cannot.
-    unreadable: Option<&'static str>,
-    /// The stream already ended in an error event: there is nothing left to stop.
-    broken: bool,
+    collected: Collected,
     ready: VecDeque<Bytes>,
     check: CompletionCheck,
 }
@@ -216,7 +226,7 @@ impl Stream {
                             }
                             break;
                         }
-                        self.collect(&event.data);
+                        self.collected.add(&event.data);
                         self.ready.push_back(event.encode());
                     }
                 }
@@ -231,8 +241,37 @@ impl Stream {
         }
     }
 
-    /// Adds a chunk's text (chat `delta.content`, completions `text`) to its choice.
-    fn collect(&mut self, data: &str) {
+    /// The checks at the end of the stream.
+    async fn verdict(&mut self) -> Result<(), Stop> {
+        if self.collected.broken {
+            return Ok(());
+        }
+        if let Some(problem) = self.collected.unreadable {
+            return self.check.unreadable(problem, true);
+        }
+        for text in std::mem::take(&mut self.collected.texts).into_values() {
+            self.check.text(text, true).await?;
+        }
+        Ok(())
+    }
+}
+
+/// What a stream's events said, for the checks at its end.
+#[derive(Debug, Default)]
+struct Collected {
+    /// Each choice's texts so far, by index and member.
+    texts: BTreeMap<(u64, &'static str), String>,
+    /// Why the stream cannot be checked, if it cannot.
+    unreadable: Option<&'static str>,
+    /// The stream already ended in an error event: there is nothing left to stop.
+    broken: bool,
+}
+
+impl Collected {
+    /// Adds a chunk's texts (chat `delta` members, completions `text`) to its choice. Every
+    /// event but an error carries `choices` (the usage chunk an empty one): a stream of
+    /// events without it is another API's, whose text the checks would not see.
+    fn add(&mut self, data: &str) {
         if data.trim().is_empty() {
             return;
         }
@@ -245,15 +284,23 @@ impl Stream {
             self.broken = true;
             return;
         }
-        for choice in chunk["choices"].as_array().into_iter().flatten() {
+        let Some(choices) = chunk["choices"].as_array() else {
+            self.unreadable
+                .get_or_insert("an event of the stream has no choices");
+            return;
+        };
+        for choice in choices {
             let Some(index) = choice["index"].as_u64() else {
                 self.unreadable
                     .get_or_insert("a choice of the stream has no index");
                 continue;
             };
-            let text = choice["delta"]["content"].as_str().or(choice["text"].as_str());
-            if let Some(text) = text {
-                let so_far = self.texts.entry(index).or_default();
+            let delta = MESSAGE_TEXTS
+                .iter()
+                .filter_map(|member| Some((*member, choice["delta"][member].as_str()?)));
+            let completion = choice["text"].as_str().map(|text| ("text", text));
+            for (member, text) in delta.chain(completion) {
+                let so_far = self.texts.entry((index, member)).or_default();
                 if so_far.len() + text.len() <= MAX_HELD_ANSWER_BYTES {
                     so_far.push_str(text);
                 } else {
@@ -261,20 +308,6 @@ impl Stream {
                 }
             }
         }
-    }
-
-    /// The checks at the end of the stream.
-    async fn verdict(&mut self) -> Result<(), Stop> {
-        if self.broken {
-            return Ok(());
-        }
-        if let Some(problem) = self.unreadable {
-            return self.check.unreadable(problem, true);
-        }
-        for text in std::mem::take(&mut self.texts).into_values() {
-            self.check.text(text, true).await?;
-        }
-        Ok(())
     }
 }
 
@@ -295,4 +328,55 @@ fn error_event(stop: Stop) -> Bytes {
         ..sse::Event::default()
     }
     .encode()
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn a_choice_is_checked_for_its_content_and_its_reasoning() {
+        let mut chat = json!({"index": 0, "message": {"role": "assistant", "content": "4",
+            "reasoning_content": "2 + 2 is 4", "tool_calls": []}});
+        let texts: Vec<String> = choice_texts(&mut chat)
+            .into_iter()
+            .filter_map(|text| text.as_str().map(String::from))
+            .collect();
+        assert_eq!(texts, ["4", "2 + 2 is 4"]);
+        let mut completion = json!({"index": 0, "text": "once upon", "logprobs": null});
+        let texts: Vec<String> = choice_texts(&mut completion)
+            .into_iter()
+            .filter_map(|text| text.as_str().map(String::from))
+            .collect();
+        assert_eq!(texts, ["once upon"]);
+    }
+
+    #[test]
+    fn a_stream_collects_every_text_and_notices_what_it_cannot_read() {
+        let mut collected = Collected::default();
+        for event in [
+            json!({"choices": [{"index": 0, "delta": {"role": "assistant", "reasoning": "think"}}]}),
+            json!({"choices": [{"index": 0, "delta": {"content": "an"}}, {"index": 1, "delta": {"content": "b"}}]}),
+            json!({"choices": [{"index": 0, "delta": {"content": "swer"}}]}),
+            json!({"choices": [], "usage": {"completion_tokens": 3}}),
+        ] {
+            collected.add(&event.to_string());
+        }
+        assert_eq!(collected.unreadable, None);
+        let texts: Vec<(&(u64, &str), &String)> = collected.texts.iter().collect();
+        assert_eq!(
+            texts,
+            [
+                (&(0, "content"), &"answer".to_string()),
+                (&(0, "reasoning"), &"think".to_string()),
+                (&(1, "content"), &"b".to_string()),
+            ]
+        );
+        // Another API's events (the Responses API's) carry text where no check reads it.
+        let mut other = Collected::default();
+        other.add(r#"{"type":"response.output_text.delta","delta":"secret"}"#);
+        assert_eq!(other.unreadable, Some("an event of the stream has no choices"));
+    }
 }

@@ -186,6 +186,11 @@ impl Models {
                 ),
             ));
         };
+        if !entry.guards.is_empty() || !entry.completion_guards.is_empty() {
+            if let Err(problem) = guardable(request.uri().path(), &parsed, !entry.guards.is_empty()) {
+                return Prepared::Answer(error(StatusCode::BAD_REQUEST, "invalid_request_error", problem));
+            }
+        }
         let prompt = match check_prompt(ctx, request.headers(), entry, &parsed).await {
             Ok(prompt) => prompt,
             Err(answer) => return Prepared::Answer(answer),
@@ -216,8 +221,12 @@ impl Models {
         parsed.lora = lora;
         parsed.priority_class = entry.priority_class.clone();
         if !entry.completion_guards.is_empty() {
-            // The answer must be readable to be checked.
-            request.headers_mut().remove(http::header::ACCEPT_ENCODING);
+            // The answer must be readable to be checked. Without the header any coding would
+            // be acceptable (RFC 9110 §12.5.3), so ask for none.
+            request.headers_mut().insert(
+                http::header::ACCEPT_ENCODING,
+                http::HeaderValue::from_static("identity"),
+            );
             parsed.completion = Some(completion::CompletionCheck {
                 guards: entry.completion_guards.clone(),
                 asker: Asker::new(ctx, entry.target.name(), request.headers()),
@@ -226,6 +235,40 @@ impl Models {
         }
         ctx.llm = Some(parsed);
         Prepared::Forward(entry.target.clone())
+    }
+}
+
+/// Whether a request to a pool with guardrails carries its text where they read it: the
+/// chat completions API (`messages`; answers in `message`) or the completions API
+/// (`prompt`; answers in `text`), also under a path prefix. Another API (the Responses API's
+/// `input`, embeddings, ...) would carry text no check reads, in and out. With prompt checks
+/// (`checks_prompt`), nothing else in the body may change what the model reads.
+fn guardable(path: &str, parsed: &LlmRequest, checks_prompt: bool) -> Result<(), String> {
+    let member = if path.ends_with("/v1/chat/completions") {
+        "messages"
+    } else if path.ends_with("/v1/completions") {
+        "prompt"
+    } else {
+        return Err(format!(
+            "this route's guardrails read POST /v1/chat/completions and /v1/completions only: {path} would carry text they cannot read"
+        ));
+    };
+    if !checks_prompt {
+        return Ok(());
+    }
+    match parsed.prompt_member {
+        None => Err(
+            "this route checks prompts: the request must carry exactly one of \"messages\" or \"prompt\"".to_string(),
+        ),
+        Some(sent) if sent != member => Err(format!(
+            "this route checks prompts: {path} reads \"{member}\", but the request carries \"{sent}\""
+        )),
+        Some(_) => match parsed.unchecked_member {
+            Some(unchecked) => Err(format!(
+                "this route checks prompts: \"{unchecked}\" changes what the model reads, and the check cannot see it"
+            )),
+            None => Ok(()),
+        },
     }
 }
 
@@ -239,14 +282,7 @@ async fn check_prompt(
     if entry.guards.is_empty() {
         return Ok(None);
     }
-    // What the model will read must be what was checked.
-    if parsed.prompt_member.is_none() {
-        return Err(error(
-            StatusCode::BAD_REQUEST,
-            "invalid_request_error",
-            "this route checks prompts: the request must carry exactly one of \"messages\" or \"prompt\"",
-        ));
-    }
+    // What the model will read is what is checked: see `guardable`.
     let prompt: serde_json::Value = serde_json::from_slice(&parsed.prompt).map_err(|problem| {
         error(
             StatusCode::BAD_REQUEST,

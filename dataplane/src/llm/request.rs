@@ -27,6 +27,9 @@ pub(crate) struct LlmRequest {
     /// The member `prompt` came from, `messages` or `prompt`; `None` when the body has
     /// neither or both (then a prompt guard cannot tell what the model will read).
     pub(crate) prompt_member: Option<&'static str>,
+    /// A member present that changes what the model reads without being the prompt: see
+    /// [`UNCHECKED_TEXT`].
+    pub(crate) unchecked_member: Option<&'static str>,
     /// When the proxy had the whole request; LLM latencies count from here.
     pub(crate) since: Instant,
     /// Filled in as the response passes; the request's telemetry record reads it.
@@ -35,6 +38,11 @@ pub(crate) struct LlmRequest {
     pub(crate) completion: Option<super::completion::CompletionCheck>,
 }
 
+/// Members that change what the model reads besides `messages` or `prompt`, which a prompt
+/// check does not see: vLLM renders a request's own chat template (with its keyword
+/// arguments) and its documents into the prompt, and a completion's suffix follows it.
+pub(crate) const UNCHECKED_TEXT: [&str; 4] = ["chat_template", "chat_template_kwargs", "documents", "suffix"];
+
 #[derive(Deserialize)]
 struct Probe<'a> {
     model: Option<String>,
@@ -42,6 +50,14 @@ struct Probe<'a> {
     prompt: Option<&'a RawValue>,
     #[serde(borrow, default)]
     messages: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    chat_template: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    chat_template_kwargs: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    documents: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    suffix: Option<&'a RawValue>,
 }
 
 impl LlmRequest {
@@ -62,6 +78,16 @@ impl LlmRequest {
             (Some(raw), Some(_)) => (slice_of(body, raw.get().as_bytes()), None),
             (None, None) => (Bytes::new(), None),
         };
+        let present = [
+            probe.chat_template,
+            probe.chat_template_kwargs,
+            probe.documents,
+            probe.suffix,
+        ];
+        let unchecked_member = UNCHECKED_TEXT
+            .iter()
+            .zip(present)
+            .find_map(|(name, value)| value.is_some().then_some(*name));
         Ok(LlmRequest {
             model: Arc::from(requested_model.as_str()),
             requested_model,
@@ -69,6 +95,7 @@ impl LlmRequest {
             priority_class: None,
             prompt,
             prompt_member,
+            unchecked_member,
             since: Instant::now(),
             record: Arc::default(),
             completion: None,
@@ -130,6 +157,21 @@ mod tests {
         assert_eq!(&chat.prompt[..], br#"[{"role":"system","content":"be brief"}]"#);
         let completion = parse(r#"{"prompt":"once upon","model":"m","max_tokens":5}"#).unwrap();
         assert_eq!(&completion.prompt[..], br#""once upon""#);
+    }
+
+    #[test]
+    fn text_the_model_reads_beside_the_prompt_is_noticed() {
+        let plain = parse(r#"{"model":"m","messages":[],"chat_template_kwargs":null}"#).unwrap();
+        assert_eq!(plain.unchecked_member, None, "null changes nothing");
+        let templated = parse(r#"{"model":"m","messages":[],"chat_template":"{{ 'x' }}"}"#).unwrap();
+        assert_eq!(templated.unchecked_member, Some("chat_template"));
+        // Escaped names are the same names to the model server.
+        let escaped = parse(r#"{"model":"m","prompt":"a","suf\u0066ix":"b"}"#).unwrap();
+        assert_eq!(escaped.unchecked_member, Some("suffix"));
+        assert!(
+            parse(r#"{"model":"m","messages":[],"documents":[],"documents":[{"text":"x"}]}"#).is_err(),
+            "a decoy twin of a member is refused"
+        );
     }
 
     #[test]
