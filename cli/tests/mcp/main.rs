@@ -227,6 +227,33 @@ fn authorization_lists_what_may_be_called_and_decides_calls_on_their_arguments()
             ]) >= 3.0
             && mcp_requests(&["mcp_method_name=\"tools/list\"", "outcome=\"ok\""]) >= 2.0
     });
+
+    // A completion is judged on the arguments it carries, the one being completed among
+    // them: its suggestions could reveal what a rule on arguments guards.
+    let rule = "  deny: ['mcp.prompt.name == \"salaries\" && mcp.prompt.arguments.emp != mcp.prompt.arguments.me']\n";
+    gateway.apply(
+        dir.path(),
+        &mcp_config(port, &[("math", math), ("web", web)], &authorization(rule)),
+    );
+    let wire = Wire::initialize(port);
+    let complete = |value: &str| {
+        wire.post(
+            &json!({"jsonrpc": "2.0", "id": 11, "method": "completion/complete", "params": {
+            "ref": {"type": "ref/prompt", "name": "math__salaries"},
+            "argument": {"name": "emp", "value": value},
+            "context": {"arguments": {"me": "e7"}}}}),
+        )
+    };
+    let (status, denied) = complete("e");
+    assert_eq!(
+        (status, &denied["error"]["code"]),
+        (200, &json!(-32010)),
+        "{denied}"
+    );
+    // Its own entry passes the gateway (the server, which offers no completions, answers).
+    let (_, passed) = complete("e7");
+    assert_eq!(passed["id"], 11, "{passed}");
+    assert_ne!(passed["error"]["code"], json!(-32010), "{passed}");
 }
 
 #[test]

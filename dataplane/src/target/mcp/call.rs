@@ -119,12 +119,23 @@ impl McpTarget {
             return None;
         }
         match rules.judge(&caller(exchange), item) {
-            // Undecided only for a completion, which has no arguments to decide on.
-            Judgement::Unrestricted | Judgement::Undecided => None,
+            Judgement::Unrestricted => None,
             Judgement::Allowed { policy } => {
                 exchange.ctx.decisions.push((policy, "allow"));
                 None
             }
+            // Every use passes its arguments: only a listing leaves rules undecided.
+            Judgement::Undecided => Some(jsonrpc::error(
+                StatusCode::OK,
+                id,
+                jsonrpc::DENIED,
+                format!(
+                    "{} of {public} is not allowed: its rules read arguments this request does not carry",
+                    item.kind.method()
+                ),
+                None,
+                "mcp_denied",
+            )),
             Judgement::Denied { policy, reason } => {
                 exchange.ctx.decisions.push((policy.clone(), "deny"));
                 Some(jsonrpc::error(
@@ -169,11 +180,31 @@ impl McpTarget {
         let Some((index, own)) = self.resolve(kind, public) else {
             return invalid_params(id, format!("Unknown reference: {public}"));
         };
+        // Judged on the arguments it carries: those the client chose already
+        // (`context.arguments`) and the one being completed, as typed so far. Its suggestions
+        // can reveal the very values a rule on arguments guards.
+        let completed = params
+            .get("argument")
+            .and_then(|argument| Some((argument.get("name")?.as_str()?, argument.get("value")?.clone())));
+        let Some((name, value)) = completed else {
+            return invalid_params(
+                id,
+                "Invalid params: completion/complete needs argument.name and argument.value".into(),
+            );
+        };
+        let mut arguments = params
+            .get("context")
+            .and_then(|context| context.get("arguments"))
+            .and_then(Value::as_object)
+            .cloned()
+            .unwrap_or_default();
+        arguments.insert(name.to_string(), value);
+        let arguments = Value::Object(arguments);
         let item = Item {
             kind,
             server: &self.servers[index].name,
             name: own,
-            arguments: None,
+            arguments: Some(&arguments),
         };
         if let Some(denied) = self.authorize(exchange, id, public, item) {
             return denied;

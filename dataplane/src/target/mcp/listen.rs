@@ -505,12 +505,14 @@ impl McpTarget {
                     let Some((index, own)) = self.resolve(ItemKind::Resource, uri) else {
                         return invalid_params(id, format!("Unknown resource: {uri}"));
                     };
-                    // Hearing of a resource's changes is reading it, as far as rules go.
+                    // Hearing of a resource's changes is reading it, as far as rules go:
+                    // judged as `resources/read` is, with no arguments.
+                    let no_arguments = Value::Object(Map::new());
                     let item = Item {
                         kind: ItemKind::Resource,
                         server: &self.servers[index].name,
                         name: own,
-                        arguments: None,
+                        arguments: Some(&no_arguments),
                     };
                     if let Some(denied) = self.authorize(exchange, id, uri, item) {
                         return denied;
