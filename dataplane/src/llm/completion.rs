@@ -10,6 +10,7 @@
 use std::collections::{BTreeMap, VecDeque};
 
 use bytes::Bytes;
+use futures::{StreamExt, TryStreamExt};
 use http::{Response, StatusCode};
 use http_body::Frame;
 use http_body_util::{BodyExt, StreamBody};
@@ -20,6 +21,11 @@ use super::error::{error, error_type, stopped};
 use crate::body::{self, Body, BoxError, Held, MAX_HELD_ANSWER_BYTES};
 use crate::policy::guardrail::{Asker, Guards, Stop, Subject};
 use crate::sse;
+
+/// How many of an answer's texts are checked at once: enough that an answer of many choices
+/// waits little longer than one, few enough not to swamp the checking service with one
+/// request's calls.
+const CONCURRENT_CHECKS: usize = 8;
 
 /// The completion guards of one request, and who asks.
 pub(crate) struct CompletionCheck {
@@ -59,6 +65,16 @@ impl CompletionCheck {
             Value::String(text) if passed.mutated => Some(text),
             _ => None,
         })
+    }
+
+    /// Checks each text on its own, [`CONCURRENT_CHECKS`] at a time, so that the answer
+    /// waits about as long for many choices (`n`) as for one: in order, the replacements.
+    async fn texts(&self, texts: Vec<String>, streamed: bool) -> Result<Vec<Option<String>>, Stop> {
+        futures::stream::iter(texts)
+            .map(|text| self.text(text, streamed))
+            .buffered(CONCURRENT_CHECKS)
+            .try_collect()
+            .await
     }
 
     fn unreadable(&self, problem: &str, streamed: bool) -> Result<(), Stop> {
@@ -156,25 +172,30 @@ async fn checked_answer(bytes: &[u8], check: &CompletionCheck) -> Result<Option<
         check.unreadable("the model server's answer has no choices", false)?;
         return Ok(None);
     };
-    let mut changed = false;
-    for choice in choices.iter_mut() {
-        // A choice without text (a tool call) has nothing to check.
-        let mut replaced = false;
-        for text in choice_texts(choice) {
-            let original = text.as_str().unwrap_or_default().to_string();
-            if let Some(replacement) = check.text(original, false).await? {
-                *text = Value::String(replacement);
-                replaced = true;
-            }
-        }
-        if replaced {
-            if let Some(choice) = choice.as_object_mut() {
-                choice.remove("logprobs");
-            }
-            changed = true;
+    // A choice without text (a tool call) has nothing to check.
+    let texts: Vec<(usize, &mut Value)> = choices
+        .iter_mut()
+        .enumerate()
+        .flat_map(|(choice, value)| choice_texts(value).into_iter().map(move |text| (choice, text)))
+        .collect();
+    let originals: Vec<String> = texts
+        .iter()
+        .map(|(_, text)| text.as_str().unwrap_or_default().to_string())
+        .collect();
+    let replacements = check.texts(originals, false).await?;
+    let mut replaced = Vec::new();
+    for ((choice, text), replacement) in texts.into_iter().zip(replacements) {
+        if let Some(replacement) = replacement {
+            *text = Value::String(replacement);
+            replaced.push(choice);
         }
     }
-    Ok(changed.then_some(answer))
+    for choice in &replaced {
+        if let Some(choice) = choices.get_mut(*choice).and_then(Value::as_object_mut) {
+            choice.remove("logprobs");
+        }
+    }
+    Ok((!replaced.is_empty()).then_some(answer))
 }
 
 struct Stream {
@@ -249,10 +270,8 @@ impl Stream {
         if let Some(problem) = self.collected.unreadable {
             return self.check.unreadable(problem, true);
         }
-        for text in std::mem::take(&mut self.collected.texts).into_values() {
-            self.check.text(text, true).await?;
-        }
-        Ok(())
+        let texts = std::mem::take(&mut self.collected.texts).into_values().collect();
+        self.check.texts(texts, true).await.map(drop)
     }
 }
 
