@@ -190,6 +190,17 @@ impl RemapRequests {
                     if let Some(watch) = &self.watch {
                         watch.notified(&method);
                     }
+                    // The server cancels a request of its own: the client knows it by the
+                    // name it was given.
+                    if self.remap && method == "notifications/cancelled" {
+                        if let Some(Value::Object(params)) = message.get_mut("params") {
+                            if let Some(id) = params.get("requestId") {
+                                let encoded = encode_id(&self.server, id);
+                                params.insert("requestId".into(), encoded);
+                            }
+                        }
+                        event.data = Value::Object(message.clone()).to_string();
+                    }
                     if let Some(subscription) = &self.subscription {
                         self.tag(&method, &mut message, subscription);
                         event.data = Value::Object(message).to_string();
@@ -389,6 +400,24 @@ mod tests {
         }
         assert_eq!(decode_id(&Value::from(7)), None);
         assert_eq!(decode_id(&Value::from("math__{")), None);
+    }
+
+    #[tokio::test]
+    async fn a_servers_request_and_its_cancellation_reach_the_client_under_one_name() {
+        let stream = "data: {\"jsonrpc\":\"2.0\",\"id\":7,\"method\":\"sampling/createMessage\",\"params\":{}}\n\n\
+            data: {\"jsonrpc\":\"2.0\",\"method\":\"notifications/cancelled\",\"params\":{\"requestId\":7}}\n\n";
+        let out = RemapRequests::new(crate::body::full(stream), "math")
+            .collect()
+            .await
+            .unwrap()
+            .to_bytes();
+        let messages: Vec<Value> = String::from_utf8_lossy(&out)
+            .lines()
+            .filter_map(|line| line.strip_prefix("data: "))
+            .map(|data| serde_json::from_str(data).unwrap())
+            .collect();
+        assert_eq!(messages[0]["id"], "math__7");
+        assert_eq!(messages[1]["params"]["requestId"], "math__7");
     }
 
     #[tokio::test]
