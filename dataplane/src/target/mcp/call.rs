@@ -11,7 +11,7 @@ use super::jsonrpc::{self, invalid_params, session_not_found, upstream_failed};
 use super::reach::{self, Downstream, Reach, Sent};
 use super::resume::{Resumption, SessionStream};
 use super::{caller, guarded, inject_trace, input, remap, server, session_header, Exchange, McpTarget};
-use crate::body::{self, Body};
+use crate::body::{self, Body, Held};
 use crate::policy::guardrail::Asker;
 
 impl McpTarget {
@@ -277,6 +277,11 @@ impl McpTarget {
             }
         }
         let in_session = matches!(how, Reach::Session { .. });
+        let names_resources = self.multiplexed
+            && message
+                .get("method")
+                .and_then(Value::as_str)
+                .is_some_and(|method| remap::NAMES_RESOURCES.contains(&method));
         let sent = reach::send(server, &how, message, upstream, trace).await;
         match sent {
             Err(error) if error.session_gone => session_not_found(&id),
@@ -284,10 +289,15 @@ impl McpTarget {
             Ok(Sent::Answered(answer)) => {
                 exchange.ctx.upstream_headers = Some(started.elapsed());
                 let mut message = answer.message;
-                if let Some(Value::Object(result)) = message.get_mut("result") {
-                    result
-                        .entry("resultType")
-                        .or_insert_with(|| Value::from("complete"));
+                if let Some(result) = message.get_mut("result") {
+                    if names_resources {
+                        remap::prefix_result_uris(&server.name, result);
+                    }
+                    if let Value::Object(result) = result {
+                        result
+                            .entry("resultType")
+                            .or_insert_with(|| Value::from("complete"));
+                    }
                 }
                 jsonrpc::message(&message)
             }
@@ -327,10 +337,66 @@ impl McpTarget {
                         ));
                     }
                     Response::from_parts(parts, body::boxed(events))
+                } else if names_resources && !streamed {
+                    prefixed_json(relayed, &server.name, &id, &self.name).await
                 } else {
                     relayed
                 }
             }
         }
+    }
+}
+
+/// A server's JSON answer with the resources its result names prefixed
+/// ([`remap::prefix_result_uris`]); held whole for that, up to [`server::MAX_ANSWER_BYTES`]
+/// (a larger one passes as it is).
+async fn prefixed_json(answer: Response<Body>, server: &str, id: &Value, target: &str) -> Response<Body> {
+    let (mut parts, inner) = answer.into_parts();
+    match body::hold(inner, server::MAX_ANSWER_BYTES).await {
+        Held::Whole(bytes) => {
+            let mut message: Value = match serde_json::from_slice(&bytes) {
+                Ok(message) => message,
+                Err(_) => return Response::from_parts(parts, body::full(bytes)),
+            };
+            let changed = message
+                .get_mut("result")
+                .is_some_and(|result| remap::prefix_result_uris(server, result));
+            if changed {
+                parts.headers.remove(http::header::CONTENT_LENGTH);
+                Response::from_parts(parts, body::full(message.to_string()))
+            } else {
+                Response::from_parts(parts, body::full(bytes))
+            }
+        }
+        Held::TooLarge { start, rest } => Response::from_parts(parts, body::prepend(start, rest)),
+        Held::Broken(problem) => upstream_failed(id, target, &format!("the answer broke off: {problem}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use http_body_util::BodyExt;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn a_json_result_names_resources_with_their_servers_prefix() {
+        let answer = |text: &str| {
+            let mut answer = Response::new(body::full(text.to_string()));
+            answer
+                .headers_mut()
+                .insert(http::header::CONTENT_LENGTH, text.len().into());
+            answer
+        };
+        let linked = r#"{"jsonrpc":"2.0","id":4,"result":{"content":[{"type":"resource_link","uri":"file:///r.md"}]}}"#;
+        let prefixed = prefixed_json(answer(linked), "math", &json!(4), "McpBackend/tools").await;
+        assert!(prefixed.headers().get(http::header::CONTENT_LENGTH).is_none());
+        let bytes = prefixed.into_body().collect().await.unwrap().to_bytes();
+        let message: Value = serde_json::from_slice(&bytes).unwrap();
+        assert_eq!(message["result"]["content"][0]["uri"], "math+file:///r.md");
+        // Nothing to prefix: the answer passes byte for byte.
+        let plain = r#"{"jsonrpc":"2.0","id":5,"result":{"content":[{"type":"text","text":"3"}]}}"#;
+        let passed = prefixed_json(answer(plain), "math", &json!(5), "McpBackend/tools").await;
+        assert_eq!(passed.into_body().collect().await.unwrap().to_bytes(), plain);
     }
 }

@@ -59,6 +59,62 @@ pub(super) fn decode_id(id: &Value) -> Option<(&str, Value)> {
     Some((server, serde_json::from_str(original).ok()?))
 }
 
+/// The methods whose results name resources: tool results and prompt messages may link to
+/// or embed one, a read names what it read.
+pub(super) const NAMES_RESOURCES: [&str; 3] = ["tools/call", "prompts/get", "resources/read"];
+
+/// Gives the resources a result names their server's prefix, as lists do, so that a client
+/// can read a resource a tool linked to and is never sent to another server by a URI that
+/// happens to start with one's name: `content` blocks of a tool result, a read's `contents`,
+/// the content of a prompt's `messages`. `true` when it changed something.
+pub(super) fn prefix_result_uris(server: &str, result: &mut Value) -> bool {
+    let mut changed = false;
+    let mut prefix = |uri: Option<&mut Value>| {
+        if let Some(uri) = uri {
+            if let Some(own) = uri.as_str() {
+                *uri = Value::from(format!("{server}{URI_SEPARATOR}{own}"));
+                changed = true;
+            }
+        }
+    };
+    let mut block = |block: &mut Value| match block.get("type").and_then(Value::as_str) {
+        Some("resource_link") => prefix(block.get_mut("uri")),
+        Some("resource") => prefix(
+            block
+                .get_mut("resource")
+                .and_then(|resource| resource.get_mut("uri")),
+        ),
+        _ => {}
+    };
+    for content in result
+        .get_mut("content")
+        .and_then(Value::as_array_mut)
+        .into_iter()
+        .flatten()
+    {
+        block(content);
+    }
+    for message in result
+        .get_mut("messages")
+        .and_then(Value::as_array_mut)
+        .into_iter()
+        .flatten()
+    {
+        if let Some(content) = message.get_mut("content") {
+            block(content);
+        }
+    }
+    for content in result
+        .get_mut("contents")
+        .and_then(Value::as_array_mut)
+        .into_iter()
+        .flatten()
+    {
+        prefix(content.get_mut("uri"));
+    }
+    changed
+}
+
 /// A server's SSE answer or stream with the ids of its requests to the client rewritten
 /// (when `remap`), and its list changes told to the `watch`.
 pub(super) struct RemapRequests {
@@ -213,6 +269,13 @@ impl RemapRequests {
                     }
                 }
                 (None, _) if self.subscription.is_some() => return None,
+                (None, Some(_)) if self.remap => {
+                    if let Some(result) = message.get_mut("result") {
+                        if prefix_result_uris(&self.server, result) {
+                            event.data = Value::Object(message).to_string();
+                        }
+                    }
+                }
                 _ => {}
             }
         }
@@ -418,6 +481,40 @@ mod tests {
             .collect();
         assert_eq!(messages[0]["id"], "math__7");
         assert_eq!(messages[1]["params"]["requestId"], "math__7");
+    }
+
+    #[test]
+    fn the_resources_a_result_names_get_their_servers_prefix() {
+        let mut called = serde_json::json!({"content": [
+            {"type": "text", "text": "see the report"},
+            {"type": "resource_link", "uri": "file:///r.md", "name": "r"},
+            {"type": "resource", "resource": {"uri": "mem://note", "text": "x"}}]});
+        assert!(prefix_result_uris("math", &mut called));
+        assert_eq!(called["content"][1]["uri"], "math+file:///r.md");
+        assert_eq!(called["content"][2]["resource"]["uri"], "math+mem://note");
+        let mut read = serde_json::json!({"contents": [{"uri": "file:///r.md", "text": "r"}]});
+        assert!(prefix_result_uris("math", &mut read));
+        assert_eq!(read["contents"][0]["uri"], "math+file:///r.md");
+        let mut prompt = serde_json::json!({"messages": [{"role": "user",
+            "content": {"type": "resource_link", "uri": "git://a"}}]});
+        assert!(prefix_result_uris("docs", &mut prompt));
+        assert_eq!(prompt["messages"][0]["content"]["uri"], "docs+git://a");
+        let mut plain = serde_json::json!({"content": [{"type": "text", "text": "3"}]});
+        assert!(!prefix_result_uris("math", &mut plain));
+    }
+
+    #[tokio::test]
+    async fn a_streamed_result_names_resources_with_their_servers_prefix() {
+        let stream = "data: {\"jsonrpc\":\"2.0\",\"id\":3,\"result\":{\"content\":[{\"type\":\"resource_link\",\"uri\":\"file:///r.md\"}]}}\n\n";
+        let out = RemapRequests::new(crate::body::full(stream), "math")
+            .collect()
+            .await
+            .unwrap()
+            .to_bytes();
+        let data = String::from_utf8_lossy(&out);
+        let answer: Value = serde_json::from_str(data.trim().strip_prefix("data: ").unwrap()).unwrap();
+        assert_eq!(answer["id"], 3);
+        assert_eq!(answer["result"]["content"][0]["uri"], "math+file:///r.md");
     }
 
     #[tokio::test]
