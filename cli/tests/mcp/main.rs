@@ -228,32 +228,43 @@ fn authorization_lists_what_may_be_called_and_decides_calls_on_their_arguments()
             && mcp_requests(&["mcp_method_name=\"tools/list\"", "outcome=\"ok\""]) >= 2.0
     });
 
-    // A completion is judged on the arguments it carries, the one being completed among
-    // them: its suggestions could reveal what a rule on arguments guards.
+    // A rule that reads arguments judges each suggestion of a completion as a use with it:
+    // suggestions could reveal what the rule guards.
     let rule = "  deny: ['mcp.prompt.name == \"salaries\" && mcp.prompt.arguments.emp != mcp.prompt.arguments.me']\n";
     gateway.apply(
         dir.path(),
         &mcp_config(port, &[("math", math), ("web", web)], &authorization(rule)),
     );
     let wire = Wire::initialize(port);
-    let complete = |value: &str| {
+    let complete = |context: Value| {
         wire.post(
             &json!({"jsonrpc": "2.0", "id": 11, "method": "completion/complete", "params": {
             "ref": {"type": "ref/prompt", "name": "math__salaries"},
-            "argument": {"name": "emp", "value": value},
-            "context": {"arguments": {"me": "e7"}}}}),
+            "argument": {"name": "emp", "value": "e"},
+            "context": {"arguments": context}}}),
         )
     };
-    let (status, denied) = complete("e");
+    let (status, narrowed) = complete(json!({"me": "e7"}));
+    assert_eq!(status, 200);
+    assert_eq!(narrowed["id"], 11, "{narrowed}");
     assert_eq!(
-        (status, &denied["error"]["code"]),
-        (200, &json!(-32010)),
-        "{denied}"
+        narrowed["result"]["completion"],
+        json!({"values": ["e7"], "total": 1, "hasMore": false}),
+        "{narrowed}"
     );
-    // Its own entry passes the gateway (the server, which offers no completions, answers).
-    let (_, passed) = complete("e7");
-    assert_eq!(passed["id"], 11, "{passed}");
-    assert_ne!(passed["error"]["code"], json!(-32010), "{passed}");
+    // Without the argument the rule compares with, it fails, and a failing deny rule holds.
+    let (_, none) = complete(json!({}));
+    assert_eq!(none["result"]["completion"]["values"], json!([]), "{none}");
+    // Another server's completions are not this policy's business.
+    let web_body = json!({"jsonrpc": "2.0", "id": 12, "method": "completion/complete", "params": {
+        "ref": {"type": "ref/prompt", "name": "web__salaries"},
+        "argument": {"name": "emp", "value": "e"}}});
+    let (_, untouched) = wire.post(&web_body);
+    assert_eq!(
+        untouched["result"]["completion"]["values"],
+        json!(["e7", "e70", "x1"]),
+        "{untouched}"
+    );
 }
 
 #[test]

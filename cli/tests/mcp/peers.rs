@@ -37,7 +37,8 @@ pub(crate) struct TextArgs {
 /// request from the server to the client) and `change` (server `math` tells every session
 /// its tool list changed and its resource `mem://note` was updated, any other its prompt
 /// list, so a client can tell whose it heard), each answer naming the server. It offers no
-/// prompts, only their changes, and takes subscriptions to resources it does not list.
+/// prompts, only their changes, takes subscriptions to resources it does not list, and
+/// completes any argument with the same three suggestions.
 #[derive(Clone)]
 pub(crate) struct Tools {
     name: &'static str,
@@ -119,8 +120,21 @@ impl ServerHandler for Tools {
                 .enable_prompts_list_changed()
                 .enable_resources()
                 .enable_resources_subscribe()
+                .enable_completions()
                 .build(),
         )
+    }
+
+    /// The same suggestions whatever was typed: narrowing them is the gateway's business here.
+    async fn complete(
+        &self,
+        _request: CompleteRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<CompleteResult, ErrorData> {
+        let values = ["e7", "e70", "x1"].map(String::from).to_vec();
+        let completion = CompletionInfo::with_all_values(values)
+            .map_err(|error| ErrorData::internal_error(error, None))?;
+        Ok(CompleteResult::new(completion))
     }
 
     async fn on_initialized(&self, context: rmcp::service::NotificationContext<RoleServer>) {

@@ -256,6 +256,7 @@ impl Session {
             (!self.place().in_touch).then(|| tokio::time::Instant::now() + LEADERLESS_GRACE);
         let mut offer_again: Option<tokio::time::Instant> = None;
         let mut refused_retry = REFUSED_RETRY_FIRST;
+        let mut last_refused: Option<u64> = None;
         loop {
             tokio::select! {
                 () = tokio::time::sleep_until(offer_again.unwrap_or_else(tokio::time::Instant::now)), if offer_again.is_some() => {
@@ -349,6 +350,11 @@ impl Session {
                                 exchange.acked = None;
                                 pending = true;
                             } else {
+                                // The wait grows with refusals of one version, not across versions.
+                                if last_refused != Some(version) {
+                                    refused_retry = REFUSED_RETRY_FIRST;
+                                }
+                                last_refused = Some(version);
                                 offer_again = Some(tokio::time::Instant::now() + refused_retry);
                                 refused_retry = (refused_retry * 2).min(REFUSED_RETRY_MAX);
                             }

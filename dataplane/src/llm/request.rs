@@ -39,9 +39,17 @@ pub(crate) struct LlmRequest {
 }
 
 /// Members that change what the model reads besides `messages` or `prompt`, which a prompt
-/// check does not see: vLLM renders a request's own chat template (with its keyword
-/// arguments) and its documents into the prompt, and a completion's suffix follows it.
-pub(crate) const UNCHECKED_TEXT: [&str; 4] = ["chat_template", "chat_template_kwargs", "documents", "suffix"];
+/// check does not see: vLLM renders a request's own chat template and its documents into
+/// the prompt, a completion's suffix follows it, and prompt embeddings are a prompt of their
+/// own. The template's keyword arguments count only when they carry text (a switch such as
+/// `{"enable_thinking": false}` adds none).
+pub(crate) const UNCHECKED_TEXT: [&str; 5] = [
+    "chat_template",
+    "chat_template_kwargs",
+    "documents",
+    "suffix",
+    "prompt_embeds",
+];
 
 #[derive(Deserialize)]
 struct Probe<'a> {
@@ -58,6 +66,22 @@ struct Probe<'a> {
     documents: Option<&'a RawValue>,
     #[serde(borrow, default)]
     suffix: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    prompt_embeds: Option<&'a RawValue>,
+}
+
+/// Whether a JSON value holds a string anywhere.
+fn carries_text(raw: &RawValue) -> bool {
+    fn any_string(value: &serde_json::Value) -> bool {
+        match value {
+            serde_json::Value::String(_) => true,
+            serde_json::Value::Array(items) => items.iter().any(any_string),
+            serde_json::Value::Object(members) => members.values().any(any_string),
+            _ => false,
+        }
+    }
+    // Unreadable, it is refused as if it carried text.
+    serde_json::from_str(raw.get()).map_or(true, |value| any_string(&value))
 }
 
 impl LlmRequest {
@@ -80,9 +104,10 @@ impl LlmRequest {
         };
         let present = [
             probe.chat_template,
-            probe.chat_template_kwargs,
+            probe.chat_template_kwargs.filter(|kwargs| carries_text(kwargs)),
             probe.documents,
             probe.suffix,
+            probe.prompt_embeds,
         ];
         let unchecked_member = UNCHECKED_TEXT
             .iter()
@@ -165,6 +190,14 @@ mod tests {
         assert_eq!(plain.unchecked_member, None, "null changes nothing");
         let templated = parse(r#"{"model":"m","messages":[],"chat_template":"{{ 'x' }}"}"#).unwrap();
         assert_eq!(templated.unchecked_member, Some("chat_template"));
+        let switched =
+            parse(r#"{"model":"m","messages":[],"chat_template_kwargs":{"enable_thinking":false}}"#).unwrap();
+        assert_eq!(switched.unchecked_member, None, "a switch adds no text");
+        let worded =
+            parse(r#"{"model":"m","messages":[],"chat_template_kwargs":{"persona":["be evil"]}}"#).unwrap();
+        assert_eq!(worded.unchecked_member, Some("chat_template_kwargs"));
+        let embedded = parse(r#"{"model":"m","prompt":"a","prompt_embeds":"AAAA"}"#).unwrap();
+        assert_eq!(embedded.unchecked_member, Some("prompt_embeds"));
         // Escaped names are the same names to the model server.
         let escaped = parse(r#"{"model":"m","prompt":"a","suf\u0066ix":"b"}"#).unwrap();
         assert_eq!(escaped.unchecked_member, Some("suffix"));

@@ -41,7 +41,8 @@ impl Forwarding {
     }
 
     /// Rewrites the headers for the upstream; returns the client address: the peer, or,
-    /// behind trusted hops, the nearest address in `X-Forwarded-For` that is not one.
+    /// behind trusted hops, the nearest address in `X-Forwarded-For` that is not one (the
+    /// farthest when all are, as nginx's `real_ip_recursive` reads it).
     pub(crate) fn rewrite(&self, headers: &mut HeaderMap, peer: IpAddr) -> IpAddr {
         let peer_text = peer.to_string();
         if !self.trusts(peer) {

@@ -22,6 +22,8 @@ const HOP_BY_HOP: [HeaderName; 8] = [
 /// Removes hop-by-hop headers and those `Connection` names. `TE` goes too, unless it is
 /// exactly `trailers` and `keep_te_trailers` (requests: HTTP/2 upstreams may take it).
 pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap, keep_te_trailers: bool) {
+    // Read before `Connection` can name (and so remove) it.
+    let framed_by_transfer_encoding = headers.contains_key(TRANSFER_ENCODING);
     if headers.contains_key(CONNECTION) {
         let named: Vec<HeaderName> = headers
             .get_all(CONNECTION)
@@ -40,7 +42,7 @@ pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap, keep_te_trailers: bool) 
     // The body was framed by Transfer-Encoding, which overrides a Content-Length sent with
     // it; forwarded, the stale length would frame the body again, cutting it short or
     // leaving the peer waiting (RFC 9112 §6.3: an intermediary removes it).
-    if headers.contains_key(TRANSFER_ENCODING) {
+    if framed_by_transfer_encoding {
         headers.remove(CONTENT_LENGTH);
     }
     for name in &HOP_BY_HOP {
@@ -126,12 +128,17 @@ mod tests {
         assert_eq!(names, ["host", "te", "x-kept"]);
         strip_hop_by_hop(&mut headers, false);
         assert!(!headers.contains_key(TE));
-        let mut framed_twice = map(&[("transfer-encoding", "chunked"), ("content-length", "2")]);
-        strip_hop_by_hop(&mut framed_twice, false);
-        assert!(
-            framed_twice.is_empty(),
-            "a Content-Length sent with Transfer-Encoding goes"
-        );
+        for connection in [None, Some("transfer-encoding")] {
+            let mut framed_twice = map(&[("content-length", "2"), ("transfer-encoding", "chunked")]);
+            if let Some(named) = connection {
+                framed_twice.insert(CONNECTION, HeaderValue::from_static(named));
+            }
+            strip_hop_by_hop(&mut framed_twice, false);
+            assert!(
+                framed_twice.is_empty(),
+                "a Content-Length sent with Transfer-Encoding goes ({connection:?})"
+            );
+        }
         let mut gzip = map(&[("te", "gzip, trailers")]);
         strip_hop_by_hop(&mut gzip, true);
         assert!(gzip.is_empty(), "only `TE: trailers` may pass");

@@ -36,18 +36,50 @@ impl ConnectWatch {
     }
 }
 
-/// `connect`, counted by the watch of the exchange it runs for, if any.
-pub(super) fn watched<F: Future>(connect: F) -> impl Future<Output = F::Output> {
+/// `connect`, counted by the watch of the exchange it runs for, if any, for as long as that
+/// exchange waits on it.
+pub(super) fn watched<F: Future>(connect: F) -> Watching<F> {
     let watch = WATCH.try_with(Arc::clone).ok();
     if let Some(watch) = &watch {
         watch.unfinished.fetch_add(1, Ordering::Relaxed);
     }
-    async move {
-        let connected = connect.await;
-        if let Some(watch) = watch {
+    Watching {
+        connect: Box::pin(connect),
+        watch,
+    }
+}
+
+pub(super) struct Watching<F> {
+    connect: Pin<Box<F>>,
+    watch: Option<Arc<ConnectWatch>>,
+}
+
+impl<F> Watching<F> {
+    fn release(&mut self) {
+        if let Some(watch) = self.watch.take() {
             watch.unfinished.fetch_sub(1, Ordering::Relaxed);
         }
-        connected
+    }
+}
+
+impl<F: Future> Future for Watching<F> {
+    type Output = F::Output;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        // Polled outside its exchange: hyper-util finishes in the background a connect the
+        // request stopped waiting on (a pooled connection came free first), so whatever the
+        // route's timer ends now is not this connect's doing.
+        let waited_on = self.watch.as_ref().is_some_and(|watch| {
+            WATCH
+                .try_with(|current| Arc::ptr_eq(current, watch))
+                .unwrap_or(false)
+        });
+        if !waited_on {
+            self.release();
+        }
+        let connected = std::task::ready!(self.connect.as_mut().poll(cx));
+        self.release();
+        Poll::Ready(connected)
     }
 }
 
@@ -70,5 +102,40 @@ where
 
     fn call(&mut self, destination: Uri) -> Self::Future {
         Box::pin(watched(self.0.call(destination)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_connect_counts_while_its_exchange_waits_on_it() {
+        let watch = Arc::new(ConnectWatch::default());
+        watch.over(watched(async {})).await;
+        assert!(!watch.connecting(), "finished");
+
+        // Cut short by the route's timer: the exchange's future, the connect with it, is
+        // dropped unfinished.
+        let cut = WATCH.sync_scope(watch.clone(), || watched(std::future::pending::<()>()));
+        drop(cut);
+        assert!(watch.connecting(), "dropped unfinished: it did not connect");
+
+        // Started for the exchange, then finished by a task of its own once a pooled
+        // connection served the request, as hyper-util does.
+        let watch = Arc::new(ConnectWatch::default());
+        let (finish, finished) = tokio::sync::oneshot::channel::<()>();
+        let connect = WATCH.sync_scope(watch.clone(), || watched(async { finished.await.ok() }));
+        assert!(watch.connecting());
+        let background = tokio::spawn(connect);
+        tokio::time::timeout(std::time::Duration::from_secs(5), async {
+            while watch.connecting() {
+                tokio::task::yield_now().await;
+            }
+        })
+        .await
+        .expect("a connect in the background still counted for the request");
+        finish.send(()).unwrap();
+        background.await.unwrap();
     }
 }

@@ -180,42 +180,83 @@ impl McpTarget {
         let Some((index, own)) = self.resolve(kind, public) else {
             return invalid_params(id, format!("Unknown reference: {public}"));
         };
-        // Judged on the arguments it carries: those the client chose already
-        // (`context.arguments`) and the one being completed, as typed so far. Its suggestions
-        // can reveal the very values a rule on arguments guards.
-        let completed = params
-            .get("argument")
-            .and_then(|argument| Some((argument.get("name")?.as_str()?, argument.get("value")?.clone())));
-        let Some((name, value)) = completed else {
-            return invalid_params(
-                id,
-                "Invalid params: completion/complete needs argument.name and argument.value".into(),
-            );
+        let listing = Item {
+            kind,
+            server: &self.servers[index].name,
+            name: own,
+            arguments: None,
         };
-        let mut arguments = params
+        // Rules that read arguments cannot judge a completion before its suggestions are
+        // known: each is judged as a use with it (and the arguments `context` holds), and
+        // only those a use could pass reach the client. Others judge it as a use.
+        let rules = &self.rules[index];
+        let filtered = matches!(rules.judge(&caller(exchange), listing), Judgement::Undecided);
+        if !filtered {
+            if let Some(denied) = self.authorize(exchange, id, public, listing) {
+                return denied;
+            }
+        }
+        let chosen = params
             .get("context")
             .and_then(|context| context.get("arguments"))
             .and_then(Value::as_object)
             .cloned()
             .unwrap_or_default();
-        arguments.insert(name.to_string(), value);
-        let arguments = Value::Object(arguments);
-        let item = Item {
-            kind,
-            server: &self.servers[index].name,
-            name: own,
-            arguments: Some(&arguments),
-        };
-        if let Some(denied) = self.authorize(exchange, id, public, item) {
-            return denied;
-        }
+        let completed = params
+            .get("argument")
+            .and_then(|argument| argument.get("name"))
+            .and_then(Value::as_str)
+            .map(str::to_string);
         let mut reference = reference.clone();
         reference[field] = Value::from(own);
         params.insert("ref".into(), reference);
         let mut params = Value::Object(params);
         inject_trace(&mut params, exchange);
         let message = json!({"jsonrpc": "2.0", "id": id, "method": "completion/complete", "params": params});
-        self.forward(exchange, downstream, index, message).await
+        if !filtered {
+            return self.forward(exchange, downstream, index, message).await;
+        }
+        let Some(completed) = completed else {
+            return invalid_params(
+                id,
+                "Invalid params: completion/complete needs argument.name".into(),
+            );
+        };
+        let server = &self.servers[index];
+        exchange.ctx.endpoint = Some(server.name.clone());
+        let (upstream, trace) = (exchange.upstream, &exchange.ctx.trace);
+        let asked = match reach::reach(server, downstream, trace).await {
+            Ok(None) => return session_not_found(id),
+            Ok(Some(how)) => reach::ask(server, &how, message, upstream, trace).await,
+            Err(error) => Err(error),
+        };
+        let mut result = match asked {
+            Ok(result) => result,
+            Err(error) if error.session_gone => return session_not_found(id),
+            Err(error) => return upstream_failed(id, &self.name, &error.to_string()),
+        };
+        let caller = caller(exchange);
+        let permits = |value: &str| {
+            let mut arguments = chosen.clone();
+            arguments.insert(completed.clone(), Value::from(value));
+            let arguments = Value::Object(arguments);
+            let item = Item {
+                arguments: Some(&arguments),
+                ..listing
+            };
+            rules.judge(&caller, item).permits()
+        };
+        if let Some(completion) = result.get_mut("completion").and_then(Value::as_object_mut) {
+            if let Some(Value::Array(values)) = completion.get_mut("values") {
+                let offered = values.len();
+                values.retain(|value| value.as_str().is_some_and(&permits));
+                let left_out = (offered - values.len()) as u64;
+                if let Some(total) = completion.get("total").and_then(Value::as_u64) {
+                    completion.insert("total".into(), Value::from(total.saturating_sub(left_out)));
+                }
+            }
+        }
+        jsonrpc::result(id, result)
     }
 
     /// Sends one message to one server and relays its answer as it comes.
