@@ -265,6 +265,21 @@ fn authorization_lists_what_may_be_called_and_decides_calls_on_their_arguments()
         json!(["e7", "e70", "x1"]),
         "{untouched}"
     );
+    // A rule written to decide at list time (it allows the prompt) still judges each
+    // suggestion as the use it would be.
+    let rule = "  allow: ['!has(mcp.prompt.arguments) || mcp.prompt.arguments.emp == \"e70\"']\n";
+    gateway.apply(
+        dir.path(),
+        &mcp_config(port, &[("math", math), ("web", web)], &authorization(rule)),
+    );
+    let wire = Wire::initialize(port);
+    let (_, narrowed) = wire.post(&json!({"jsonrpc": "2.0", "id": 13, "method": "completion/complete",
+        "params": {"ref": {"type": "ref/prompt", "name": "math__salaries"}, "argument": {"name": "emp", "value": ""}}}));
+    assert_eq!(
+        narrowed["result"]["completion"]["values"],
+        json!(["e70"]),
+        "{narrowed}"
+    );
 }
 
 #[test]

@@ -112,7 +112,13 @@ mod tests {
     #[tokio::test]
     async fn a_connect_counts_while_its_exchange_waits_on_it() {
         let watch = Arc::new(ConnectWatch::default());
-        watch.over(watched(async {})).await;
+        watch
+            .over(async {
+                let connect = watched(async {});
+                assert!(WATCH.with(|watch| watch.connecting()), "counted while it runs");
+                connect.await;
+            })
+            .await;
         assert!(!watch.connecting(), "finished");
 
         // Cut short by the route's timer: the exchange's future, the connect with it, is

@@ -69,6 +69,16 @@ impl ServerRules {
         self.allow.is_empty() && self.deny.is_empty()
     }
 
+    /// Whether a rule may read an item's arguments: a completion is then judged by its
+    /// suggestions. Read off the rules' text, so it may say yes when none does, never no
+    /// when one does.
+    pub(super) fn reads_arguments(&self) -> bool {
+        self.allow
+            .iter()
+            .chain(&self.deny)
+            .any(|compiled| compiled.source.contains("arguments"))
+    }
+
     /// Whether a verdict can differ between callers.
     pub(super) fn reads_caller(&self) -> bool {
         self.allow

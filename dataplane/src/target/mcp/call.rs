@@ -186,12 +186,14 @@ impl McpTarget {
             name: own,
             arguments: None,
         };
-        // Rules that read arguments cannot judge a completion before its suggestions are
-        // known: each is judged as a use with it (and the arguments `context` holds), and
-        // only those a use could pass reach the client. Others judge it as a use.
+        // Rules that read arguments judge a completion by its suggestions: each is judged as
+        // a use with it (and the arguments `context` holds), and only those a use could pass
+        // reach the client, since suggestions could reveal the values such a rule guards.
+        // Other rules judge it as a list judges the item.
         let rules = &self.rules[index];
-        let filtered = matches!(rules.judge(&caller(exchange), listing), Judgement::Undecided);
-        if !filtered {
+        let by_suggestion = rules.reads_arguments();
+        let denied_outright = matches!(rules.judge(&caller(exchange), listing), Judgement::Denied { .. });
+        if !by_suggestion || denied_outright {
             if let Some(denied) = self.authorize(exchange, id, public, listing) {
                 return denied;
             }
@@ -213,7 +215,7 @@ impl McpTarget {
         let mut params = Value::Object(params);
         inject_trace(&mut params, exchange);
         let message = json!({"jsonrpc": "2.0", "id": id, "method": "completion/complete", "params": params});
-        if !filtered {
+        if !by_suggestion {
             return self.forward(exchange, downstream, index, message).await;
         }
         let Some(completed) = completed else {
@@ -222,39 +224,85 @@ impl McpTarget {
                 "Invalid params: completion/complete needs argument.name".into(),
             );
         };
+        let suggestion = Suggestion {
+            listing,
+            chosen,
+            completed,
+        };
+        self.complete_by_suggestion(exchange, downstream, index, id, message, suggestion)
+            .await
+    }
+
+    /// Asks the server for its suggestions and answers with those a use with them could pass
+    /// (at most [`MAX_COMPLETION_VALUES`]); the server's own error passes as it is.
+    async fn complete_by_suggestion(
+        &self,
+        exchange: &mut Exchange<'_>,
+        downstream: &Downstream,
+        index: usize,
+        id: &Value,
+        message: Value,
+        suggestion: Suggestion<'_>,
+    ) -> Response<Body> {
         let server = &self.servers[index];
         exchange.ctx.endpoint = Some(server.name.clone());
+        exchange.ctx.attempts = 1;
+        if let Some(record) = &mut exchange.ctx.mcp {
+            record.server = Some(server.name.clone());
+        }
+        let started = std::time::Instant::now();
         let (upstream, trace) = (exchange.upstream, &exchange.ctx.trace);
-        let asked = match reach::reach(server, downstream, trace).await {
+        let answered = match reach::reach(server, downstream, trace).await {
             Ok(None) => return session_not_found(id),
-            Ok(Some(how)) => reach::ask(server, &how, message, upstream, trace).await,
+            Ok(Some(how)) => reach::answer(server, &how, message, upstream, trace).await,
             Err(error) => Err(error),
         };
-        let mut result = match asked {
-            Ok(result) => result,
+        let answer = match answered {
+            Ok(answer) => answer.message,
             Err(error) if error.session_gone => return session_not_found(id),
             Err(error) => return upstream_failed(id, &self.name, &error.to_string()),
         };
-        let caller = caller(exchange);
-        let permits = |value: &str| {
-            let mut arguments = chosen.clone();
-            arguments.insert(completed.clone(), Value::from(value));
-            let arguments = Value::Object(arguments);
-            let item = Item {
-                arguments: Some(&arguments),
-                ..listing
-            };
-            rules.judge(&caller, item).permits()
+        exchange.ctx.upstream_headers = Some(started.elapsed());
+        if answer.get("error").is_some() {
+            return jsonrpc::message(&answer);
+        }
+        let completion = answer["result"]["completion"].as_object();
+        let Some(values) = completion.and_then(|completion| completion["values"].as_array()) else {
+            return upstream_failed(
+                id,
+                &self.name,
+                "answered a completion without completion.values, which cannot be judged",
+            );
         };
-        if let Some(completion) = result.get_mut("completion").and_then(Value::as_object_mut) {
-            if let Some(Value::Array(values)) = completion.get_mut("values") {
-                let offered = values.len();
-                values.retain(|value| value.as_str().is_some_and(&permits));
-                let left_out = (offered - values.len()) as u64;
-                if let Some(total) = completion.get("total").and_then(Value::as_u64) {
-                    completion.insert("total".into(), Value::from(total.saturating_sub(left_out)));
-                }
-            }
+        let rules = &self.rules[index];
+        let caller = caller(exchange);
+        let permitted: Vec<Value> = values
+            .iter()
+            .take(MAX_COMPLETION_VALUES)
+            .filter_map(Value::as_str)
+            .filter(|value| {
+                let mut arguments = suggestion.chosen.clone();
+                arguments.insert(suggestion.completed.clone(), Value::from(*value));
+                let arguments = Value::Object(arguments);
+                let item = Item {
+                    arguments: Some(&arguments),
+                    ..suggestion.listing
+                };
+                rules.judge(&caller, item).permits()
+            })
+            .map(Value::from)
+            .collect();
+        // Only what was judged is counted: more the server has stay "more", uncounted.
+        let more = values.len() > MAX_COMPLETION_VALUES
+            || completion.and_then(|completion| completion["hasMore"].as_bool()) == Some(true);
+        let judged = if more {
+            json!({"values": permitted, "hasMore": true})
+        } else {
+            json!({"values": permitted, "total": permitted.len(), "hasMore": false})
+        };
+        let mut result = json!({"completion": judged});
+        if matches!(downstream, Downstream::Modern(_)) {
+            result["resultType"] = Value::from("complete");
         }
         jsonrpc::result(id, result)
     }
@@ -386,6 +434,19 @@ impl McpTarget {
             }
         }
     }
+}
+
+/// The most suggestions one completion answers with (the MCP specification's limit).
+const MAX_COMPLETION_VALUES: usize = 100;
+
+/// A completion whose suggestions are each judged as a use of the item.
+struct Suggestion<'a> {
+    /// The item, as a list judges it.
+    listing: Item<'a>,
+    /// The arguments the client chose already (`context.arguments`).
+    chosen: Map<String, Value>,
+    /// The argument being completed.
+    completed: String,
 }
 
 /// A server's JSON answer with the resources its result names prefixed

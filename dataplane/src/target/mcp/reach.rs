@@ -172,15 +172,27 @@ pub(super) async fn send(
 pub(super) async fn ask(
     server: &Arc<Server>,
     reach: &Reach,
-    mut message: Value,
+    message: Value,
     upstream: &Arc<Upstream>,
     trace: &RequestTrace,
 ) -> Result<Value, Failure> {
-    let answer = match reach.prepare(&mut message, trace) {
-        Ok(headers) => server.call(&headers, &message).await?,
-        Err(client) => bridge(server, client, &message, upstream, trace).await?,
-    };
-    answer.result(server)
+    answer(server, reach, message, upstream, trace)
+        .await?
+        .result(server)
+}
+
+/// Sends `message` and reads the server's whole answer, its own error included.
+pub(super) async fn answer(
+    server: &Arc<Server>,
+    reach: &Reach,
+    mut message: Value,
+    upstream: &Arc<Upstream>,
+    trace: &RequestTrace,
+) -> Result<Answer, Failure> {
+    match reach.prepare(&mut message, trace) {
+        Ok(headers) => server.call(&headers, &message).await,
+        Err(client) => bridge(server, client, &message, upstream, trace).await,
+    }
 }
 
 /// The `_meta` fields of a 2026-07-28 request that the session's `initialize` already said:
