@@ -125,15 +125,16 @@ impl ServerHandler for Tools {
         )
     }
 
-    /// The same suggestions whatever was typed: narrowing them is the gateway's business here.
+    /// The same suggestions whatever was typed (narrowing them is the gateway's business
+    /// here), without the optional `total` and `hasMore`.
     async fn complete(
         &self,
         _request: CompleteRequestParams,
         _context: RequestContext<RoleServer>,
     ) -> Result<CompleteResult, ErrorData> {
         let values = ["e7", "e70", "x1"].map(String::from).to_vec();
-        let completion = CompletionInfo::with_all_values(values)
-            .map_err(|error| ErrorData::internal_error(error, None))?;
+        let completion =
+            CompletionInfo::new(values).map_err(|error| ErrorData::internal_error(error, None))?;
         Ok(CompleteResult::new(completion))
     }
 

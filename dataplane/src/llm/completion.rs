@@ -1,7 +1,7 @@
 //! Guardrails on completions (the `LlmResponse` phase). Each choice's text is checked on its
-//! own, and so is the reasoning a reasoning model shows beside it. A JSON answer is held until its checks are done: a denial replaces it with an error,
-//! a mutation replaces the choice's text (and drops its `logprobs`, which would repeat the
-//! original). A streamed answer passes event by event and is checked at its end, before
+//! own, and so is the reasoning a reasoning model shows beside it. A JSON answer is held
+//! until its checks are done: a denial replaces it with an error, a mutation replaces the
+//! text (and drops the choice's `logprobs`, which would repeat the original). A streamed answer passes event by event and is checked at its end, before
 //! `[DONE]`: a denial ends the stream with an error event instead (the text already sent
 //! stays with the client), and a mutation, which can no longer be applied, counts as a check
 //! without a verdict (that guard's failure mode decides). Text only: tool-call arguments are

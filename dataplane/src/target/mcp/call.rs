@@ -267,7 +267,10 @@ impl McpTarget {
             return jsonrpc::message(&answer);
         }
         let completion = answer["result"]["completion"].as_object();
-        let Some(values) = completion.and_then(|completion| completion["values"].as_array()) else {
+        let Some(values) = completion
+            .and_then(|completion| completion.get("values"))
+            .and_then(Value::as_array)
+        else {
             return upstream_failed(
                 id,
                 &self.name,
@@ -294,7 +297,10 @@ impl McpTarget {
             .collect();
         // Only what was judged is counted: more the server has stay "more", uncounted.
         let more = values.len() > MAX_COMPLETION_VALUES
-            || completion.and_then(|completion| completion["hasMore"].as_bool()) == Some(true);
+            || completion
+                .and_then(|completion| completion.get("hasMore"))
+                .and_then(Value::as_bool)
+                == Some(true);
         let judged = if more {
             json!({"values": permitted, "hasMore": true})
         } else {
