@@ -32,6 +32,18 @@ async fn path_echo() -> std::net::SocketAddr {
     .await
 }
 
+/// The proxy's count of failed connects, as its metrics say.
+async fn connect_errors(proxy: &crate::Proxy) -> Option<u64> {
+    let (_, metrics) = get(proxy.admin_addr().port(), "/metrics").await;
+    metrics
+        .lines()
+        .find(|line| {
+            line.starts_with("portcullis_proxy_upstream_errors_total{") && line.contains("kind=\"connect\"")
+        })
+        .and_then(|line| line.rsplit(' ').next())
+        .and_then(|count| count.parse::<u64>().ok())
+}
+
 /// Sends raw bytes and returns everything the proxy answers until it closes the
 /// connection; fails the test if it never does.
 async fn raw(port: u16, request: &[u8]) -> String {
@@ -262,15 +274,7 @@ async fn failed_connects_are_retried_on_another_endpoint_and_the_endpoint_ejecte
     }
     assert_eq!(served.load(Ordering::Relaxed), 10);
     // Two failed connects ejected the dead endpoint: it was not tried again.
-    let (_, metrics) = get(proxy.admin_addr().port(), "/metrics").await;
-    let connect_errors = metrics
-        .lines()
-        .find(|line| {
-            line.starts_with("portcullis_proxy_upstream_errors_total{") && line.contains("kind=\"connect\"")
-        })
-        .and_then(|line| line.rsplit(' ').next())
-        .and_then(|count| count.parse::<u64>().ok());
-    assert_eq!(connect_errors, Some(2), "{metrics}");
+    assert_eq!(connect_errors(&proxy).await, Some(2));
     proxy.shutdown().await.unwrap();
 }
 
@@ -310,15 +314,7 @@ async fn an_endpoint_that_accepts_no_connection_within_the_route_timeout_is_ejec
     // Round-robin puts the dead endpoint first for every other request until two of them
     // ejected it.
     assert_eq!(statuses, [504, 200, 504, 200, 200, 200, 200, 200]);
-    let (_, metrics) = get(proxy.admin_addr().port(), "/metrics").await;
-    let connect_errors = metrics
-        .lines()
-        .find(|line| {
-            line.starts_with("portcullis_proxy_upstream_errors_total{") && line.contains("kind=\"connect\"")
-        })
-        .and_then(|line| line.rsplit(' ').next())
-        .and_then(|count| count.parse::<u64>().ok());
-    assert_eq!(connect_errors, Some(2), "{metrics}");
+    assert_eq!(connect_errors(&proxy).await, Some(2));
     proxy.shutdown().await.unwrap();
 }
 
