@@ -5,6 +5,10 @@
 
 use bytes::{Bytes, BytesMut};
 
+/// A comment event, which SSE clients ignore: what a relayed stream sends in place of the
+/// comments (keep-alives) it read, and what the gateway's own streams send when idle.
+pub(crate) const KEEPALIVE_COMMENT: &[u8] = b": keepalive\n\n";
+
 /// One event's fields that MCP uses.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub(crate) struct Event {

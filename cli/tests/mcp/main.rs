@@ -638,6 +638,22 @@ fn clients_of_either_revision_reach_servers_of_either_revision_on_one_route() {
 }
 
 #[test]
+fn a_log_level_goes_to_the_servers_that_take_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let runtime = runtime();
+    let dual = runtime.block_on(serve("dual", true));
+    // A 2026-07-28 server has no logging/setLevel: a session-based client's level is not
+    // its business, and must not fail the client's request.
+    let (_new_process, new) = era_server(dir.path(), "modern");
+    let port = free_port();
+    let _gateway = start_gateway(dir.path(), &mcp_config(port, &[("dual", dual), ("new", new)], ""));
+    let wire = Wire::initialize(port);
+    let (status, answer) = wire
+        .post(&json!({"jsonrpc": "2.0", "id": 3, "method": "logging/setLevel", "params": {"level": "info"}}));
+    assert_eq!((status, &answer["result"]), (200, &json!({})), "{answer}");
+}
+
+#[test]
 fn lists_are_reused_for_the_configured_time_and_filtered_per_caller() {
     let dir = tempfile::tempdir().unwrap();
     let runtime = runtime();

@@ -37,8 +37,8 @@ pub(crate) struct TextArgs {
 /// request from the server to the client) and `change` (server `math` tells every session
 /// its tool list changed and its resource `mem://note` was updated, any other its prompt
 /// list, so a client can tell whose it heard), each answer naming the server. It offers no
-/// prompts, only their changes, takes subscriptions to resources it does not list, and
-/// completes any argument with the same three suggestions.
+/// prompts, only their changes, takes subscriptions to resources it does not list, takes
+/// any log level, and completes any argument with the same three suggestions.
 #[derive(Clone)]
 pub(crate) struct Tools {
     name: &'static str,
@@ -123,6 +123,14 @@ impl ServerHandler for Tools {
                 .enable_completions()
                 .build(),
         )
+    }
+
+    async fn set_level(
+        &self,
+        _request: SetLevelRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        Ok(())
     }
 
     /// The same suggestions whatever was typed (narrowing them is the gateway's business

@@ -231,6 +231,11 @@ impl Stream {
                     let Ok(data) = frame.into_data() else { continue };
                     let mut events = Vec::new();
                     self.parser.feed(&data, &mut events);
+                    // Keep-alives pass on, so idle timeouts downstream do not fire during a
+                    // long prefill.
+                    if self.parser.took_comment() {
+                        self.ready.push_back(Bytes::from_static(sse::KEEPALIVE_COMMENT));
+                    }
                     if self.parser.pending() > MAX_HELD_ANSWER_BYTES {
                         self.inner = None;
                         let error = format!(
@@ -351,9 +356,70 @@ fn error_event(stop: Stop) -> Bytes {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use serde_json::json;
 
     use super::*;
+    use crate::tests::support::*;
+
+    #[tokio::test]
+    async fn a_checked_stream_passes_the_servers_keepalives_on() {
+        // A long prefill: the server keeps the stream alive with a comment between events.
+        let pod = spawn_upstream(|_| async {
+            let frames = [
+                "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"}}]}\n\n",
+                ": ping\n\n",
+                "data: [DONE]\n\n",
+            ];
+            let frames = futures::stream::iter(frames).then(|frame| async move {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                Ok::<_, std::convert::Infallible>(Frame::data(Bytes::from(frame)))
+            });
+            http::Response::builder()
+                .header(http::header::CONTENT_TYPE, "text/event-stream")
+                .body(BodyExt::boxed(StreamBody::new(frames)))
+                .unwrap()
+        })
+        .await;
+        let port = free_port();
+        let config = format!(
+            "{}---
+apiVersion: portcullis.dev/v1alpha1
+kind: InferencePool
+metadata: {{name: qwen}}
+spec: {{endpoints: ['{pod}'], models: [{{name: m}}]}}
+---
+apiVersion: portcullis.dev/v1alpha1
+kind: Route
+metadata: {{name: llm}}
+spec: {{listeners: [web], backends: [{{kind: InferencePool, name: qwen}}]}}
+---
+apiVersion: portcullis.dev/v1alpha1
+kind: Guardrail
+metadata: {{name: no-secrets}}
+spec:
+  targetRefs: [{{kind: InferencePool, name: qwen}}]
+  phases: [LlmResponse]
+  builtin: {{deny: [{{pattern: 'password', reason: no passwords}}]}}
+",
+            listener("web", port)
+        );
+        let proxy = start_proxy(None, Duration::from_secs(1)).await;
+        proxy.state.apply(1, objects(&config)).await.unwrap();
+        let body = r#"{"model": "m", "stream": true, "messages": [{"role": "user", "content": "hello"}]}"#;
+        let request = http::Request::post(format!("http://127.0.0.1:{port}/v1/chat/completions"))
+            .header(http::header::CONTENT_TYPE, "application/json")
+            .body(http_body_util::Full::new(Bytes::from(body)))
+            .unwrap();
+        let response = http1_client().request(request).await.unwrap();
+        let (status, text) = status_and_text(response).await;
+        assert_eq!(status, 200, "{text}");
+        let keepalive = text.find(": keepalive").expect("the keep-alive was dropped");
+        assert!(text.find("\"hi\"").is_some_and(|at| at < keepalive), "{text}");
+        assert!(text.ends_with("data: [DONE]\n\n"), "{text}");
+        proxy.shutdown().await.unwrap();
+    }
 
     #[test]
     fn a_choice_is_checked_for_its_content_and_its_reasoning() {

@@ -41,7 +41,7 @@ use crate::upstream::Upstream;
 /// timeouts of proxies and load balancers between it and the client do not close it.
 pub(super) const KEEPALIVE: Duration = Duration::from_secs(15);
 /// What goes out then: a comment, which SSE clients ignore.
-pub(super) const KEEPALIVE_COMMENT: &[u8] = b": keepalive\n\n";
+pub(super) use crate::sse::KEEPALIVE_COMMENT;
 
 /// Which reused lists a server's notification makes stale.
 pub(super) fn lists_changed(method: &str) -> &'static [&'static str] {

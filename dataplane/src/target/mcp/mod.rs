@@ -529,9 +529,17 @@ impl McpTarget {
         let mut params = Value::Object(params);
         inject_trace(&mut params, exchange);
         let message = json!({"jsonrpc": "2.0", "id": id, "method": "logging/setLevel", "params": params});
-        let all: Vec<usize> = (0..self.servers.len()).collect();
+        // A 2026-07-28 server has no such method: its level travels in each request's
+        // `_meta`, which a session-based client's session does not carry.
+        let speaks_set_level = |index: &usize| match downstream {
+            Downstream::Legacy(session) => session
+                .server(&self.servers[*index].name)
+                .is_none_or(|state| state.version != server::MODERN_VERSION),
+            Downstream::Modern(_) => true,
+        };
+        let asked: Vec<usize> = (0..self.servers.len()).filter(speaks_set_level).collect();
         for (index, outcome) in self
-            .ask_each(exchange, downstream, &all, |_| message.clone())
+            .ask_each(exchange, downstream, &asked, |_| message.clone())
             .await
         {
             match outcome {
