@@ -642,15 +642,33 @@ fn a_log_level_goes_to_the_servers_that_take_one() {
     let dir = tempfile::tempdir().unwrap();
     let runtime = runtime();
     let dual = runtime.block_on(serve("dual", true));
-    // A 2026-07-28 server has no logging/setLevel: a session-based client's level is not
-    // its business, and must not fail the client's request.
+    // Portcullis' test servers offer no `logging`; the 2026-07-28 one has no
+    // logging/setLevel at all. Neither is asked: each would answer "method not found" and
+    // fail the client's request.
+    let (_old_process, old) = era_server(dir.path(), "legacy");
     let (_new_process, new) = era_server(dir.path(), "modern");
     let port = free_port();
-    let _gateway = start_gateway(dir.path(), &mcp_config(port, &[("dual", dual), ("new", new)], ""));
+    let _gateway = start_gateway(
+        dir.path(),
+        &mcp_config(port, &[("dual", dual), ("old", old), ("new", new)], ""),
+    );
     let wire = Wire::initialize(port);
-    let (status, answer) = wire
-        .post(&json!({"jsonrpc": "2.0", "id": 3, "method": "logging/setLevel", "params": {"level": "info"}}));
+    let set_level = |level: &str| {
+        wire.post(
+            &json!({"jsonrpc": "2.0", "id": 3, "method": "logging/setLevel", "params": {"level": level}}),
+        )
+    };
+    let (status, answer) = set_level("info");
     assert_eq!((status, &answer["result"]), (200, &json!({})), "{answer}");
+    // The server that offered `logging` was asked: it refuses this level, and says so.
+    let (_, refused) = set_level("emergency");
+    assert_eq!(refused["error"]["code"], -32011, "{refused}");
+    assert!(
+        refused["error"]["message"]
+            .as_str()
+            .is_some_and(|message| message.contains("server dual")),
+        "{refused}"
+    );
 }
 
 #[test]

@@ -111,9 +111,12 @@ impl Tools {
 
 #[tool_handler(router = self.tool_router)]
 impl ServerHandler for Tools {
+    // `logging` is deprecated in the newest revision, and offered for the older ones.
+    #[allow(deprecated)]
     fn get_info(&self) -> ServerConfig {
         ServerConfig::new(
             ServerCapabilities::builder()
+                .enable_logging()
                 .enable_tools()
                 .enable_tool_list_changed()
                 .enable_prompts()
@@ -125,12 +128,16 @@ impl ServerHandler for Tools {
         )
     }
 
+    /// Takes every level but `emergency`, so a test can tell it was asked.
     async fn set_level(
         &self,
-        _request: SetLevelRequestParams,
+        request: SetLevelRequestParams,
         _context: RequestContext<RoleServer>,
     ) -> Result<(), ErrorData> {
-        Ok(())
+        match request.level {
+            LoggingLevel::Emergency => Err(ErrorData::invalid_params("no emergencies here", None)),
+            _ => Ok(()),
+        }
     }
 
     /// The same suggestions whatever was typed (narrowing them is the gateway's business

@@ -32,16 +32,17 @@ async fn path_echo() -> std::net::SocketAddr {
     .await
 }
 
-/// The proxy's count of failed connects, as its metrics say.
-async fn connect_errors(proxy: &crate::Proxy) -> Option<u64> {
+/// The proxy's count of failed connects, as its metrics (returned too) say.
+async fn connect_errors(proxy: &crate::Proxy) -> (Option<u64>, String) {
     let (_, metrics) = get(proxy.admin_addr().port(), "/metrics").await;
-    metrics
+    let count = metrics
         .lines()
         .find(|line| {
             line.starts_with("portcullis_proxy_upstream_errors_total{") && line.contains("kind=\"connect\"")
         })
         .and_then(|line| line.rsplit(' ').next())
-        .and_then(|count| count.parse::<u64>().ok())
+        .and_then(|count| count.parse::<u64>().ok());
+    (count, metrics)
 }
 
 /// Sends raw bytes and returns everything the proxy answers until it closes the
@@ -274,7 +275,8 @@ async fn failed_connects_are_retried_on_another_endpoint_and_the_endpoint_ejecte
     }
     assert_eq!(served.load(Ordering::Relaxed), 10);
     // Two failed connects ejected the dead endpoint: it was not tried again.
-    assert_eq!(connect_errors(&proxy).await, Some(2));
+    let (count, metrics) = connect_errors(&proxy).await;
+    assert_eq!(count, Some(2), "{metrics}");
     proxy.shutdown().await.unwrap();
 }
 
@@ -314,7 +316,8 @@ async fn an_endpoint_that_accepts_no_connection_within_the_route_timeout_is_ejec
     // Round-robin puts the dead endpoint first for every other request until two of them
     // ejected it.
     assert_eq!(statuses, [504, 200, 504, 200, 200, 200, 200, 200]);
-    assert_eq!(connect_errors(&proxy).await, Some(2));
+    let (count, metrics) = connect_errors(&proxy).await;
+    assert_eq!(count, Some(2), "{metrics}");
     proxy.shutdown().await.unwrap();
 }
 

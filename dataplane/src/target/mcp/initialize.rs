@@ -268,6 +268,8 @@ async fn open_any_session(
             name: server.name.to_string(),
             id: None,
             version: MODERN_VERSION.to_string(),
+            // Its level travels in each request's `_meta` instead.
+            takes_no_log_level: true,
         },
         offer,
         closing: None,
@@ -413,11 +415,16 @@ async fn open_session(
     if let Some(error) = refused {
         return Err(error);
     }
+    let takes_no_log_level = result
+        .get("capabilities")
+        .and_then(|capabilities| capabilities.get("logging"))
+        .is_none();
     Ok(NewSession {
         session: ServerSession {
             name: server.name.to_string(),
             id: session,
             version,
+            takes_no_log_level,
         },
         offer: result,
         closing,

@@ -529,12 +529,14 @@ impl McpTarget {
         let mut params = Value::Object(params);
         inject_trace(&mut params, exchange);
         let message = json!({"jsonrpc": "2.0", "id": id, "method": "logging/setLevel", "params": params});
-        // A 2026-07-28 server has no such method: its level travels in each request's
-        // `_meta`, which a session-based client's session does not carry.
+        // Only to the servers that offered `logging`: another would answer "method not
+        // found" and fail the client's request. A 2026-07-28 server has no such method at
+        // all (its level travels in each request's `_meta`); a session sealed by an older
+        // build does not say which offered it, but does say which speak 2026-07-28.
         let speaks_set_level = |index: &usize| match downstream {
             Downstream::Legacy(session) => session
                 .server(&self.servers[*index].name)
-                .is_none_or(|state| state.version != server::MODERN_VERSION),
+                .is_none_or(|state| !state.takes_no_log_level && state.version != server::MODERN_VERSION),
             Downstream::Modern(_) => true,
         };
         let asked: Vec<usize> = (0..self.servers.len()).filter(speaks_set_level).collect();

@@ -68,6 +68,10 @@ pub(super) struct ServerSession {
     /// The protocol version the server agreed to.
     #[serde(rename = "v")]
     pub(super) version: String,
+    /// The server offered no `logging` at `initialize`: `logging/setLevel` is not its
+    /// business. Sessions sealed by older builds say nothing, and send it as those did.
+    #[serde(rename = "l", default, skip_serializing_if = "std::ops::Not::not")]
+    pub(super) takes_no_log_level: bool,
 }
 
 impl Session {
@@ -309,6 +313,7 @@ mod tests {
                 name: "math".into(),
                 id: Some("upstream-1".into()),
                 version: "2025-06-18".into(),
+                takes_no_log_level: true,
             }],
             client: None,
             issued: unix_now(),
