@@ -22,7 +22,7 @@ use crate::llm::Prepared;
 use crate::normalize;
 use crate::policy::{Decision, RequestContext};
 use crate::response::{self, ProxyError};
-use crate::route::request_host;
+use crate::route::{request_host, Route};
 use crate::telemetry::{RequestRecord, Telemetry};
 use crate::upstream::Upstream;
 
@@ -174,7 +174,8 @@ impl Pipeline {
             .and_then(|value| value.to_str().ok())
             .and_then(|value| value.parse::<u64>().ok());
         if declared.is_some_and(|length| length > route.max_request_body_bytes) {
-            return BodyStatus::answer(Some(BodyFailure::TooLarge), route.max_request_body_bytes);
+            let answer = BodyStatus::answer(Some(BodyFailure::TooLarge), route.max_request_body_bytes);
+            return in_route_shape(&route, answer);
         }
         let limit = usize::try_from(route.max_request_body_bytes).unwrap_or(usize::MAX);
         let body = ClientBody {
@@ -253,6 +254,7 @@ impl Pipeline {
                 response = replacement;
             }
         }
+        let response = in_route_shape(&route, response);
         record.trace = ctx.trace;
         record.decisions = ctx.decisions;
         record.target = ctx.target;
@@ -281,6 +283,15 @@ impl Pipeline {
             finish: Some((record, self.telemetry.clone())),
         };
         Response::from_parts(parts, body::boxed(body))
+    }
+}
+
+/// The proxy's own errors in the shape the route's clients parse: OpenAI's on an LLM route.
+fn in_route_shape(route: &Route, response: Response<Body>) -> Response<Body> {
+    if route.llm.is_some() {
+        crate::llm::restated(response)
+    } else {
+        response
     }
 }
 

@@ -1,5 +1,7 @@
 //! Responses the proxy writes itself.
 
+use std::sync::Arc;
+
 use http::header::CONTENT_TYPE;
 use http::{HeaderValue, Response, StatusCode};
 
@@ -21,9 +23,11 @@ pub(crate) fn with_body(
 /// The error shape clients of an AI gateway already parse: `{"error":{"type","message"}}`.
 /// `kind` is also what the access log and metrics record as the request's error.
 pub(crate) fn error(status: StatusCode, kind: &'static str, message: impl Into<String>) -> Response<Body> {
-    let body = serde_json::json!({ "error": { "type": kind, "message": message.into() } });
+    let message: Arc<str> = Arc::from(message.into());
+    let body = serde_json::json!({ "error": { "type": kind, "message": &*message } });
     let mut response = with_body(status, "application/json", body.to_string());
     response.extensions_mut().insert(ProxyError(kind));
+    response.extensions_mut().insert(ErrorMessage(message));
     response
 }
 
@@ -34,3 +38,8 @@ pub(crate) fn json(status: StatusCode, value: &serde_json::Value) -> Response<Bo
 /// Marks a response the proxy generated, with its error type.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct ProxyError(pub(crate) &'static str);
+
+/// The message of an error [`error`] wrote, so that a route speaking another error shape (an
+/// LLM route: OpenAI's) can restate it.
+#[derive(Debug, Clone)]
+pub(crate) struct ErrorMessage(pub(crate) Arc<str>);

@@ -18,7 +18,7 @@ use portcullis_config::{GuardrailPhase, InferencePoolSpec, ModelName};
 use rand::Rng;
 
 pub(crate) use completion::check as check_completion;
-pub(crate) use error::error;
+pub(crate) use error::{error, restated};
 pub(crate) use request::LlmRequest;
 pub(crate) use tap::Tap;
 
