@@ -33,11 +33,8 @@ pub(crate) fn restated(response: Response<Body>) -> Response<Body> {
     let restated = serde_json::json!({
         "error": { "message": &*message, "type": error_type(parts.status), "param": null, "code": code }
     });
+    // Still JSON: the type it was written with (or a HeaderPolicy's) holds.
     parts.headers.remove(http::header::CONTENT_LENGTH);
-    parts.headers.insert(
-        http::header::CONTENT_TYPE,
-        http::HeaderValue::from_static("application/json"),
-    );
     Response::from_parts(parts, crate::body::full(restated.to_string()))
 }
 
