@@ -144,17 +144,23 @@ async fn nothing_is_sent_before_the_first_version() {
     drop(tx);
 }
 
-/// A leader at version 1 and a follower that has applied it.
-async fn two_nodes(
-    dirs: &(tempfile::TempDir, tempfile::TempDir),
-) -> (crate::ControlPlane, crate::ControlPlane, AdminClient<Channel>) {
-    let leader = start(dirs.0.path(), 1, false).await;
-    let mut client = admin(leader.local_addr()).await;
+/// A node that formed its cluster, at version 1 (one Backend), and an admin client of it.
+async fn at_version_one(dir: &std::path::Path) -> (crate::ControlPlane, AdminClient<Channel>) {
+    let node = start(dir, 1, false).await;
+    let mut client = admin(node.local_addr()).await;
     wait_for_leader(&mut client).await;
     client
         .apply(apply_request(vec![backend("api", "127.0.0.1:9000")], None))
         .await
         .unwrap();
+    (node, client)
+}
+
+/// A leader at version 1 and a follower that has applied it.
+async fn two_nodes(
+    dirs: &(tempfile::TempDir, tempfile::TempDir),
+) -> (crate::ControlPlane, crate::ControlPlane, AdminClient<Channel>) {
+    let (leader, mut client) = at_version_one(dirs.0.path()).await;
     let follower = start(dirs.1.path(), 2, true).await;
     let add = AddNodeRequest {
         node_id: 2,
@@ -204,7 +210,8 @@ async fn the_leader_serves_a_proxy_holding_a_version_this_cluster_never_reached(
     // storage: the leader, current by a quorum's word, knows version 50 is not its own.
     let (tx, mut stream) = subscribe(leader.local_addr()).await;
     tx.send(holding(50)).await.unwrap();
-    let served = tokio::time::timeout(Duration::from_secs(3), stream.message())
+    // Well before the 10 s a follower would wait for its log to catch up.
+    let served = tokio::time::timeout(Duration::from_secs(8), stream.message())
         .await
         .expect("the leader kept the proxy waiting")
         .unwrap()
@@ -221,13 +228,7 @@ async fn the_leader_serves_a_proxy_holding_a_version_this_cluster_never_reached(
 #[tokio::test]
 async fn a_second_live_proxy_with_the_same_id_is_refused() {
     let dir = tempfile::tempdir().unwrap();
-    let node = start(dir.path(), 1, false).await;
-    let mut admin = admin(node.local_addr()).await;
-    wait_for_leader(&mut admin).await;
-    admin
-        .apply(apply_request(vec![backend("api", "127.0.0.1:9000")], None))
-        .await
-        .unwrap();
+    let (node, mut admin) = at_version_one(dir.path()).await;
     let hello = |instance: &str| Hello {
         proxy_id: "edge-1".into(),
         instance: instance.into(),
@@ -339,13 +340,7 @@ async fn deltas_follow_acknowledgements_and_a_refused_delta_is_resent_whole() {
 #[tokio::test]
 async fn a_version_refused_whole_is_offered_again() {
     let dir = tempfile::tempdir().unwrap();
-    let node = start(dir.path(), 1, false).await;
-    let mut admin = admin(node.local_addr()).await;
-    wait_for_leader(&mut admin).await;
-    admin
-        .apply(apply_request(vec![backend("api", "127.0.0.1:9000")], None))
-        .await
-        .unwrap();
+    let (node, mut admin) = at_version_one(dir.path()).await;
     let (tx, mut stream) = subscribe(node.local_addr()).await;
     let hello = Hello {
         proxy_id: "edge-1".into(),

@@ -79,27 +79,19 @@ mod tests {
     async fn the_proxys_own_errors_on_an_llm_route_are_in_openais_shape() {
         let port = free_port();
         // No pod is asked: a refusal comes first.
-        let config = format!(
-            "{}---
-apiVersion: portcullis.dev/v1alpha1
-kind: InferencePool
-metadata: {{name: qwen}}
-spec: {{endpoints: ['127.0.0.1:9'], models: [{{name: m}}]}}
----
-apiVersion: portcullis.dev/v1alpha1
-kind: Route
-metadata: {{name: llm}}
-spec: {{listeners: [web], backends: [{{kind: InferencePool, name: qwen}}], limits: {{maxRequestBodyBytes: 64}}}}
----
-apiVersion: portcullis.dev/v1alpha1
+        // One token every 1,000 s: the bucket does not refill during the test.
+        let rate_limit = "apiVersion: portcullis.dev/v1alpha1
 kind: RateLimitPolicy
-metadata: {{name: one}}
-spec: {{targetRefs: [{{kind: Route, name: llm}}], requestsPerSecond: 1, burst: 1}}
-",
-            listener("web", port)
-        );
+metadata: {name: one}
+spec: {targetRefs: [{kind: Route, name: llm}], requestsPerSecond: 0.001, burst: 1}
+";
         let proxy = start_proxy(None, Duration::from_secs(1)).await;
-        proxy.state.apply(1, objects(&config)).await.unwrap();
+        let limits = "limits: {maxRequestBodyBytes: 64}";
+        proxy
+            .state
+            .apply(1, llm_config(port, "127.0.0.1:9", limits, rate_limit))
+            .await
+            .unwrap();
         let post = |body: String| {
             let request = http::Request::post(format!("http://127.0.0.1:{port}/v1/chat/completions"))
                 .header(http::header::CONTENT_TYPE, "application/json")

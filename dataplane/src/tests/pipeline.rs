@@ -306,7 +306,7 @@ async fn an_endpoint_that_accepts_no_connection_within_the_route_timeout_is_ejec
     let backend = format!("apiVersion: portcullis.dev/v1alpha1\nkind: Backend\nmetadata: {{name: up}}\nspec: {{endpoints: ['{dead}', '{alive}'], ejection: {{consecutiveFailures: 2, duration: 30s}}}}\n---\n");
     // A route timeout well below the 3 s connect timeout: the route's timer ends each
     // attempt on the dead endpoint while it is still connecting.
-    let config = objects(&(listener("web", port) + &backend + &route("all", "web", "up", "timeout: 300ms")));
+    let config = objects(&(listener("web", port) + &backend + &route("all", "web", "up", "timeout: 1s")));
     let proxy = start_proxy(None, Duration::from_secs(1)).await;
     proxy.state.apply(1, config).await.unwrap();
     let mut statuses = Vec::new();

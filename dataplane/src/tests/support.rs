@@ -139,6 +139,26 @@ pub fn simple_config(port: u16, upstream: SocketAddr, route_extra: &str) -> Vec<
     )
 }
 
+/// A listener `web` on `port` and an LLM route `llm` (its spec's `route_extra` added) to the
+/// pool `qwen` of model `m` at `pod`; `more` is further YAML documents (a Guardrail, ...).
+pub fn llm_config(port: u16, pod: &str, route_extra: &str, more: &str) -> Vec<Object> {
+    objects(&format!(
+        "{}---
+apiVersion: portcullis.dev/v1alpha1
+kind: InferencePool
+metadata: {{name: qwen}}
+spec: {{endpoints: ['{pod}'], models: [{{name: m}}]}}
+---
+apiVersion: portcullis.dev/v1alpha1
+kind: Route
+metadata: {{name: llm}}
+spec: {{listeners: [web], backends: [{{kind: InferencePool, name: qwen}}], {route_extra}}}
+---
+{more}",
+        listener("web", port)
+    ))
+}
+
 pub fn objects(yaml: &str) -> Vec<Object> {
     parse_documents(yaml).unwrap()
 }

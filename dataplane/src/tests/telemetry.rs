@@ -111,30 +111,20 @@ async fn a_guardrail_decision_is_a_span_event_a_log_entry_and_a_metric() {
     };
     let port = free_port();
     // The prompt is denied before any pod is asked: the pool's endpoint needs no server.
-    let config = format!(
-        "{}---
-apiVersion: portcullis.dev/v1alpha1
-kind: InferencePool
-metadata: {{name: qwen}}
-spec: {{endpoints: ['127.0.0.1:9'], models: [{{name: m}}]}}
----
-apiVersion: portcullis.dev/v1alpha1
-kind: Route
-metadata: {{name: llm}}
-spec: {{listeners: [web], backends: [{{kind: InferencePool, name: qwen}}]}}
----
-apiVersion: portcullis.dev/v1alpha1
+    let guardrail = "apiVersion: portcullis.dev/v1alpha1
 kind: Guardrail
-metadata: {{name: no-secrets}}
+metadata: {name: no-secrets}
 spec:
-  targetRefs: [{{kind: InferencePool, name: qwen}}]
+  targetRefs: [{kind: InferencePool, name: qwen}]
   phases: [LlmRequest]
-  builtin: {{deny: [{{pattern: 'password', reason: no passwords}}]}}
-",
-        listener("web", port)
-    );
+  builtin: {deny: [{pattern: 'password', reason: no passwords}]}
+";
     let proxy = start_proxy_with(None, Duration::from_secs(1), telemetry).await;
-    proxy.state.apply(1, objects(&config)).await.unwrap();
+    proxy
+        .state
+        .apply(1, llm_config(port, "127.0.0.1:9", "", guardrail))
+        .await
+        .unwrap();
 
     let body = r#"{"model": "m", "messages": [{"role": "user", "content": "my password is hunter2"}]}"#;
     let request = Request::post(format!("http://127.0.0.1:{port}/v1/chat/completions"))
