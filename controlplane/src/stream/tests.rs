@@ -228,7 +228,7 @@ async fn the_leader_serves_a_proxy_holding_a_version_this_cluster_never_reached(
 #[tokio::test]
 async fn a_second_live_proxy_with_the_same_id_is_refused() {
     let dir = tempfile::tempdir().unwrap();
-    let (node, mut admin) = at_version_one(dir.path()).await;
+    let (node, _admin) = at_version_one(dir.path()).await;
     let hello = |instance: &str| Hello {
         proxy_id: "edge-1".into(),
         instance: instance.into(),
