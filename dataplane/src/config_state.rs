@@ -25,7 +25,7 @@ use crate::policy::guardrail::GuardrailIndex;
 use crate::policy::{Policy, PolicyIndex};
 use crate::route::{Route, RouteTable};
 use crate::target::{self, InferencePoolTarget, InputWaits, Targets, WeightedTargets};
-use crate::telemetry::Telemetry;
+use crate::telemetry::{InForce, Telemetry};
 use crate::upstream::{RetryPolicy, Upstream};
 
 /// How long a stopping proxy waits for background work (MCP sessions being opened for
@@ -219,7 +219,11 @@ impl ConfigState {
     pub(crate) async fn apply(&self, version: u64, objects: Vec<Object>) -> Result<(), ApplyError> {
         let result = self.apply_version(version, objects).await;
         match &result {
-            Ok(()) => self.telemetry.config_applied(version),
+            Ok(()) => {
+                let current = self.current();
+                let live = InForce::new(&current.config, current.endpoints.iter().map(Authority::as_str));
+                self.telemetry.config_applied(version, &live);
+            }
             Err(ApplyError::ShuttingDown) => {}
             Err(_) => self.telemetry.config_rejected(version),
         }

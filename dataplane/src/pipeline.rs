@@ -32,8 +32,8 @@ const TRACESTATE: HeaderName = HeaderName::from_static("tracestate");
 /// Recorded for a request whose client left before the response started.
 const CLIENT_CLOSED: u16 = 499;
 
-/// The listener name recorded for a request on a listener that is being removed.
-static DRAINING: std::sync::LazyLock<Arc<str>> = std::sync::LazyLock::new(|| Arc::from("(removed)"));
+static DRAINING: std::sync::LazyLock<Arc<str>> =
+    std::sync::LazyLock::new(|| Arc::from(crate::telemetry::REMOVED_LISTENER));
 
 /// Serves the requests arriving on one listener, always against the latest config.
 #[derive(Clone)]

@@ -4,10 +4,18 @@
 //! the labels) and atomic adds; label sets are built by moving the record's `Arc<str>`s in and
 //! back out, so not even a reference count moves. The request-duration histogram is our own
 //! lock-free one: prometheus-client's takes a mutex per observation.
+//!
+//! Label sets that name objects (listeners, routes, targets, policies, guardrails, servers,
+//! endpoints) are dropped once a config version without those objects is applied
+//! ([`Metrics::prune`]): otherwise every route, pod address or replica a proxy ever served
+//! would stay in its memory and on every scrape for as long as it runs.
 
+use std::collections::HashSet;
 use std::fmt;
+use std::hash::Hash;
+use std::ops::Deref;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use prometheus_client::encoding::{EncodeLabelSet, EncodeMetric, MetricEncoder, NoLabelSet};
@@ -16,6 +24,8 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::{MetricType, TypedMetric};
 use prometheus_client::registry::{Registry, Unit};
+
+use portcullis_config::{ConfigSet, GuardrailSpec, McpBackendSpec};
 
 use super::{LlmRecord, McpRecord, RequestRecord};
 use crate::policy::guardrail::GuardrailRecord;
@@ -112,23 +122,101 @@ struct GenAiTokenLabels {
     gen_ai_token_type: &'static str,
 }
 
+/// A metric family whose label sets can be dropped. prometheus-client's `Family` can remove
+/// a label set but cannot list them, so the sets created are also kept here. Lookups of an
+/// existing set cost what `Family`'s do; creating one takes `created`'s lock, held across the
+/// creation so that [`Pruned::retain`] never misses a set being created.
+struct Pruned<S, M> {
+    family: Family<S, M>,
+    created: Mutex<HashSet<S>>,
+}
+
+impl<S: Clone + Hash + Eq, M: Default> Default for Pruned<S, M> {
+    fn default() -> Self {
+        Pruned {
+            family: Family::default(),
+            created: Mutex::default(),
+        }
+    }
+}
+
+impl<S: Clone + Hash + Eq, M: Default> Pruned<S, M> {
+    fn get_or_create(&self, labels: &S) -> impl Deref<Target = M> + '_ {
+        if let Some(metric) = self.family.get(labels) {
+            return metric;
+        }
+        let mut created = self.created.lock().unwrap_or_else(PoisonError::into_inner);
+        let metric = self.family.get_or_create(labels);
+        created.insert(labels.clone());
+        metric
+    }
+
+    /// Keeps the label sets for which `keep` holds, removes the others.
+    fn retain(&self, keep: impl Fn(&S) -> bool) {
+        let mut created = self.created.lock().unwrap_or_else(PoisonError::into_inner);
+        created.retain(|labels| {
+            let kept = keep(labels);
+            if !kept {
+                self.family.remove(labels);
+            }
+            kept
+        });
+    }
+}
+
+/// Every label value that names something of the config version in force: each object as
+/// `name` and as `Kind/name`, the McpBackends' servers, the guardrails' replicas and every
+/// upstream endpoint (`host:port`). The empty value (no route, no replica, ...) always is.
+pub(crate) struct InForce {
+    names: HashSet<String>,
+}
+
+impl InForce {
+    pub(crate) fn new<'a>(config: &ConfigSet, endpoints: impl IntoIterator<Item = &'a str>) -> InForce {
+        let mut names: HashSet<String> = endpoints.into_iter().map(str::to_owned).collect();
+        names.extend(["", "builtin", super::REMOVED_LISTENER].map(str::to_owned));
+        for object in config.objects() {
+            names.insert(object.name().to_owned());
+            names.insert(object.key().to_string());
+            if let Some(spec) = object.spec::<McpBackendSpec>() {
+                names.extend(spec.servers.iter().map(|server| server.name.clone()));
+            }
+            if let Some(service) = object
+                .spec::<GuardrailSpec>()
+                .and_then(|spec| spec.service.as_ref())
+            {
+                names.extend(service.replicas.iter().cloned());
+            }
+        }
+        InForce { names }
+    }
+
+    fn has(&self, name: &str) -> bool {
+        self.names.contains(name)
+    }
+
+    fn has_opt(&self, name: &Option<Arc<str>>) -> bool {
+        name.as_deref().is_none_or(|name| self.has(name))
+    }
+}
+
 /// Every metric of one proxy, and the registry that exposes them.
 pub(super) struct Metrics {
     registry: Registry,
-    requests: Family<RequestLabels, Counter>,
-    duration: Family<RouteTargetLabels, DurationHistogram>,
-    request_bytes: Family<RouteLabels, Counter>,
-    response_bytes: Family<RouteLabels, Counter>,
-    upstream_errors: Family<UpstreamErrorLabels, Counter>,
-    policy_decisions: Family<PolicyLabels, Counter>,
-    gen_ai_requests: Family<GenAiRequestLabels, Counter>,
-    mcp_requests: Family<McpLabels, Counter>,
-    mcp_tool_drift: Family<ToolDriftLabels, Gauge>,
-    guardrail_checks: Family<GuardrailLabels, Counter>,
-    guardrail_check_duration: Family<GuardrailPhaseLabels, DurationHistogram>,
-    gen_ai_tokens: Family<GenAiTokenLabels, Counter>,
-    gen_ai_time_to_first_token: Family<GenAiLabels, DurationHistogram>,
-    gen_ai_time_per_output_token: Family<GenAiLabels, DurationHistogram>,
+    requests: Pruned<RequestLabels, Counter>,
+    duration: Pruned<RouteTargetLabels, DurationHistogram>,
+    request_bytes: Pruned<RouteLabels, Counter>,
+    response_bytes: Pruned<RouteLabels, Counter>,
+    upstream_errors: Pruned<UpstreamErrorLabels, Counter>,
+    policy_decisions: Pruned<PolicyLabels, Counter>,
+    gen_ai_requests: Pruned<GenAiRequestLabels, Counter>,
+    mcp_requests: Pruned<McpLabels, Counter>,
+    mcp_tool_drift: Pruned<ToolDriftLabels, Gauge>,
+    guardrail_checks: Pruned<GuardrailLabels, Counter>,
+    guardrail_check_duration: Pruned<GuardrailPhaseLabels, DurationHistogram>,
+    gen_ai_tokens: Pruned<GenAiTokenLabels, Counter>,
+    gen_ai_time_to_first_token: Pruned<GenAiLabels, DurationHistogram>,
+    gen_ai_time_per_output_token: Pruned<GenAiLabels, DurationHistogram>,
     config_version: Gauge,
     config_last_apply_ok: Gauge,
     config_last_apply_version: Gauge,
@@ -140,20 +228,20 @@ impl Metrics {
     pub(super) fn new() -> Metrics {
         let mut registry = Registry::with_prefix("portcullis_proxy");
         let metrics = Metrics {
-            requests: Family::default(),
-            duration: Family::default(),
-            request_bytes: Family::default(),
-            response_bytes: Family::default(),
-            upstream_errors: Family::default(),
-            policy_decisions: Family::default(),
-            gen_ai_requests: Family::default(),
-            mcp_requests: Family::default(),
-            mcp_tool_drift: Family::default(),
-            guardrail_checks: Family::default(),
-            guardrail_check_duration: Family::default(),
-            gen_ai_tokens: Family::default(),
-            gen_ai_time_to_first_token: Family::default(),
-            gen_ai_time_per_output_token: Family::default(),
+            requests: Pruned::default(),
+            duration: Pruned::default(),
+            request_bytes: Pruned::default(),
+            response_bytes: Pruned::default(),
+            upstream_errors: Pruned::default(),
+            policy_decisions: Pruned::default(),
+            gen_ai_requests: Pruned::default(),
+            mcp_requests: Pruned::default(),
+            mcp_tool_drift: Pruned::default(),
+            guardrail_checks: Pruned::default(),
+            guardrail_check_duration: Pruned::default(),
+            gen_ai_tokens: Pruned::default(),
+            gen_ai_time_to_first_token: Pruned::default(),
+            gen_ai_time_per_output_token: Pruned::default(),
             config_version: Gauge::default(),
             config_last_apply_ok: Gauge::default(),
             config_last_apply_version: Gauge::default(),
@@ -167,84 +255,84 @@ impl Metrics {
             "requests",
             "Requests answered, by listener, route and target (empty when none matched) and \
              response status",
-            metrics.requests.clone(),
+            metrics.requests.family.clone(),
         );
         registry.register_with_unit(
             "request_duration",
             "Time from the request's arrival to the end of its response body, by route and \
              target",
             Unit::Seconds,
-            metrics.duration.clone(),
+            metrics.duration.family.clone(),
         );
         registry.register(
             "request_bytes",
             "Request body bytes received from clients, by route",
-            metrics.request_bytes.clone(),
+            metrics.request_bytes.family.clone(),
         );
         registry.register(
             "response_bytes",
             "Response body bytes sent to clients, by route",
-            metrics.response_bytes.clone(),
+            metrics.response_bytes.family.clone(),
         );
         registry.register(
             "upstream_errors",
             "Failed upstream attempts, by route, target and kind (connect, timeout, exchange)",
-            metrics.upstream_errors.clone(),
+            metrics.upstream_errors.family.clone(),
         );
         registry.register(
             "policy_decisions",
             "Policy decisions taken on requests, by policy and decision",
-            metrics.policy_decisions.clone(),
+            metrics.policy_decisions.family.clone(),
         );
         registry.register(
             "mcp_requests",
             "MCP requests through McpBackends, by target, JSON-RPC method, server and outcome \
              (ok or the gateway's JSON-RPC error code)",
-            metrics.mcp_requests.clone(),
+            metrics.mcp_requests.family.clone(),
         );
         registry.register(
             "mcp_tool_drift",
             "Tools of McpBackend servers covered by McpToolPins that do not match them, by target, \
              server and state (drifted: another definition than the pinned one; unpinned: not \
              pinned; absent: pinned but no longer listed), as last seen",
-            metrics.mcp_tool_drift.clone(),
+            metrics.mcp_tool_drift.family.clone(),
         );
         registry.register(
             "guardrail_checks",
             "Guardrail decisions, by guardrail, phase, decision (allow, deny, mutate, \
              failed_open, failed_closed) and the replica that answered or last failed",
-            metrics.guardrail_checks.clone(),
+            metrics.guardrail_checks.family.clone(),
         );
         registry.register_with_unit(
             "guardrail_check_duration",
             "Time to a guardrail's decision (retries and hedging included), by guardrail and phase",
             Unit::Seconds,
-            metrics.guardrail_check_duration.clone(),
+            metrics.guardrail_check_duration.family.clone(),
         );
         registry.register(
             "gen_ai_requests",
             "LLM requests answered through InferencePools, by pool, model, pod and status",
-            metrics.gen_ai_requests.clone(),
+            metrics.gen_ai_requests.family.clone(),
         );
         registry.register(
             "gen_ai_token_usage",
             "Tokens of LLM exchanges as the servers reported them, by pool, model, pod and \
              token type (input, cached_input, output)",
-            metrics.gen_ai_tokens.clone(),
+            metrics.gen_ai_tokens.family.clone(),
         );
         registry.register_with_unit(
             "gen_ai_server_time_to_first_token",
             "Time from the proxy having a streamed LLM request to the first generated token, by \
              pool, model and pod",
             Unit::Seconds,
-            metrics.gen_ai_time_to_first_token.clone(),
+            metrics.gen_ai_time_to_first_token.family.clone(),
         );
         registry.register_with_unit(
             "gen_ai_server_time_per_output_token",
             "Time per generated token after the first, of streamed LLM responses, by pool, model \
              and pod",
             Unit::Seconds,
-            metrics.gen_ai_time_per_output_token.clone(),
+            metrics.gen_ai_time_per_output_token.family.clone(),
         );
         registry.register(
             "config_version",
@@ -433,6 +521,35 @@ impl Metrics {
     pub(super) fn config_rejected(&self, version: u64) {
         self.config_last_apply_version.set(gauge_value(version));
         self.config_last_apply_ok.set(0);
+    }
+
+    /// Drops the label sets that name something no longer in force. A request still under
+    /// way on a removed route counts once it ends, and its sets go at the next version.
+    pub(super) fn prune(&self, live: &InForce) {
+        self.requests
+            .retain(|l| live.has(&l.listener) && live.has_opt(&l.route) && live.has_opt(&l.target));
+        self.duration
+            .retain(|l| live.has_opt(&l.route) && live.has_opt(&l.target));
+        self.request_bytes.retain(|l| live.has_opt(&l.route));
+        self.response_bytes.retain(|l| live.has_opt(&l.route));
+        self.upstream_errors
+            .retain(|l| live.has(&l.route) && live.has(&l.target));
+        self.policy_decisions.retain(|l| live.has(&l.policy));
+        self.gen_ai_requests
+            .retain(|l| live.has(&l.pool) && live.has(&l.endpoint));
+        self.gen_ai_tokens
+            .retain(|l| live.has(&l.pool) && live.has(&l.endpoint));
+        self.gen_ai_time_to_first_token
+            .retain(|l| live.has(&l.pool) && live.has(&l.endpoint));
+        self.gen_ai_time_per_output_token
+            .retain(|l| live.has(&l.pool) && live.has(&l.endpoint));
+        self.mcp_requests
+            .retain(|l| live.has(&l.target) && live.has(&l.server));
+        self.mcp_tool_drift
+            .retain(|l| live.has(&l.target) && live.has(&l.server));
+        self.guardrail_checks
+            .retain(|l| live.has(&l.guardrail) && live.has(&l.replica));
+        self.guardrail_check_duration.retain(|l| live.has(&l.guardrail));
     }
 
     pub(super) fn encode(&self) -> String {

@@ -35,8 +35,12 @@ use opentelemetry_sdk::Resource;
 
 use self::access_log::AccessLog;
 pub(crate) use self::log_throttle::LogThrottle;
+pub(crate) use self::metrics::InForce;
 use self::metrics::Metrics;
 pub(crate) use self::trace::RequestTrace;
+
+/// The listener name recorded for a request on a listener that is being removed.
+pub(crate) const REMOVED_LISTENER: &str = "(removed)";
 
 /// What the proxy's telemetry does; built by the CLI.
 #[derive(Debug, Clone, PartialEq)]
@@ -251,8 +255,10 @@ impl Telemetry {
     }
 
     /// The config version now applied: `config_version`, and the last apply succeeded.
-    pub(crate) fn config_applied(&self, version: u64) {
+    /// Metrics that name what `live` no longer holds are dropped.
+    pub(crate) fn config_applied(&self, version: u64, live: &InForce) {
         self.metrics.config_applied(version);
+        self.metrics.prune(live);
     }
 
     /// A config version was rejected (NACK): the last apply failed, for this version.

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use fake_opentelemetry_collector::{ExportedSpan, FakeCollectorServer};
 use http::HeaderValue;
+use portcullis_config::ConfigSet;
 
 use super::*;
 
@@ -24,6 +25,12 @@ fn config(access_log: AccessLogDestination, sample: f64, otlp_endpoint: Option<S
         service_name: "portcullis-proxy".to_owned(),
         proxy_id: "proxy-test-1".to_owned(),
     }
+}
+
+/// What a version of `yaml` holds in force, with the endpoint `record` names.
+fn in_force(yaml: &str) -> InForce {
+    let config = ConfigSet::from_objects(crate::tests::support::objects(yaml)).unwrap();
+    InForce::new(&config, ["127.0.0.1:9001"])
 }
 
 /// A finished request as the pipeline would report it.
@@ -217,7 +224,13 @@ async fn metrics_move_with_finished_requests() {
     telemetry.finish(record(telemetry.start(None, None), Some("Route/api"), 200));
     telemetry.finish(record(telemetry.start(None, None), None, 404));
     telemetry.upstream_error("Route/api", "Backend/api", "connect");
-    telemetry.config_applied(7);
+    let in_force = in_force(
+        "apiVersion: portcullis.dev/v1alpha1\nkind: Listener\nmetadata: {name: web}\nspec: {port: 8080}\n---\n\
+         apiVersion: portcullis.dev/v1alpha1\nkind: Backend\nmetadata: {name: api}\nspec: {endpoints: ['127.0.0.1:9001']}\n---\n\
+         apiVersion: portcullis.dev/v1alpha1\nkind: Route\nmetadata: {name: api}\nspec: {listeners: [web], backends: [{name: api}]}\n---\n\
+         apiVersion: portcullis.dev/v1alpha1\nkind: RateLimitPolicy\nmetadata: {name: per-client}\nspec: {targetRefs: [{kind: Route, name: api}], requestsPerSecond: 1, burst: 1}\n",
+    );
+    telemetry.config_applied(7, &in_force);
     telemetry.config_rejected(8);
     let (_, text) = telemetry.encode_metrics();
     let expected = [
@@ -250,7 +263,7 @@ async fn metrics_move_with_finished_requests() {
             "missing {line:?} in:\n{text}"
         );
     }
-    telemetry.config_applied(8);
+    telemetry.config_applied(8, &in_force);
     let (_, text) = telemetry.encode_metrics();
     assert!(
         text.lines()

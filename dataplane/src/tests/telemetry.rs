@@ -93,6 +93,54 @@ async fn a_request_is_traced_measured_and_logged() {
     assert!(!log.contains("secret"), "the query string is never logged: {log}");
 }
 
+/// A version without a route, its backend and its policy drops their metrics; what is still in
+/// force keeps counting from where it was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_of_removed_objects_are_dropped() {
+    let upstream = spawn_upstream(|_| async { text("ok") }).await;
+    let port = free_port();
+    let kept = listener("web", port)
+        + &backend("b", upstream, false)
+        + &route("two", "web", "b", "matches: [{path: {prefix: /two}}]");
+    let removed = backend("a", upstream, false)
+        + &route("one", "web", "a", "matches: [{path: {prefix: /one}}]")
+        + "apiVersion: portcullis.dev/v1alpha1\nkind: HeaderPolicy\nmetadata: {name: tag}\nspec: {targetRefs: [{kind: Route, name: one}], request: {set: [{name: x-tag, value: 'yes'}]}}\n";
+    let proxy = start_proxy(None, Duration::from_secs(1)).await;
+    proxy
+        .state
+        .apply(1, objects(&(kept.clone() + &removed)))
+        .await
+        .unwrap();
+    for path in ["/one", "/two"] {
+        assert_eq!(get(port, path).await.0, 200, "{path}");
+    }
+    let of_removed = |line: &&str| {
+        !line.starts_with('#')
+            && (line.contains("route=\"one\"")
+                || line.contains("target=\"Backend/a\"")
+                || line.contains("policy=\"HeaderPolicy/tag\""))
+    };
+    let two =
+        |line: &&str| line.starts_with("portcullis_proxy_requests_total{") && line.contains("route=\"two\"");
+    let (_, metrics) = get(proxy.admin_addr().port(), "/metrics").await;
+    assert!(metrics.lines().filter(of_removed).count() >= 4, "{metrics}");
+    assert!(
+        metrics.lines().any(|line| two(&line) && line.ends_with(" 1")),
+        "{metrics}"
+    );
+
+    proxy.state.apply(2, objects(&kept)).await.unwrap();
+    assert_eq!(get(port, "/two").await.0, 200);
+    let (_, metrics) = get(proxy.admin_addr().port(), "/metrics").await;
+    let left: Vec<&str> = metrics.lines().filter(of_removed).collect();
+    assert!(left.is_empty(), "{left:?}");
+    assert!(
+        metrics.lines().any(|line| two(&line) && line.ends_with(" 2")),
+        "{metrics}"
+    );
+    proxy.shutdown().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_guardrail_decision_is_a_span_event_a_log_entry_and_a_metric() {
     let mut collector = fake_opentelemetry_collector::FakeCollectorServer::start()
