@@ -15,7 +15,7 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::error::{Checker, FieldError};
 use crate::reference::Reference;
-use crate::set::ConfigSet;
+use crate::set::{ConfigSet, Scope};
 
 type DecodeResult = Result<Arc<dyn Spec>, serde_path_to_error::Error<serde_json::Error>>;
 
@@ -28,7 +28,7 @@ pub struct KindInfo {
     pub short_names: &'static [&'static str],
     /// Selected by a proxy's shard selector on its own labels; see [`KindSpec::SHARD_ROOT`].
     pub shard_root: bool,
-    pub(crate) check_set: fn(&ConfigSet, &mut Vec<FieldError>),
+    pub(crate) check_set: fn(&ConfigSet, Scope, &mut Vec<FieldError>),
     decode: fn(serde_json::Value) -> DecodeResult,
 }
 
@@ -207,7 +207,7 @@ pub trait KindSpec:
     fn retain_attachments(&mut self, _keep: &dyn Fn(&crate::ObjectKey) -> bool) {}
 
     /// Checks across all objects of this kind, e.g. two Listeners on one socket.
-    fn check_set(_set: &ConfigSet, _errors: &mut Vec<FieldError>) {}
+    fn check_set(_set: &ConfigSet, _scope: Scope, _errors: &mut Vec<FieldError>) {}
 }
 
 /// The object-safe face of [`KindSpec`], implemented for every kind by the blanket impl.

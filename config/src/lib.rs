@@ -34,4 +34,4 @@ pub use kinds::*;
 pub use object::{collect_objects, Metadata, Object, ObjectKey, API_VERSION};
 pub use reference::{target_refs, Reference, Role, TargetRef};
 pub use secret::SecretSource;
-pub use set::{Change, ConfigSet, ShardSelector, Slicer};
+pub use set::{Change, ConfigSet, Scope, ShardSelector, Slicer};

@@ -42,10 +42,26 @@ impl Change {
 /// Selects a proxy's slice of the config by Listener labels; empty selects everything.
 pub type ShardSelector = BTreeMap<String, String>;
 
+/// What a config's set-wide rules judge: a whole config, or a proxy's slice of one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scope {
+    Whole,
+    /// A slice drops attachments to what lies outside its shard (see
+    /// [`KindSpec::retain_attachments`](crate::KindSpec::retain_attachments)); a rule that
+    /// needs everything an attachment reached was judged on the whole config, at apply.
+    Slice,
+}
+
 impl ConfigSet {
     /// Builds a set from objects that must form a complete, valid config on their own.
     pub fn from_objects(objects: Vec<Object>) -> Result<ConfigSet, ConfigError> {
-        let (set, _) = ConfigSet::default().apply(objects)?;
+        let (set, _) = ConfigSet::default().apply_in(objects, Scope::Whole)?;
+        Ok(set)
+    }
+
+    /// Builds a set from a proxy's slice of a valid config (see [`ConfigSet::slice`]).
+    pub fn from_slice(objects: Vec<Object>) -> Result<ConfigSet, ConfigError> {
+        let (set, _) = ConfigSet::default().apply_in(objects, Scope::Slice)?;
         Ok(set)
     }
 
@@ -88,6 +104,14 @@ impl ConfigSet {
     /// Returns the config with `objects` created or replaced, and what happened to each,
     /// or every reason the result would be invalid. `self` is never modified.
     pub fn apply(&self, objects: Vec<Object>) -> Result<(ConfigSet, Vec<(ObjectKey, Change)>), ConfigError> {
+        self.apply_in(objects, Scope::Whole)
+    }
+
+    fn apply_in(
+        &self,
+        objects: Vec<Object>,
+        scope: Scope,
+    ) -> Result<(ConfigSet, Vec<(ObjectKey, Change)>), ConfigError> {
         let mut seen: HashMap<ObjectKey, usize> = HashMap::new();
         let mut errors = Vec::new();
         for (index, object) in objects.iter().enumerate() {
@@ -125,7 +149,7 @@ impl ConfigSet {
             .filter(|(_, change)| *change != Change::Unchanged)
             .filter_map(|(key, _)| next.objects.get(key))
             .collect();
-        next.check(written)?;
+        next.check(written, scope)?;
         Ok((next, changes))
     }
 
@@ -164,7 +188,7 @@ impl ConfigSet {
         }
         // Every remaining reference was valid and none names what went: only the set-wide
         // rules are left to check.
-        next.check([])?;
+        next.check([], Scope::Whole)?;
         Ok((
             next,
             keys.into_iter()
@@ -176,11 +200,15 @@ impl ConfigSet {
     /// Cross-object checks: every reference names an allowed kind and an existing object,
     /// and each kind's own set-wide rules (e.g. no two listeners on one socket).
     pub fn validate(&self) -> Result<(), ConfigError> {
-        self.check(self.objects.values())
+        self.check(self.objects.values(), Scope::Whole)
     }
 
     /// The references of `objects`, and every kind's set-wide rules.
-    fn check<'a>(&self, objects: impl IntoIterator<Item = &'a Object>) -> Result<(), ConfigError> {
+    fn check<'a>(
+        &self,
+        objects: impl IntoIterator<Item = &'a Object>,
+        scope: Scope,
+    ) -> Result<(), ConfigError> {
         let mut errors = Vec::new();
         for object in objects {
             for reference in object.dyn_spec().references() {
@@ -203,7 +231,7 @@ impl ConfigSet {
             }
         }
         for kind in Kind::all() {
-            (kind.info().check_set)(self, &mut errors);
+            (kind.info().check_set)(self, scope, &mut errors);
         }
         if errors.is_empty() {
             Ok(())
@@ -615,6 +643,55 @@ spec: { listeners: [internal], backends: [{ name: admin }] }
         slice.validate().unwrap();
     }
 
+    /// A rule naming a server of another shard is checked on the whole config; the slice
+    /// that keeps only this shard's McpBackend is still a valid config for its proxy.
+    #[test]
+    fn a_slice_keeps_rules_about_servers_of_other_shards() {
+        let mcp = r#"
+apiVersion: portcullis.dev/v1alpha1
+kind: McpBackend
+metadata: {name: near}
+spec: {servers: [{name: a, url: 'http://127.0.0.1:9000/mcp'}]}
+---
+apiVersion: portcullis.dev/v1alpha1
+kind: McpBackend
+metadata: {name: far}
+spec: {servers: [{name: b, url: 'http://127.0.0.1:9001/mcp'}]}
+---
+apiVersion: portcullis.dev/v1alpha1
+kind: Route
+metadata: {name: tools-x}
+spec: {listeners: [public], backends: [{kind: McpBackend, name: near}]}
+---
+apiVersion: portcullis.dev/v1alpha1
+kind: Route
+metadata: {name: tools-y}
+spec: {listeners: [internal], backends: [{kind: McpBackend, name: far}]}
+---
+apiVersion: portcullis.dev/v1alpha1
+kind: McpAuthorization
+metadata: {name: authz}
+spec:
+  targetRefs: [{kind: McpBackend, name: near}, {kind: McpBackend, name: far}]
+  deny: ['mcp.server == "b" && mcp.tool.name == "rm"']
+"#;
+        let set = apply_yaml(&base(), mcp).unwrap();
+        let edge = ShardSelector::from([("edge".to_string(), "true".to_string())]);
+        let slice = set.slice(&edge);
+        let authz = slice.spec::<crate::McpAuthorizationSpec>("authz").unwrap();
+        assert_eq!(authz.target_refs.len(), 1, "McpBackend/far is outside the slice");
+        let objects: Vec<Object> = slice.objects().cloned().collect();
+        assert!(
+            ConfigSet::from_objects(objects.clone()).is_err(),
+            "as a whole config, the rule about server b could never match"
+        );
+        assert_eq!(ConfigSet::from_slice(objects).unwrap(), slice);
+        // On the whole config, a rule that no target's server can match is still refused.
+        let never = mcp.replace(r#"mcp.server == "b""#, r#"mcp.server == "c""#);
+        let error = apply_yaml(&base(), &never).unwrap_err();
+        assert!(error.contains("\"c\""), "{error}");
+    }
+
     /// A slicer carried across versions cuts exactly what a fresh one cuts: policies added,
     /// a route moved between listeners, a listener relabelled, objects deleted.
     #[test]
@@ -674,5 +751,57 @@ spec: { listeners: [internal], backends: [{ name: admin }] }
             error.contains("spec.matches[0].path: path \"/a/../b\" is not normalized"),
             "{error}"
         );
+    }
+
+    /// The proxy removes a client's hop-by-hop headers before it routes: a route that needs
+    /// one could never match.
+    #[test]
+    fn a_route_cannot_match_on_a_header_of_the_connection() {
+        let route = |name: &str, value: &str| {
+            format!("apiVersion: portcullis.dev/v1alpha1\nkind: Route\nmetadata: {{name: web}}\nspec: {{listeners: [public], backends: [{{name: api}}], matches: [{{headers: [{{name: {name}, value: {value}}}]}}]}}")
+        };
+        for (name, value) in [("Upgrade", "websocket"), ("connection", "close"), ("te", "gzip")] {
+            let error = apply_yaml(&base(), &route(name, value)).unwrap_err();
+            assert!(
+                error.contains("spec.matches[0].headers[0].name") && error.contains("could never match"),
+                "{name}: {error}"
+            );
+        }
+        apply_yaml(&base(), &route("te", "trailers")).unwrap();
+        apply_yaml(&base(), &route("x-tenant", "a")).unwrap();
+    }
+
+    /// A proxy's dual-stack socket on `::ffff:127.0.0.1` takes `127.0.0.1` too.
+    #[test]
+    fn an_ipv4_mapped_address_clashes_with_its_ipv4_address() {
+        let listener = |address: &str| {
+            format!("apiVersion: portcullis.dev/v1alpha1\nkind: Listener\nmetadata: {{name: mapped}}\nspec: {{address: '{address}', port: 9090}}\n---\napiVersion: portcullis.dev/v1alpha1\nkind: Listener\nmetadata: {{name: plain}}\nspec: {{address: 127.0.0.1, port: 9090}}")
+        };
+        let error = apply_yaml(&base(), &listener("::ffff:127.0.0.1")).unwrap_err();
+        assert!(
+            error.contains("port 9090 is already used by Listener/"),
+            "{error}"
+        );
+        apply_yaml(&base(), &listener("::1")).unwrap();
+    }
+
+    /// An McpBackend times and sends its servers' messages itself: a route's timeout and
+    /// retries would be accepted and never used.
+    #[test]
+    fn a_route_to_an_mcp_backend_takes_no_timeout_or_retry() {
+        let route = |extra: &str| {
+            format!("apiVersion: portcullis.dev/v1alpha1\nkind: McpBackend\nmetadata: {{name: tools}}\nspec: {{servers: [{{name: math, url: 'http://127.0.0.1:9001/mcp'}}]}}\n---\napiVersion: portcullis.dev/v1alpha1\nkind: Route\nmetadata: {{name: tools}}\nspec: {{listeners: [public], backends: [{{kind: McpBackend, name: tools}}]{extra}}}")
+        };
+        let error = apply_yaml(&base(), &route(", timeout: 2s")).unwrap_err();
+        assert!(
+            error.contains("spec.timeout: a route to an McpBackend does not time its servers"),
+            "{error}"
+        );
+        let error = apply_yaml(&base(), &route(", retry: {attempts: 2}")).unwrap_err();
+        assert!(
+            error.contains("spec.retry: retries apply to Backends and InferencePools"),
+            "{error}"
+        );
+        apply_yaml(&base(), &route("")).unwrap();
     }
 }

@@ -97,6 +97,20 @@ fn certificates<T>(
     pem: &str,
     take: impl Fn(CertificateDer<'static>) -> Result<T, String>,
 ) -> Result<Vec<T>, String> {
+    // The PEM reader skips sections of labels it does not know (`ENCRYPTED PRIVATE KEY`,
+    // `OPENSSH PRIVATE KEY`, ...), so every label is looked at here first.
+    let labels = pem
+        .lines()
+        .filter_map(|line| line.trim().strip_prefix("-----BEGIN "))
+        .map(|rest| rest.trim_end_matches('-'));
+    for (index, label) in labels.enumerate() {
+        if label != "CERTIFICATE" {
+            return Err(format!(
+                "section {}: only certificates belong here, not a {label:?} section",
+                index + 1
+            ));
+        }
+    }
     let mut taken = Vec::new();
     for (index, section) in <(SectionKind, Vec<u8>)>::pem_slice_iter(pem.as_bytes()).enumerate() {
         let section_number = index + 1;
@@ -141,6 +155,15 @@ mod tests {
             assert!(error.contains("only certificates belong here"), "{error}");
             assert!(!error.contains("BEGIN"), "the error echoes no content: {error}");
         }
+        // Also a key in a format the PEM reader does not know (it would skip the section).
+        for label in ["ENCRYPTED PRIVATE KEY", "OPENSSH PRIVATE KEY", "DSA PRIVATE KEY"] {
+            let foreign = format!("-----BEGIN {label}-----\nAAAA\n-----END {label}-----\n");
+            let error = trust_anchors(&format!("{ca}{foreign}")).unwrap_err();
+            assert_eq!(
+                error,
+                format!("section 2: only certificates belong here, not a {label:?} section")
+            );
+        }
         let garbled = "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n";
         let error = trust_anchors(&format!("{ca}{garbled}")).unwrap_err();
         assert!(
@@ -164,6 +187,15 @@ mod tests {
         assert!(error.contains("only certificates belong here"), "{error}");
         assert!(!error.contains("BEGIN"), "the error echoes no content: {error}");
         assert!(certificate_chain("").unwrap_err().contains("no PEM certificate"));
+        // Also a key in a format the PEM reader does not know (it would skip the section).
+        for label in ["ENCRYPTED PRIVATE KEY", "OPENSSH PRIVATE KEY", "DSA PRIVATE KEY"] {
+            let foreign = format!("-----BEGIN {label}-----\nAAAA\n-----END {label}-----\n");
+            let error = certificate_chain(&format!("{leaf}{foreign}")).unwrap_err();
+            assert_eq!(
+                error,
+                format!("section 2: only certificates belong here, not a {label:?} section")
+            );
+        }
         let garbled = "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n";
         assert!(certificate_chain(garbled)
             .unwrap_err()

@@ -237,7 +237,7 @@ impl ConfigState {
         if listeners.closed {
             return Err(ApplyError::ShuttingDown);
         }
-        let config = ConfigSet::from_objects(objects)?;
+        let config = ConfigSet::from_slice(objects)?;
         // Compare content too: a control plane rebuilt from empty storage counts versions
         // from 1 again, and the same number must not hide a different config.
         let current = self.current();

@@ -83,6 +83,14 @@ pub(super) fn check_endpoints(endpoints: &[String], checker: &mut Checker<'_>) {
                 format!("{endpoint:?}: {problem}"),
             );
         }
+        // Proxies keep an endpoint's health, signals and load by its address: a second
+        // entry would share them but not its turns or picks.
+        if let Some(first) = endpoints[..index].iter().position(|earlier| earlier == endpoint) {
+            checker.fail(
+                format!("spec.endpoints[{index}]"),
+                format!("{endpoint:?} is already spec.endpoints[{first}]"),
+            );
+        }
     }
 }
 
@@ -131,5 +139,24 @@ mod tests {
         assert!(check_endpoint("a:b:80").is_err());
         assert!(check_endpoint("::1:80").is_err());
         assert!(check_endpoint("[not-ip]:80").is_err());
+    }
+
+    #[test]
+    fn an_endpoint_is_listed_once() {
+        for kind in ["Backend", "InferencePool"] {
+            let models = if kind == "Backend" {
+                ""
+            } else {
+                ", models: [{name: m}]"
+            };
+            let yaml = format!(
+                "apiVersion: portcullis.dev/v1alpha1\nkind: {kind}\nmetadata: {{name: twice}}\nspec: {{endpoints: ['127.0.0.1:1', '127.0.0.1:2', '127.0.0.1:1']{models}}}\n"
+            );
+            let error = crate::parse_documents(&yaml).unwrap_err().to_string();
+            assert!(
+                error.contains("spec.endpoints[2]: \"127.0.0.1:1\" is already spec.endpoints[0]"),
+                "{kind}: {error}"
+            );
+        }
     }
 }

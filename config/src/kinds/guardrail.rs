@@ -6,7 +6,7 @@ use super::backend::check_endpoint;
 use crate::error::{Checker, FieldError};
 use crate::kind::{KindInfo, KindSpec};
 use crate::reference::{target_refs, Reference, TargetRef};
-use crate::set::ConfigSet;
+use crate::set::{ConfigSet, Scope};
 use crate::{HumanDuration, InferencePoolSpec, McpBackendSpec};
 
 /// A check the proxy makes on the messages of the traffic it is attached to, by an external
@@ -282,7 +282,7 @@ impl KindSpec for GuardrailSpec {
     }
 
     /// Every phase must be one its targets' traffic has, so no check is accepted and idle.
-    fn check_set(set: &ConfigSet, errors: &mut Vec<FieldError>) {
+    fn check_set(set: &ConfigSet, _scope: Scope, errors: &mut Vec<FieldError>) {
         for (metadata, spec) in set.specs::<GuardrailSpec>() {
             let object = format!("{}/{}", GuardrailSpec::INFO.name, metadata.name);
             for (index, target) in spec.target_refs.iter().enumerate() {

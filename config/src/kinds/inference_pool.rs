@@ -5,7 +5,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Checker, FieldError};
 use crate::kind::{KindInfo, KindSpec};
-use crate::set::ConfigSet;
+use crate::set::{ConfigSet, Scope};
 use crate::{HumanDuration, RouteSpec};
 
 use super::backend::check_endpoints;
@@ -429,7 +429,7 @@ impl KindSpec for InferencePoolSpec {
         }
     }
 
-    fn check_set(set: &ConfigSet, errors: &mut Vec<FieldError>) {
+    fn check_set(set: &ConfigSet, _scope: Scope, errors: &mut Vec<FieldError>) {
         // A route sends each request to the pool serving its model, so two pools of one
         // route must not both answer to a name. Without pools, no route is concerned (and a
         // large config of plain routes skips reading them all on every write).

@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Checker, FieldError};
 use crate::kind::{KindInfo, KindSpec};
-use crate::set::ConfigSet;
+use crate::set::{ConfigSet, Scope};
 use crate::HumanDuration;
 
 /// A port a proxy listens on. Plain HTTP: HTTP/1.1 and HTTP/2 (prior knowledge) on one port.
@@ -128,14 +128,16 @@ impl KindSpec for ListenerSpec {
         }
     }
 
-    /// No two listeners on one socket; `0.0.0.0:P` also conflicts with any address on P.
-    fn check_set(set: &ConfigSet, errors: &mut Vec<FieldError>) {
+    /// No two listeners on one socket; `0.0.0.0:P` also conflicts with any address on P, and
+    /// `::ffff:a.b.c.d` is `a.b.c.d` (proxies bind dual-stack sockets).
+    fn check_set(set: &ConfigSet, _scope: Scope, errors: &mut Vec<FieldError>) {
         let mut by_port: HashMap<u16, Vec<(IpAddr, &str)>> = HashMap::new();
         for (metadata, spec) in set.specs::<ListenerSpec>() {
+            let address = spec.address.to_canonical();
             let taken = by_port.entry(spec.port).or_default();
-            let clash = taken.iter().find(|(ip, _)| {
-                *ip == spec.address || ip.is_unspecified() || spec.address.is_unspecified()
-            });
+            let clash = taken
+                .iter()
+                .find(|(ip, _)| *ip == address || ip.is_unspecified() || address.is_unspecified());
             if let Some((_, other)) = clash {
                 errors.push(FieldError::new(
                     format!("Listener/{}", metadata.name),
@@ -143,7 +145,7 @@ impl KindSpec for ListenerSpec {
                     format!("port {} is already used by Listener/{other}", spec.port),
                 ));
             }
-            taken.push((spec.address, &metadata.name));
+            taken.push((address, &metadata.name));
         }
     }
 }

@@ -3,7 +3,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Checker, FieldError};
 use crate::kind::{KindInfo, KindSpec};
 use crate::reference::{target_refs, Reference, TargetRef};
-use crate::set::ConfigSet;
+use crate::set::{ConfigSet, Scope};
 use crate::McpBackendSpec;
 
 /// Who may call which tools, get which prompts and read which resources of an McpBackend,
@@ -67,8 +67,9 @@ impl KindSpec for McpAuthorizationSpec {
     }
 
     /// Rules are checked against the servers they apply to, so a comparison with a server
-    /// or a prefixed tool name that can never match is refused.
-    fn check_set(set: &ConfigSet, errors: &mut Vec<FieldError>) {
+    /// or a prefixed tool name that can never match is refused. Not in a slice: it keeps only
+    /// the targets inside its shard, and a rule may rightly name a server of another.
+    fn check_set(set: &ConfigSet, scope: Scope, errors: &mut Vec<FieldError>) {
         for (metadata, spec) in set.specs::<McpAuthorizationSpec>() {
             let object = format!("{}/{}", McpAuthorizationSpec::INFO.name, metadata.name);
             let mut servers: Vec<&str> = Vec::new();
@@ -87,7 +88,7 @@ impl KindSpec for McpAuthorizationSpec {
                     None => servers.extend(backend.servers.iter().map(|server| server.name.as_str())),
                 }
             }
-            if servers.is_empty() {
+            if servers.is_empty() || scope == Scope::Slice {
                 continue;
             }
             servers.sort_unstable();

@@ -8,7 +8,7 @@ use sha2::Digest as _;
 use crate::error::{Checker, FieldError};
 use crate::kind::{KindInfo, KindSpec};
 use crate::reference::{target_refs, Reference, TargetRef};
-use crate::set::ConfigSet;
+use crate::set::{ConfigSet, Scope};
 use crate::{HumanDuration, McpBackendSpec};
 
 /// The tool definitions an McpBackend's servers are trusted to offer, each pinned by the
@@ -215,7 +215,7 @@ impl KindSpec for McpToolPinsSpec {
 
     /// Each server named exists, and is pinned by one object at most: two pin sets for one
     /// server would leave it unclear which one is enforced.
-    fn check_set(set: &ConfigSet, errors: &mut Vec<FieldError>) {
+    fn check_set(set: &ConfigSet, _scope: Scope, errors: &mut Vec<FieldError>) {
         let mut pinned: Vec<(String, String, String)> = Vec::new();
         for (metadata, spec) in set.specs::<McpToolPinsSpec>() {
             let object = format!("{}/{}", McpToolPinsSpec::INFO.name, metadata.name);

@@ -48,6 +48,8 @@ impl RateLimitKey {
 }
 
 pub const DEFAULT_MAX_KEYS: u32 = 100_000;
+/// About 50 MB of buckets per target at most.
+pub const MAX_KEYS: u32 = 1_000_000;
 /// Bounds of `requestsPerSecond`: a wait for the next token always fits a timer.
 const MIN_RATE: f64 = 0.001;
 const MAX_RATE: f64 = 1e9;
@@ -78,8 +80,10 @@ impl KindSpec for RateLimitPolicySpec {
         if self.burst == Some(0) {
             checker.fail("spec.burst", "must be at least 1");
         }
-        if self.max_keys == Some(0) {
-            checker.fail("spec.maxKeys", "must be at least 1");
+        if self.max_keys.is_some_and(|keys| !(1..=MAX_KEYS).contains(&keys)) {
+            // Each key holds a bucket in the proxy's memory, and a full shard is swept
+            // under its lock: the bound keeps both to what a proxy can afford.
+            checker.fail("spec.maxKeys", format!("must be between 1 and {MAX_KEYS}"));
         }
         if let RateLimitKey::Header(name) = &self.key {
             if http::HeaderName::from_bytes(name.as_bytes()).is_err() {

@@ -39,6 +39,24 @@ pub struct RouteSpec {
 
 pub const DEFAULT_ROUTE_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// Headers of one connection (RFC 9110 §7.6.1), which a proxy removes before it routes or
+/// forwards a request; `TE` stays only as `trailers`.
+pub const HOP_BY_HOP_HEADERS: [&str; 8] = [
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+];
+
+fn is_hop_by_hop(name: &http::HeaderName, value: &str) -> bool {
+    HOP_BY_HOP_HEADERS.contains(&name.as_str())
+        || (name == http::header::TE && !value.eq_ignore_ascii_case("trailers"))
+}
+
 /// All conditions given must hold.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
@@ -281,11 +299,19 @@ impl KindSpec for RouteSpec {
             }
             for (header_index, header) in route_match.headers.iter().enumerate() {
                 let field = format!("{field}.headers[{header_index}]");
-                if http::HeaderName::from_bytes(header.name.as_bytes()).is_err() {
-                    checker.fail(
+                match http::HeaderName::from_bytes(header.name.as_bytes()) {
+                    Err(_) => checker.fail(
                         format!("{field}.name"),
                         format!("invalid header name {:?}", header.name),
-                    );
+                    ),
+                    Ok(name) if is_hop_by_hop(&name, &header.value) => checker.fail(
+                        format!("{field}.name"),
+                        format!(
+                            "{:?} belongs to the client's connection and is removed before routing, so the route could never match",
+                            header.name
+                        ),
+                    ),
+                    Ok(_) => {}
                 }
                 if http::HeaderValue::from_str(&header.value).is_err() {
                     checker.fail(
@@ -305,6 +331,22 @@ impl KindSpec for RouteSpec {
         }
         if self.timeout.is_some_and(|timeout| timeout.0.is_zero()) {
             checker.fail("spec.timeout", "timeout must be above 0");
+        }
+        if self.backends.iter().any(|backend| backend.kind == mcp) {
+            // An McpBackend sends each message to its servers itself, with its own per-server
+            // timeout, and a message that reached a server is never sent twice.
+            if self.timeout.is_some() {
+                checker.fail(
+                    "spec.timeout",
+                    "a route to an McpBackend does not time its servers: set the McpBackend's servers[].timeout",
+                );
+            }
+            if self.retry.is_some() {
+                checker.fail(
+                    "spec.retry",
+                    "retries apply to Backends and InferencePools: an McpBackend does not send a message to its servers twice",
+                );
+            }
         }
         if let Some(retry) = &self.retry {
             if retry.attempts > 5 {

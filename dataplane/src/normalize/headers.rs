@@ -7,17 +7,10 @@ use http::uri::Authority;
 use http::{HeaderMap, HeaderName, HeaderValue};
 
 /// Meaningful only for one connection (RFC 9110 §7.6.1), so never forwarded. `upgrade`
-/// too: an upgraded connection would need byte splicing, which the proxy does not do.
-const HOP_BY_HOP: [HeaderName; 8] = [
-    CONNECTION,
-    HeaderName::from_static("keep-alive"),
-    HeaderName::from_static("proxy-connection"),
-    http::header::PROXY_AUTHENTICATE,
-    http::header::PROXY_AUTHORIZATION,
-    http::header::TRAILER,
-    TRANSFER_ENCODING,
-    http::header::UPGRADE,
-];
+/// too: an upgraded connection would need byte splicing, which the proxy does not do. The
+/// config refuses routes that match on them by the same list.
+static HOP_BY_HOP: std::sync::LazyLock<[HeaderName; 8]> =
+    std::sync::LazyLock::new(|| portcullis_config::HOP_BY_HOP_HEADERS.map(HeaderName::from_static));
 
 /// Removes hop-by-hop headers and those `Connection` names. `TE` goes too, unless it is
 /// exactly `trailers` and `keep_te_trailers` (requests: HTTP/2 upstreams may take it).
@@ -45,7 +38,7 @@ pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap, keep_te_trailers: bool) 
     if framed_by_transfer_encoding {
         headers.remove(CONTENT_LENGTH);
     }
-    for name in &HOP_BY_HOP {
+    for name in HOP_BY_HOP.iter() {
         headers.remove(name);
     }
     let te_trailers_only = headers
