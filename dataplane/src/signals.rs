@@ -28,7 +28,10 @@ impl Stream for SignalSubscriber {
 
     async fn session(&self, controlplane: &Endpoint, received: &mut usize) -> anyhow::Result<()> {
         let channel = connect(controlplane).await?;
+        // A batch carries every moved pool of the shard, well past tonic's 4 MiB default
+        // when pods list many LoRA adapters; the control plane sends up to this limit.
         let mut batches = SignalStreamClient::new(channel)
+            .max_decoding_message_size(portcullis_proto::MAX_MESSAGE_BYTES)
             .subscribe(SignalSubscription {
                 proxy_id: self.proxy_id.clone(),
                 shard: self.shard.clone().into_iter().collect(),
@@ -47,5 +50,122 @@ impl Stream for SignalSubscriber {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use portcullis_proto::v1::signal_stream_server::{SignalStream, SignalStreamServer};
+    use portcullis_proto::v1::{LoraSignals, PodSignals, PoolSignals, SignalBatch, SignalSubscription};
+    use tokio::sync::mpsc;
+    use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
+    use tonic::{Request, Response, Status};
+
+    use crate::tests::support::*;
+    use crate::{Proxy, ProxyConfig};
+
+    /// Plays the control plane: sends `batch` every 50 ms, as rounds come, to every subscriber.
+    struct Rounds(SignalBatch);
+
+    #[tonic::async_trait]
+    impl SignalStream for Rounds {
+        type SubscribeStream = ReceiverStream<Result<SignalBatch, Status>>;
+
+        async fn subscribe(
+            &self,
+            _request: Request<SignalSubscription>,
+        ) -> Result<Response<Self::SubscribeStream>, Status> {
+            let (to_proxy, stream) = mpsc::channel(1);
+            let batch = self.0.clone();
+            tokio::spawn(async move {
+                while to_proxy.send(Ok(batch.clone())).await.is_ok() {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            });
+            Ok(Response::new(ReceiverStream::new(stream)))
+        }
+    }
+
+    #[tokio::test]
+    async fn a_batch_beyond_tonics_default_limit_reaches_the_picker() {
+        let pod = "127.0.0.1:9";
+        // Another pool of the shard whose pods each list as many adapters, as long, as the
+        // control plane lets through: the whole batch is over tonic's 4 MiB default.
+        let adapters: Vec<String> = (0..64).map(|n| format!("{n:0>256}")).collect();
+        let crowded = PoolSignals {
+            pool: "crowded".into(),
+            pods: (0..160)
+                .map(|n| PodSignals {
+                    endpoint: format!("10.0.0.{n}:8000"),
+                    lora: Some(LoraSignals {
+                        max_loras: 64,
+                        running: adapters.clone(),
+                        waiting: adapters.clone(),
+                    }),
+                    ..PodSignals::default()
+                })
+                .collect(),
+        };
+        let adapter_bytes: usize = crowded
+            .pods
+            .iter()
+            .filter_map(|pod| pod.lora.as_ref())
+            .map(|lora| {
+                lora.running
+                    .iter()
+                    .chain(&lora.waiting)
+                    .map(String::len)
+                    .sum::<usize>()
+            })
+            .sum();
+        assert!(adapter_bytes > 4 * 1024 * 1024, "{adapter_bytes} bytes");
+        let qwen = PoolSignals {
+            pool: "qwen".into(),
+            pods: vec![PodSignals {
+                endpoint: pod.into(),
+                waiting: 7,
+                ..PodSignals::default()
+            }],
+        };
+        let batch = SignalBatch {
+            generation: 1,
+            pools: vec![crowded, qwen],
+        };
+        let grpc = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let grpc_address = grpc.local_addr().unwrap();
+        tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(SignalStreamServer::new(Rounds(batch)))
+                .serve_with_incoming(TcpListenerStream::new(grpc)),
+        );
+        let proxy = Proxy::start(ProxyConfig {
+            proxy_id: "edge-1".into(),
+            controlplanes: vec![format!("http://{grpc_address}")],
+            shard: Default::default(),
+            admin_listen: "127.0.0.1:0".parse().unwrap(),
+            cache_dir: None,
+            drain_grace: Duration::from_secs(1),
+            workers: 2,
+            peer_address: None,
+            telemetry: quiet_telemetry(),
+        })
+        .await
+        .unwrap();
+        proxy
+            .state
+            .apply(1, llm_config(free_port(), pod, "", ""))
+            .await
+            .unwrap();
+
+        let admin = proxy.admin_addr().port();
+        eventually("the pod's signals reach the picker", || async {
+            let (status, body) = get(admin, "/signals?pool=qwen").await;
+            let report: serde_json::Value = serde_json::from_str(&body).unwrap();
+            status == 200 && report["pools"]["qwen"]["endpoints"][pod]["signals"]["waiting"] == 7
+        })
+        .await;
+        proxy.shutdown().await.unwrap();
     }
 }

@@ -9,9 +9,10 @@
 //!
 //! A pick: eligibility (health) → signals (each endpoint's fresh sample, or this proxy's own
 //! counts for an endpoint without one; when no endpoint has one, a pool that fails closed
-//! refuses) → saturation filter (set saturated endpoints aside unless that leaves none) →
-//! weighted scorers (queue, KV-cache use, prefix affinity, LoRA affinity) → best score, random
-//! tie-break, and an ordered fallback list. The chosen endpoint is credited at once (in-flight
+//! refuses) → saturation filter (saturated endpoints rank after the others, as fallbacks,
+//! and endpoints without fresh signals after every one that has them) → weighted scorers
+//! (queue, KV-cache use, prefix affinity, LoRA affinity) → best score, random tie-break, and
+//! an ordered fallback list. The chosen endpoint is credited at once (in-flight
 //! count, prefix index), so the next pick sees it without waiting for a signal.
 //! Proxies share where they sent which prompts ([`Picker::learn`], relayed by the control
 //! plane): each proxy's prefix index then holds every proxy's placements, and independent
@@ -56,7 +57,7 @@ pub struct Pick {
     /// Indexes into the pool's endpoints; the first is the choice, the rest its fallbacks.
     pub endpoints: Vec<usize>,
     pub basis: Basis,
-    /// Every candidate was saturated, so the saturation filter kept them all.
+    /// Every candidate was saturated, so the choice is a saturated endpoint too.
     pub saturated: bool,
     /// Leading prompt blocks the chosen endpoint probably has cached.
     pub prefix_hit_blocks: u32,
@@ -270,7 +271,7 @@ impl Picker {
             self.config.fallbacks,
             candidates
                 .iter()
-                .map(|&e| (-f64::from(endpoints[e].in_flight), e)),
+                .map(|&e| (0, -f64::from(endpoints[e].in_flight), e)),
         );
         Pick {
             endpoints,
@@ -315,7 +316,7 @@ impl Picker {
         // utilization detector). An endpoint without fresh signals is judged on this
         // proxy's own counts: its in-flight requests, KV-cache use unknown; while other
         // endpoints have fresh signals it counts as saturated (as in the Inference Extension:
-        // a late scrape is often an overloaded pod), so it is chosen only when everyone is.
+        // a late scrape is often an overloaded pod) and ranks after all of them (`scored`).
         let per_waiting = 1.0 / config.queue_threshold;
         let per_kv_cache = 1.0 / config.kv_cache_threshold;
         let loads = &mut self.scratch.loads;
@@ -363,19 +364,35 @@ impl Picker {
         candidates: &[usize],
     ) -> Result<Pick, Refusal> {
         let (basis, saturated) = self.assess(now, candidates)?;
-        let loads = &mut self.scratch.loads;
-        if !saturated {
-            loads.retain(|load| load.saturation < 1.0);
-        }
+        let loads = &self.scratch.loads;
+        // Lower tiers rank first, whatever the scores. Saturated endpoints still fill the
+        // fallback slots the others leave, since a busy pod beats no pod when the choice
+        // refuses. An endpoint without fresh signals comes after every one with them: its
+        // queue is only this proxy's share, which would beat the whole queue others report.
+        let tier = |load: &Load| -> u8 {
+            if basis == Basis::Signals && load.kv_cache.is_none() {
+                2
+            } else if load.saturation < 1.0 {
+                0
+            } else {
+                1
+            }
+        };
+        let first_tier = loads.iter().map(tier).min().unwrap_or(0);
         let config = &self.config;
         let endpoints = &self.endpoints;
 
         self.prefix
             .match_lengths(request.prompt_hashes, &mut self.scratch.matched);
         let matched = &self.scratch.matched;
-        let (min_wait, max_wait) = loads.iter().fold((f64::INFINITY, 0.0f64), |(lo, hi), load| {
-            (lo.min(load.waiting), hi.max(load.waiting))
-        });
+        // Over the endpoints competing for the choice only: the others' queues, known or
+        // not, must not stretch the range the choice is made on.
+        let (min_wait, max_wait) = loads
+            .iter()
+            .filter(|load| tier(load) == first_tier)
+            .fold((f64::INFINITY, 0.0f64), |(lo, hi), load| {
+                (lo.min(load.waiting), hi.max(load.waiting))
+            });
         let per_wait_range = if max_wait > min_wait {
             1.0 / (max_wait - min_wait)
         } else {
@@ -404,7 +421,7 @@ impl Picker {
         let ranked = rank(
             &mut self.rng,
             config.fallbacks,
-            loads.iter().map(|load| (score(load), load.endpoint)),
+            loads.iter().map(|load| (tier(load), score(load), load.endpoint)),
         );
         let chosen = *ranked.first().ok_or(Refusal::NoEndpoint)?;
         let prefix_hit_blocks = self.scratch.matched[chosen];
@@ -418,16 +435,21 @@ impl Picker {
     }
 }
 
-/// The best `keep` of the (score, endpoint) pairs, highest score first, ties broken at random.
-/// One pass with a short sorted list: `keep` is a handful, candidates can be hundreds. Scores
-/// are ordered with `total_cmp`, so even a NaN cannot break the order.
-fn rank(rng: &mut fastrand::Rng, keep: usize, scored: impl Iterator<Item = (f64, usize)>) -> Vec<usize> {
+/// The best `keep` of the (tier, score, endpoint) triples: lowest tier first, then highest
+/// score, ties broken at random. One pass with a short sorted list: `keep` is a handful,
+/// candidates can be hundreds. Scores are ordered with `total_cmp`, so even a NaN cannot
+/// break the order.
+fn rank(rng: &mut fastrand::Rng, keep: usize, scored: impl Iterator<Item = (u8, f64, usize)>) -> Vec<usize> {
     let keep = keep.max(1);
-    let mut best: Vec<(f64, u32, usize)> = Vec::with_capacity(keep + 1);
-    let before =
-        |a: &(f64, u32, usize), b: &(f64, u32, usize)| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)).is_le();
-    for (score, endpoint) in scored {
-        let entry = (score, rng.u32(..), endpoint);
+    let mut best: Vec<(u8, f64, u32, usize)> = Vec::with_capacity(keep + 1);
+    let before = |a: &(u8, f64, u32, usize), b: &(u8, f64, u32, usize)| {
+        a.0.cmp(&b.0)
+            .then(b.1.total_cmp(&a.1))
+            .then(a.2.cmp(&b.2))
+            .is_le()
+    };
+    for (tier, score, endpoint) in scored {
+        let entry = (tier, score, rng.u32(..), endpoint);
         if best.len() == keep && before(&best[keep - 1], &entry) {
             continue;
         }
@@ -435,7 +457,7 @@ fn rank(rng: &mut fastrand::Rng, keep: usize, scored: impl Iterator<Item = (f64,
         best.insert(at, entry);
         best.truncate(keep);
     }
-    best.into_iter().map(|(_, _, endpoint)| endpoint).collect()
+    best.into_iter().map(|(_, _, _, endpoint)| endpoint).collect()
 }
 
 /// The Inference Extension's LoRA affinity levels.

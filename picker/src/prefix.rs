@@ -112,6 +112,11 @@ impl Generations {
     /// Whether it held `hash`.
     fn remove(&mut self, hash: u64) -> bool {
         let in_current = self.current.remove(&hash);
+        if in_current {
+            // Inserting it again pushes it again: left here, a placement learned and
+            // forgotten over and over would grow the list without the generation ever turning.
+            self.current_firsts.retain(|&first| first != hash);
+        }
         let in_previous = self.previous.remove(&hash);
         in_current || in_previous
     }
@@ -268,5 +273,18 @@ mod tests {
         index.match_lengths(&old, &mut matched);
         assert_eq!(matched, [0]);
         assert!(!index.first_blocks.contains_key(&old[0]));
+    }
+
+    #[test]
+    fn learning_and_forgetting_a_prompt_over_and_over_holds_its_first_block_once() {
+        let c = config(100);
+        let mut index = PrefixIndex::new(1, &c);
+        let prompt = block_hashes("m", b"aaaabbbb", &c);
+        for _ in 0..1000 {
+            index.insert(0, &prompt);
+            index.remove(0, &prompt);
+        }
+        index.insert(0, &prompt);
+        assert_eq!(index.per_endpoint[0].current_firsts, [prompt[0]]);
     }
 }

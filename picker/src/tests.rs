@@ -153,11 +153,12 @@ fn a_cached_prefix_outweighs_a_queue_until_the_endpoint_is_saturated() {
     p.observe(other, signals(2 * MS, 0, 0.3));
     let second = pick(&mut p, 3 * MS, &prompt).unwrap();
     assert_eq!(second.endpoints, vec![chosen, other]);
-    // Saturated (KV over 0.8): set aside while another endpoint has room.
+    // Saturated (KV over 0.8): ranked after the endpoint with room, prefix or not, but kept
+    // as its fallback: if the one with room refuses, a busy pod beats answering 503.
     p.observe(chosen, signals(4 * MS, 0, 0.9));
     p.observe(other, signals(4 * MS, 0, 0.3));
     let third = pick(&mut p, 5 * MS, &prompt).unwrap();
-    assert_eq!(third.endpoints, vec![other]);
+    assert_eq!(third.endpoints, vec![other, chosen]);
     assert!(!third.saturated);
     // Everyone saturated: nothing is set aside, and the pick says so.
     p.observe(other, signals(6 * MS, 9, 0.3));
@@ -196,15 +197,15 @@ fn stale_signals_fall_back_to_own_counts_or_refuse() {
 }
 
 #[test]
-fn an_endpoint_with_stale_signals_is_used_only_when_the_fresh_ones_are_saturated() {
+fn an_endpoint_with_stale_signals_is_only_a_fallback_while_others_report() {
     let mut p = picker(3, PickerConfig::default());
     // Endpoints 0 and 1 report; endpoint 2 never has. While a fresh endpoint has room, the
-    // silent one is set aside (a late scrape is often an overloaded pod).
+    // silent one is only the last resort (a late scrape is often an overloaded pod).
     p.observe(0, signals(Duration::ZERO, 1, 0.2));
     p.observe(1, signals(Duration::ZERO, 2, 0.2));
     let chosen = pick(&mut p, MS, b"a").unwrap();
     assert_eq!(chosen.basis, Basis::Signals);
-    assert!(!chosen.endpoints.contains(&2), "{chosen:?}");
+    assert_eq!(chosen.endpoints, vec![0, 1, 2]);
     // Everyone with signals saturated: nothing is set aside, the silent one included, and
     // it is judged on this proxy's own counts.
     p.observe(0, signals(2 * MS, 9, 0.2));
@@ -212,6 +213,23 @@ fn an_endpoint_with_stale_signals_is_used_only_when_the_fresh_ones_are_saturated
     let chosen = pick(&mut p, 3 * MS, b"b").unwrap();
     assert!(chosen.saturated);
     assert_eq!(chosen.endpoints.len(), 3);
+}
+
+#[test]
+fn a_stale_endpoint_never_beats_saturated_fresh_ones_on_its_own_counts() {
+    let mut p = picker(3, PickerConfig::default());
+    // Every pod reports a queue over the threshold; endpoint 2 stopped reporting. Its own
+    // count (nothing in flight from this proxy) says nothing about the queue other proxies
+    // put there, so it must not look like the emptiest pod.
+    p.observe(0, signals(Duration::ZERO, 9, 0.2));
+    p.observe(1, signals(Duration::ZERO, 9, 0.2));
+    for at in 1..=5 {
+        let chosen = pick(&mut p, at * MS, b"q").unwrap();
+        assert!(chosen.saturated);
+        assert_eq!(chosen.endpoints.len(), 3);
+        assert_ne!(chosen.endpoints[0], 2, "pick {at}: {chosen:?}");
+        assert_eq!(chosen.endpoints[2], 2, "pick {at}: {chosen:?}");
+    }
 }
 
 #[test]
@@ -327,18 +345,19 @@ fn nonsense_numbers_neither_panic_nor_poison_the_order() {
             ..PickerConfig::default()
         },
     );
-    // Thresholds fall back to their defaults (5 waiting, 0.8 KV): endpoint 1 (0.5) has room,
-    // endpoint 0 (0.9) has not. Unsanitized, every saturation would be NaN and nothing picked.
+    // Thresholds fall back to their defaults (5 waiting, 0.8 KV): endpoint 1 (3 waiting,
+    // 0.5) has room, endpoint 0 (0.9) has not and ranks after it despite its empty queue.
+    // Unsanitized, both would count as saturated and endpoint 0 would win on its queue.
     p.observe(0, signals(Duration::ZERO, 0, 0.9));
-    p.observe(1, signals(Duration::ZERO, 0, 0.5));
-    assert_eq!(pick(&mut p, MS, b"q").unwrap().endpoints, vec![1]);
+    p.observe(1, signals(Duration::ZERO, 3, 0.5));
+    assert_eq!(pick(&mut p, MS, b"q").unwrap().endpoints, vec![1, 0]);
     // A NaN sample is dropped; one above 1 is clamped to 1 (saturated).
     p.observe(1, signals(2 * MS, 0, f64::NAN));
     p.observe(0, signals(2 * MS, 0, 7.0));
     let chosen = pick(&mut p, 3 * MS, b"q").unwrap();
     assert_eq!(
         chosen.endpoints,
-        vec![1],
+        vec![1, 0],
         "endpoint 1's earlier sample still stands"
     );
 }

@@ -172,12 +172,18 @@ impl ControlPlane {
                 .max_decoding_message_size(MAX_MESSAGE_BYTES)
                 .max_encoding_message_size(MAX_MESSAGE_BYTES),
             )
-            .add_service(SignalStreamServer::new(SignalStreamService::new(
-                signals.subscribe(),
-                view.clone(),
-                shutdown_rx.clone(),
-                metrics.clone(),
-            )))
+            .add_service(
+                // A batch carries every moved pool of a proxy's shard; proxies accept up to
+                // the same limit.
+                SignalStreamServer::new(SignalStreamService::new(
+                    signals.subscribe(),
+                    view.clone(),
+                    shutdown_rx.clone(),
+                    metrics.clone(),
+                ))
+                .max_decoding_message_size(MAX_MESSAGE_BYTES)
+                .max_encoding_message_size(MAX_MESSAGE_BYTES),
+            )
             .add_service(
                 PlacementExchangeServer::new(placements.service(
                     view.clone(),

@@ -14,6 +14,13 @@ const KV_CACHE: &str = "vllm:kv_cache_usage_perc";
 const KV_CACHE_OLD: &str = "vllm:gpu_cache_usage_perc";
 const LORA: &str = "vllm:lora_requests_info";
 
+/// Most adapters a reading may list as running, and as waiting. vLLM serves a handful at a
+/// time (`--max-loras`); a reading travels in every signal batch of its pool's shard, so one
+/// pod listing megabytes of names would push those batches past what proxies accept.
+const MAX_LORA_ADAPTERS: usize = 64;
+/// Longest adapter name a reading may hold, in bytes.
+const MAX_LORA_NAME_BYTES: usize = 256;
+
 /// The picker's figures from a `/metrics` body. Data-parallel servers export one series per
 /// engine: queues add up, KV-cache use is the fullest engine's. For `vllm:lora_requests_info`
 /// the newest series (its value is the time it was updated) counts, as in the Inference
@@ -23,7 +30,9 @@ pub fn read_vllm(body: &str) -> Result<Reading, String> {
     let mut running = 0.0;
     let mut kv_cache = None::<f64>;
     let mut kv_cache_old = None::<f64>;
-    let mut lora: Option<(f64, LoraReading)> = None;
+    // The newest series' labels; read into adapters only at the end, so a series that a
+    // newer one replaces is never held against the pod.
+    let mut lora: Option<(f64, Vec<(String, String)>)> = None;
     for (number, line) in body.lines().enumerate() {
         let line = line.trim_start();
         if line.is_empty() || line.starts_with('#') {
@@ -47,7 +56,7 @@ pub fn read_vllm(body: &str) -> Result<Reading, String> {
             KV_CACHE_OLD => kv_cache_old = Some(kv_cache_old.map_or(value, |held: f64| held.max(value))),
             _ => {
                 if lora.as_ref().is_none_or(|(newest, _)| value >= *newest) {
-                    lora = Some((value, lora_reading(&sample.labels)));
+                    lora = Some((value, sample.labels));
                 }
             }
         }
@@ -62,7 +71,7 @@ pub fn read_vllm(body: &str) -> Result<Reading, String> {
         waiting: count(waiting),
         running: count(running),
         kv_cache_usage: kv_cache_usage.min(1.0),
-        lora: lora.map(|(_, reading)| reading),
+        lora: lora.map(|(_, labels)| lora_reading(&labels)).transpose()?,
     })
 }
 
@@ -71,7 +80,10 @@ fn count(value: f64) -> u32 {
     value.round() as u32
 }
 
-fn lora_reading(labels: &[(String, String)]) -> LoraReading {
+/// Refuses the whole reading when an adapter list is beyond [`MAX_LORA_ADAPTERS`] or
+/// [`MAX_LORA_NAME_BYTES`]: a truncated list would tell the picker an adapter is not loaded
+/// where it is.
+fn lora_reading(labels: &[(String, String)]) -> Result<LoraReading, String> {
     let label = |name: &str| {
         labels
             .iter()
@@ -79,18 +91,29 @@ fn lora_reading(labels: &[(String, String)]) -> LoraReading {
             .map(|(_, value)| value.as_str())
             .unwrap_or_default()
     };
-    let adapters = |list: &str| {
-        list.split(',')
-            .map(str::trim)
-            .filter(|adapter| !adapter.is_empty())
-            .map(String::from)
-            .collect()
+    let adapters = |name: &str| -> Result<Vec<String>, String> {
+        let mut adapters = Vec::new();
+        for adapter in label(name).split(',').map(str::trim).filter(|a| !a.is_empty()) {
+            if adapters.len() == MAX_LORA_ADAPTERS {
+                return Err(format!(
+                    "{LORA}: {name} lists more than {MAX_LORA_ADAPTERS} adapters"
+                ));
+            }
+            if adapter.len() > MAX_LORA_NAME_BYTES {
+                return Err(format!(
+                    "{LORA}: {name} has an adapter name of {} bytes (at most {MAX_LORA_NAME_BYTES})",
+                    adapter.len()
+                ));
+            }
+            adapters.push(adapter.to_string());
+        }
+        Ok(adapters)
     };
-    LoraReading {
+    Ok(LoraReading {
         max_loras: label("max_lora").parse().unwrap_or(0),
-        running: adapters(label("running_lora_adapters")),
-        waiting: adapters(label("waiting_lora_adapters")),
-    }
+        running: adapters("running_lora_adapters")?,
+        waiting: adapters("waiting_lora_adapters")?,
+    })
 }
 
 struct Sample {
@@ -227,5 +250,56 @@ vllm:lora_requests_info{max_lora="2",running_lora_adapters="a, b",waiting_lora_a
             let error = read_vllm(body).unwrap_err();
             assert!(error.contains(expected), "{body:?}: {error}");
         }
+    }
+
+    fn with_lora(running: &str, waiting: &str) -> String {
+        format!(
+            "vllm:num_requests_waiting 0\nvllm:kv_cache_usage_perc 0\n\
+             vllm:lora_requests_info{{max_lora=\"2\",running_lora_adapters=\"{running}\",waiting_lora_adapters=\"{waiting}\"}} 1.7e9\n"
+        )
+    }
+
+    #[test]
+    fn refuses_adapter_lists_too_long_for_the_signal_stream() {
+        let most: Vec<String> = (0..MAX_LORA_ADAPTERS).map(|n| format!("a{n}")).collect();
+        let longest = "n".repeat(MAX_LORA_NAME_BYTES);
+        let lora = read_vllm(&with_lora(&most.join(","), &longest))
+            .unwrap()
+            .lora
+            .unwrap();
+        assert_eq!(
+            (lora.running, lora.waiting),
+            (most.clone(), vec![longest.clone()])
+        );
+
+        // A pod repeating one name over the 4 MiB a /metrics body may have.
+        let flood = vec!["a"; 2 * 1024 * 1024].join(",");
+        for (body, expected) in [
+            (
+                with_lora(&flood, ""),
+                "running_lora_adapters lists more than 64 adapters",
+            ),
+            (
+                with_lora("", &format!("{},x", most.join(","))),
+                "waiting_lora_adapters lists more than 64 adapters",
+            ),
+            (
+                with_lora(&format!("{longest}n"), ""),
+                "running_lora_adapters has an adapter name of 257 bytes (at most 256)",
+            ),
+        ] {
+            let error = read_vllm(&body).unwrap_err();
+            assert!(error.contains(expected), "{error}");
+        }
+    }
+
+    #[test]
+    fn only_the_newest_adapter_series_is_held_to_the_limits() {
+        let flood = vec!["a"; 100].join(",");
+        let body = format!(
+            "{}vllm:lora_requests_info{{max_lora=\"2\",running_lora_adapters=\"b\",waiting_lora_adapters=\"\"}} 1.8e9\n",
+            with_lora(&flood, "")
+        );
+        assert_eq!(read_vllm(&body).unwrap().lora.unwrap().running, ["b"]);
     }
 }
