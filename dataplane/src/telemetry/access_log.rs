@@ -4,7 +4,7 @@
 //! thread that formats and writes it through a buffer flushed at least every
 //! [`FLUSH_INTERVAL`]. The request path never blocks: when the channel is full the line is
 //! dropped and counted (`portcullis_proxy_access_log_dropped_total`). Header values and query
-//! strings are never written.
+//! strings are never written, nor a resource URI's userinfo, query and fragment.
 
 use std::fs::OpenOptions;
 use std::io::{self, BufWriter, Write};
@@ -17,7 +17,7 @@ use prometheus_client::metrics::counter::Counter;
 use rand::Rng as _;
 use serde::ser::{Serialize, SerializeMap as _, Serializer};
 
-use super::trace::path_without_query;
+use super::trace::{mcp_item_name, path_without_query};
 use super::{AccessLogConfig, AccessLogDestination, RequestRecord};
 
 /// Lines waiting for the writer; past this they are dropped.
@@ -282,7 +282,7 @@ impl Serialize for Line<'_> {
                 &serde_json::json!({
                     "method": &*mcp.method,
                     "server": mcp.server.as_deref(),
-                    "name": mcp.name,
+                    "name": mcp_item_name(mcp),
                     "error_code": mcp.error_code,
                     "pin": mcp.pin,
                 }),

@@ -382,6 +382,63 @@ async fn access_log_has_one_json_line_per_request() {
     assert_eq!(lines[2]["completed"], false);
 }
 
+/// A finished MCP request that named `name` with `method`.
+fn mcp_record(telemetry: &Telemetry, method: &str, name: &str) -> RequestRecord {
+    let mut mcp = record(telemetry.start(None, None), Some("Route/mcp"), 200);
+    mcp.mcp = Some(McpRecord {
+        method: Arc::from(method),
+        server: Some(Arc::from("docs")),
+        name: Some(name.to_owned()),
+        ..McpRecord::default()
+    });
+    mcp
+}
+
+const SECRET_URI: &str = "postgres://reader:hunter2@db/orders?token=t0k3n#frag";
+
+#[tokio::test]
+async fn resource_uris_leave_their_credentials_out_of_the_access_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("access.log");
+    let telemetry = Telemetry::new(config(AccessLogDestination::File(path.clone()), 1.0, None)).unwrap();
+    telemetry.finish(mcp_record(&telemetry, "resources/read", SECRET_URI));
+    telemetry.finish(mcp_record(&telemetry, "tools/call", "get-sum"));
+    telemetry.shutdown().await;
+
+    let text = std::fs::read_to_string(&path).unwrap();
+    for secret in ["reader", "hunter2", "t0k3n", "frag"] {
+        assert!(!text.contains(secret), "{secret} in {text}");
+    }
+    let lines = read_lines(&path);
+    assert_eq!(lines[0]["mcp"]["name"], "postgres://db/orders", "{text}");
+    assert_eq!(lines[1]["mcp"]["name"], "get-sum", "{text}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resource_uris_leave_their_credentials_out_of_spans() {
+    let mut collector = FakeCollectorServer::start()
+        .await
+        .expect("the fake collector starts");
+    let telemetry =
+        Telemetry::new(config(AccessLogDestination::Off, 1.0, Some(collector.endpoint()))).unwrap();
+    telemetry.finish(mcp_record(&telemetry, "resources/read", SECRET_URI));
+    telemetry.finish(mcp_record(&telemetry, "tools/call", "get-sum"));
+    telemetry.shutdown().await;
+
+    let spans = collector.exported_spans(2, Duration::from_secs(20)).await;
+    assert_eq!(spans.len(), 2, "{spans:#?}");
+    for secret in ["reader", "hunter2", "t0k3n", "frag"] {
+        assert!(!format!("{spans:?}").contains(secret), "{secret} in {spans:#?}");
+    }
+    let named = |key: &str| spans.iter().map(|span| attribute(span, key)).collect::<String>();
+    assert!(
+        named("mcp.item.name").contains("\"postgres://db/orders\""),
+        "{spans:#?}"
+    );
+    assert!(named("gen_ai.tool.name").contains("\"get-sum\""), "{spans:#?}");
+    collector.abort();
+}
+
 #[tokio::test]
 async fn sampling_zero_logs_only_server_errors() {
     let dir = tempfile::tempdir().unwrap();

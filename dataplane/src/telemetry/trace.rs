@@ -5,6 +5,7 @@
 //! (then only the `tracestate` handle is cloned: a reference count). The span itself is the
 //! SDK's: it is started here, its attributes are set and it is ended in [`end_span`].
 
+use std::borrow::Cow;
 use std::fmt;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -18,7 +19,7 @@ use opentelemetry::{Context, Key, KeyValue, Value};
 use opentelemetry_sdk::trace::{SdkTracer, Span as SdkSpan};
 use rand::Rng as _;
 
-use super::RequestRecord;
+use super::{McpRecord, RequestRecord};
 
 /// The `sampled` bit of the trace flags.
 const FLAG_SAMPLED: u8 = 0x01;
@@ -375,6 +376,38 @@ pub(super) fn path_without_query(path: &str) -> &str {
     path.split_once('?').map_or(path, |(path, _)| path)
 }
 
+/// The item an MCP request named, as the access log and spans record it. A resource's name
+/// is its URI, where credentials and tokens travel (`postgres://user:pw@db/x`,
+/// `https://h/doc?token=…`): its userinfo, query and fragment are left out. A tool's or a
+/// prompt's name is recorded as it is.
+pub(super) fn mcp_item_name(mcp: &McpRecord) -> Option<Cow<'_, str>> {
+    let name = mcp.name.as_deref()?;
+    Some(match &*mcp.method {
+        "tools/call" | "prompts/get" => Cow::Borrowed(name),
+        _ => uri_without_secrets(name),
+    })
+}
+
+fn uri_without_secrets(uri: &str) -> Cow<'_, str> {
+    let (scheme, rest) = match uri.find("://") {
+        Some(at) => uri.split_at(at + 3),
+        None => ("", uri),
+    };
+    // The authority is taken to run to the first '/', not also to '?' or '#' as RFC 3986
+    // has it: a password written with those unescaped is cut whole all the same.
+    let authority = &rest[..rest.find('/').unwrap_or(rest.len())];
+    let rest = match authority.rfind('@') {
+        Some(at) => &rest[at + 1..],
+        None => rest,
+    };
+    let rest = &rest[..rest.find(['?', '#']).unwrap_or(rest.len())];
+    if scheme.len() + rest.len() == uri.len() {
+        Cow::Borrowed(uri)
+    } else {
+        Cow::Owned(format!("{scheme}{rest}"))
+    }
+}
+
 fn client_attributes(client: &SocketAddr, attributes: &mut Vec<KeyValue>) {
     attributes.push(KeyValue::new(CLIENT_ADDRESS, client.ip().to_string()));
     attributes.push(KeyValue::new(CLIENT_PORT, i64::from(client.port())));
@@ -438,13 +471,13 @@ pub(super) fn end_span(mut span: Box<SdkSpan>, record: &RequestRecord) {
                 Value::from(server.clone()),
             ));
         }
-        if let Some(name) = &mcp.name {
+        if let Some(name) = mcp_item_name(mcp) {
             let key = if mcp.method.as_ref() == "tools/call" {
                 "gen_ai.tool.name"
             } else {
                 "mcp.item.name"
             };
-            attributes.push(KeyValue::new(key, name.clone()));
+            attributes.push(KeyValue::new(key, name.into_owned()));
         }
         if let Some(pin) = mcp.pin {
             attributes.push(KeyValue::new("portcullis.mcp.tool.pin", pin));
@@ -524,6 +557,34 @@ mod tests {
         0x4b, 0xf9, 0x2f, 0x35, 0x77, 0xb3, 0x4d, 0xa6, 0xa3, 0xce, 0x92, 0x9d, 0x0e, 0x0e, 0x47, 0x36,
     ];
     const PARENT: [u8; 8] = [0x00, 0xf0, 0x67, 0xaa, 0x0b, 0xa9, 0x02, 0xb7];
+
+    #[test]
+    fn resource_uris_are_recorded_without_credentials() {
+        let recorded = |method: &str, name: &str| {
+            let mcp = McpRecord {
+                method: Arc::from(method),
+                name: Some(name.to_owned()),
+                ..McpRecord::default()
+            };
+            mcp_item_name(&mcp).map(Cow::into_owned)
+        };
+        let read = "resources/read";
+        for (uri, kept) in [
+            ("postgres://user:pw@db/x", "postgres://db/x"),
+            ("https://h/doc?token=abc#part", "https://h/doc"),
+            ("https://user@h:8443/doc#part", "https://h:8443/doc"),
+            // Unescaped in the password: cut with the userinfo, not taken for a query.
+            ("https://u:p?w#d@h/x?t=1", "https://h/x"),
+            ("urn:isbn:123?token=abc", "urn:isbn:123"),
+            ("file:///etc/hosts", "file:///etc/hosts"),
+            ("https://h/users/@me", "https://h/users/@me"),
+        ] {
+            assert_eq!(recorded(read, uri).as_deref(), Some(kept), "{uri}");
+        }
+        assert_eq!(recorded("tools/call", "get?sum#1").as_deref(), Some("get?sum#1"));
+        assert_eq!(recorded("prompts/get", "a@b?c").as_deref(), Some("a@b?c"));
+        assert_eq!(mcp_item_name(&McpRecord::default()), None);
+    }
 
     #[test]
     fn traceparent_parsing_table() {

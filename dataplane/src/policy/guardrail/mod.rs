@@ -27,6 +27,8 @@ use self::replicas::Replicas;
 pub(crate) use self::verdict::JsonKind;
 use self::verdict::{Decision, Expected};
 use super::RequestContext;
+use crate::body::MAX_HELD_ANSWER_BYTES;
+use crate::telemetry::LogThrottle;
 
 /// Headers never sent to a checker: credentials (an MCP session id seals the client's
 /// upstream sessions) stay between the client and the gateway.
@@ -40,11 +42,16 @@ const WITHHELD_HEADERS: &[&str] = &[
     "mcp-session-id",
 ];
 
+/// How often one guard's failed checks are logged at most: with every replica down, each
+/// request fails its check, and under FailOpen nothing else slows them.
+const FAILURE_WARN_INTERVAL: Duration = Duration::from_secs(10);
+
 /// One Guardrail object, compiled.
 pub(crate) struct Guard {
     name: Arc<str>,
     spec: GuardrailSpec,
     checker: Checker,
+    failure_warnings: LogThrottle,
 }
 
 enum Checker {
@@ -114,6 +121,7 @@ impl Guard {
             name: Arc::from(label),
             spec: spec.clone(),
             checker,
+            failure_warnings: LogThrottle::new(FAILURE_WARN_INTERVAL),
         })
     }
 }
@@ -125,8 +133,8 @@ pub(crate) struct Asker {
     route: String,
     target: String,
     caller: wire::Caller,
-    /// A mutation may not be larger than the route lets a request body be.
-    max_bytes: u64,
+    /// A mutation of a request may not be larger than the route lets a request body be.
+    max_request_bytes: u64,
     log: GuardrailLog,
 }
 
@@ -155,7 +163,7 @@ impl Asker {
                 address: ctx.client_ip.to_string(),
                 headers: caller_headers,
             },
-            max_bytes: ctx.max_body_bytes,
+            max_request_bytes: ctx.max_body_bytes,
             log: ctx.guardrails.clone(),
         }
     }
@@ -168,6 +176,18 @@ impl Asker {
             target: self.target.clone(),
             server: server.to_string(),
             caller: Some(self.caller.clone()),
+        }
+    }
+
+    /// The largest mutation `phase` takes: a request's replacement goes upstream, so it has
+    /// the route's limit; a result or a completion, held up to its own limit whatever the
+    /// route lets a request be, may be replaced by one as large.
+    fn max_mutation_bytes(&self, phase: GuardrailPhase) -> u64 {
+        match phase {
+            GuardrailPhase::McpRequest | GuardrailPhase::LlmRequest | GuardrailPhase::A2aMessage => {
+                self.max_request_bytes
+            }
+            GuardrailPhase::McpResponse | GuardrailPhase::LlmResponse => MAX_HELD_ANSWER_BYTES as u64,
         }
     }
 }
@@ -255,7 +275,7 @@ impl Guards {
             let (outcome, replica, attempts) = guard.ask(asker, subject, &payload).await;
             let decision = match outcome {
                 Ok(Decision::Allow) => "allow",
-                Ok(Decision::Mutate(_)) if !subject.mutable => {
+                Ok(Decision::Mutate(_) | Decision::Oversized { .. }) if !subject.mutable => {
                     let problem = "returned a mutation, which cannot be applied here";
                     guard.failed(asker, subject, problem, replica.clone(), started, attempts)?
                 }
@@ -269,6 +289,18 @@ impl Guards {
                     return Err(Stop::Denied {
                         guardrail: guard.name.clone(),
                         reason,
+                    });
+                }
+                // The checker answered, so the failure mode has no say; it asked for a change
+                // that cannot be made, so the message cannot pass as it is either.
+                Ok(Decision::Oversized { bytes, limit }) => {
+                    asker.record(guard, subject, "deny", replica, started, attempts);
+                    return Err(Stop::Denied {
+                        guardrail: guard.name.clone(),
+                        reason: format!(
+                            "the replacement it asked for is {bytes} bytes, over the limit of \
+                             {limit}, so neither it nor the original can be passed on"
+                        ),
                     });
                 }
                 Err(problem) => guard.failed(asker, subject, &problem, replica.clone(), started, attempts)?,
@@ -334,7 +366,15 @@ impl Guard {
         started: Instant,
         attempts: u32,
     ) -> Result<&'static str, Stop> {
-        tracing::warn!(guardrail = %self.name, phase = subject.phase.as_str(), %problem, "guardrail check failed");
+        if let Some(left_out) = self.failure_warnings.admit() {
+            tracing::warn!(
+                guardrail = %self.name,
+                phase = subject.phase.as_str(),
+                %problem,
+                same_failures_not_logged = left_out,
+                "guardrail check failed"
+            );
+        }
         match self.spec.failure_mode {
             GuardrailFailureMode::FailOpen => Ok("failed_open"),
             GuardrailFailureMode::FailClosed => {
@@ -361,7 +401,7 @@ impl Guard {
         };
         let expected = Expected {
             kind,
-            max_bytes: asker.max_bytes,
+            max_bytes: asker.max_mutation_bytes(subject.phase),
         };
         match &self.checker {
             Checker::Builtin(patterns) => {
@@ -375,7 +415,11 @@ impl Guard {
                 let outcome = match patterns.check(names, payload, size) {
                     PatternVerdict::Allow => Ok(Decision::Allow),
                     PatternVerdict::Deny(reason) => Ok(Decision::Deny(reason)),
-                    PatternVerdict::Mutate(replacement) => Ok(Decision::Mutate(replacement)),
+                    PatternVerdict::Mutate(replacement) => {
+                        let bytes =
+                            serde_json::to_vec(&replacement).map_or(u64::MAX, |encoded| encoded.len() as u64);
+                        Ok(expected.oversized(bytes).unwrap_or(Decision::Mutate(replacement)))
+                    }
                     PatternVerdict::TooLarge => {
                         Err(format!("the payload ({size} bytes) is larger than maxBytes"))
                     }

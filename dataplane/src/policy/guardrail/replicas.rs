@@ -22,9 +22,12 @@ use tonic_health::pb::HealthCheckRequest;
 
 use super::verdict::{Decision, Expected};
 use super::CheckRequest;
+use crate::body::MAX_HELD_ANSWER_BYTES;
 
-/// Largest verdict accepted from a checker; a mutation must also fit the route's body limit.
-const MAX_VERDICT_BYTES: usize = 16 << 20;
+/// Largest verdict accepted from a checker: twice the largest mutation a phase takes, so one
+/// over its limit still arrives and is denied, instead of failing the call (which FailOpen
+/// would answer by passing the payload the checker wanted changed).
+const MAX_VERDICT_BYTES: usize = 2 * MAX_HELD_ANSWER_BYTES;
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
 
@@ -219,27 +222,17 @@ impl Replicas {
             .max_decoding_message_size(MAX_VERDICT_BYTES);
         // The timeout covers connecting too.
         let called = tokio::time::timeout(self.timeout, send(client, request)).await;
-        let (outcome, replica_at_fault) = match called {
-            Err(_) => (
-                Err(format!(
-                    "no verdict within {}",
-                    humantime::format_duration(self.timeout)
-                )),
-                true,
-            ),
-            Ok(Err(status)) => (Err(format!("{:?}: {}", status.code(), status.message())), true),
-            Ok(Ok(verdict)) => match super::verdict::decode(verdict, expected) {
-                Ok(decision) => (Ok(decision), false),
-                Err(bad) => (Err(bad.message), !bad.about_payload),
-            },
+        let outcome = match called {
+            Err(_) => Err(format!(
+                "no verdict within {}",
+                humantime::format_duration(self.timeout)
+            )),
+            Ok(Err(status)) => Err(format!("{:?}: {}", status.code(), status.message())),
+            // A mutation too large for this request is a verdict too: requests must not be
+            // able to take replicas out.
+            Ok(Ok(verdict)) => super::verdict::decode(verdict, expected),
         };
-        if outcome.is_ok() || replica_at_fault {
-            replica.record(outcome.is_ok(), self);
-        } else {
-            // A mutation too large for this route says nothing about the replica's health:
-            // requests must not be able to take replicas out.
-            replica.end_probe();
-        }
+        replica.record(outcome.is_ok(), self);
         (index, outcome)
     }
 
@@ -296,13 +289,6 @@ impl Replica {
         if breaker.consecutive_failures >= replicas.breaker_failures {
             breaker.open_until = Some(Instant::now() + replicas.breaker_open_for);
         }
-    }
-
-    fn end_probe(&self) {
-        self.breaker
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .probe_since = None;
     }
 }
 

@@ -68,12 +68,17 @@ fn service(replicas: &[SocketAddr], extra: serde_json::Value) -> serde_json::Val
 }
 
 fn asker() -> Asker {
+    asker_limited(1 << 20)
+}
+
+/// On a route whose request bodies may be `max_request_bytes` long.
+fn asker_limited(max_request_bytes: u64) -> Asker {
     Asker {
         request_id: "r".into(),
         route: "Route/mcp".into(),
         target: "McpBackend/tools".into(),
         caller: wire::Caller::default(),
-        max_bytes: 1 << 20,
+        max_request_bytes,
         log: GuardrailLog::default(),
     }
 }
@@ -149,11 +154,7 @@ async fn hedging_asks_a_second_replica_before_the_timeout() {
 
 #[tokio::test]
 async fn bad_verdicts_are_failed_checks_and_retried_elsewhere() {
-    for behaviour in [
-        Behaviour::NoDecision,
-        Behaviour::InvalidMutation,
-        Behaviour::OversizedMutation,
-    ] {
+    for behaviour in [Behaviour::NoDecision, Behaviour::InvalidMutation] {
         let bad = checker(behaviour).await;
         let alone = guard(service(&[bad.addr], json!({})));
         let (decision, _, _) = sum(&alone, 1).await;
@@ -269,6 +270,118 @@ async fn failure_modes_and_records() {
             ("failed_closed", Some(Arc::from(down[0].to_string()))),
         ]
     );
+}
+
+const SUM_RESULT: Subject<'static> = Subject {
+    phase: GuardrailPhase::McpResponse,
+    ..SUM
+};
+
+fn decisions(asker: &Asker) -> Vec<&'static str> {
+    let log = asker.log.lock().unwrap();
+    log.iter().map(|record| record.decision).collect()
+}
+
+#[tokio::test]
+async fn a_result_may_be_mutated_past_the_routes_request_limit() {
+    let good = checker(Behaviour::Correct).await;
+    let guard = guard(service(
+        &[good.addr],
+        json!({"phases": ["McpResponse"], "failureMode": "FailOpen"}),
+    ));
+    // The route takes requests of 64 bytes; the result, and its redaction, are larger.
+    let asker = asker_limited(64);
+    let result = json!({"content": [{"type": "text", "text": "secret ".repeat(40)}]});
+    let passed = Guards(vec![Arc::new(guard)].into())
+        .check(&asker, &SUM_RESULT, result)
+        .await
+        .unwrap();
+    assert!(passed.mutated, "{passed:?}");
+    let text = passed.payload["content"][0]["text"].as_str().unwrap();
+    assert!(
+        text.starts_with("[redacted] [redacted]") && !text.contains("secret"),
+        "{text}"
+    );
+    assert_eq!(decisions(&asker), ["mutate"]);
+}
+
+#[tokio::test]
+async fn an_oversized_mutation_is_denied_even_under_fail_open() {
+    // Answers every check with a 20 MiB mutation: over a request's limit and a result's.
+    let big = checker(Behaviour::OversizedMutation).await;
+    let good = checker(Behaviour::Correct).await;
+    let guard = guard(service(
+        &[big.addr, good.addr],
+        json!({"phases": ["McpRequest", "McpResponse"], "failureMode": "FailOpen"}),
+    ));
+    let guards = Guards(vec![Arc::new(guard)].into());
+    for subject in [&SUM, &SUM_RESULT] {
+        let asker = asker();
+        // Each check starts on the next replica: two checks, one of them on the big one.
+        let mut denied = Vec::new();
+        for _ in 0..2 {
+            match guards.check(&asker, subject, json!({"a": 1, "b": 2})).await {
+                Ok(passed) => assert!(!passed.mutated, "{passed:?}"),
+                Err(stop) => denied.push(stop),
+            }
+        }
+        let [Stop::Denied { guardrail, reason }] = &denied[..] else {
+            panic!("{:?}: one denial, not {denied:?}", subject.phase)
+        };
+        assert_eq!(&**guardrail, "Guardrail/g");
+        assert!(reason.contains("over the limit of"), "{reason}");
+        // The checker answered: its verdict is not retried on another replica.
+        let log = asker.log.lock().unwrap();
+        let denial = log.iter().find(|record| record.decision == "deny").unwrap();
+        assert_eq!((denial.replica.clone(), denial.attempts), (replica(&big), 1));
+    }
+}
+
+#[tokio::test]
+async fn the_builtin_guards_mutation_has_the_same_limit() {
+    let redacting = || {
+        guard(json!({
+            "targetRefs": [{"kind": "McpBackend", "name": "tools"}],
+            "phases": ["McpRequest", "McpResponse"],
+            "failureMode": "FailOpen",
+            "builtin": {"redact": [{"pattern": "\\d"}]},
+        }))
+    };
+    // Just under the route's limit, and made far longer by the redaction.
+    let arguments = json!({"n": "1 2 3 4 5 6 7 8 9"});
+    let limit = arguments.to_string().len() as u64 + 1;
+    let asker = asker_limited(limit);
+    let guards = Guards(vec![Arc::new(redacting())].into());
+    let stop = guards.check(&asker, &SUM, arguments.clone()).await.unwrap_err();
+    let Stop::Denied { reason, .. } = stop else {
+        panic!("{stop:?}")
+    };
+    assert!(reason.contains(&format!("over the limit of {limit}")), "{reason}");
+    // A result has a result's limit, whatever the route lets a request be.
+    let passed = guards.check(&asker, &SUM_RESULT, arguments).await.unwrap();
+    assert!(passed.mutated);
+    assert_eq!(decisions(&asker), ["deny", "mutate"]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn failed_checks_are_logged_through_the_guards_throttle() {
+    let guard = Arc::new(guard(json!({
+        "targetRefs": [{"kind": "McpBackend", "name": "tools"}],
+        "phases": ["McpRequest"],
+        "failureMode": "FailOpen",
+        "builtin": {"deny": [{"pattern": "x"}], "maxBytes": 4},
+    })));
+    let guards = Guards(vec![guard.clone()].into());
+    let asker = asker();
+    for _ in 0..3 {
+        let passed = guards.check(&asker, &SUM, json!({"a": 1, "b": 2})).await.unwrap();
+        assert!(!passed.mutated);
+    }
+    assert_eq!(decisions(&asker), ["failed_open"; 3]);
+    // The clock is paused: only the first failure took the interval's one line, and the
+    // next line counts the two left out.
+    tokio::time::advance(FAILURE_WARN_INTERVAL).await;
+    assert_eq!(guard.failure_warnings.admit(), Some(2));
 }
 
 #[test]

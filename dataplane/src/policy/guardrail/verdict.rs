@@ -1,6 +1,8 @@
 //! A checker's verdict, decoded and checked before the proxy acts on it: a verdict without a
-//! decision, a mutation that is not JSON, has another type than the payload it replaces, or
-//! is larger than the route allows is a failed check, never forwarded.
+//! decision, or a mutation that is not JSON or has another type than the payload it replaces,
+//! is a failed check, never forwarded. A mutation larger than its phase allows is a verdict
+//! of its own, [`Decision::Oversized`]: the checker answered, so the failure mode does not
+//! apply, and the change it asked for cannot be made.
 
 use portcullis_proto::guardrail::v1::verdict::Decision as WireDecision;
 use portcullis_proto::guardrail::v1::Verdict as WireVerdict;
@@ -16,6 +18,12 @@ pub(crate) enum Decision {
     Deny(String),
     /// The replacement payload.
     Mutate(Value),
+    /// A mutation larger than the phase allows: neither it nor the payload it was to replace
+    /// may pass.
+    Oversized {
+        bytes: u64,
+        limit: u64,
+    },
 }
 
 /// What a mutation may replace the payload with.
@@ -23,6 +31,17 @@ pub(crate) enum Decision {
 pub(crate) struct Expected {
     pub(crate) kind: JsonKind,
     pub(crate) max_bytes: u64,
+}
+
+impl Expected {
+    /// Judges a mutation of `bytes` by its size, before it is read: whichever checker made it
+    /// (a service or the built-in guard), over the limit it is `Oversized`.
+    pub(crate) fn oversized(&self, bytes: u64) -> Option<Decision> {
+        (bytes > self.max_bytes).then_some(Decision::Oversized {
+            bytes,
+            limit: self.max_bytes,
+        })
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -51,45 +70,26 @@ impl JsonKind {
     }
 }
 
-/// Why a verdict was not acted on.
-#[derive(Debug, PartialEq)]
-pub(super) struct BadVerdict {
-    pub(super) message: String,
-    /// The verdict was well formed but does not fit this request (a mutation over the
-    /// route's limit): the replica is not at fault.
-    pub(super) about_payload: bool,
-}
-
-pub(super) fn decode(verdict: WireVerdict, expected: &Expected) -> Result<Decision, BadVerdict> {
-    let bad = |message: String| BadVerdict {
-        message,
-        about_payload: false,
-    };
+/// The decision, or why the verdict was not acted on (the replica is at fault).
+pub(super) fn decode(verdict: WireVerdict, expected: &Expected) -> Result<Decision, String> {
     match verdict.decision {
-        None => Err(bad("the verdict has no decision (allow, deny or mutate)".into())),
+        None => Err("the verdict has no decision (allow, deny or mutate)".into()),
         Some(WireDecision::Allow(_)) => Ok(Decision::Allow),
         Some(WireDecision::Deny(deny)) => Ok(Decision::Deny(match deny.reason.trim() {
             "" => "denied by the guardrail".to_string(),
             reason => reason.chars().take(MAX_REASON_CHARS).collect(),
         })),
         Some(WireDecision::Mutate(mutate)) => {
-            if mutate.payload_json.len() as u64 > expected.max_bytes {
-                return Err(BadVerdict {
-                    message: format!(
-                        "the mutation is {} bytes, over the limit of {}",
-                        mutate.payload_json.len(),
-                        expected.max_bytes
-                    ),
-                    about_payload: true,
-                });
+            if let Some(oversized) = expected.oversized(mutate.payload_json.len() as u64) {
+                return Ok(oversized);
             }
             let payload: Value = serde_json::from_str(&mutate.payload_json)
-                .map_err(|error| bad(format!("the mutation is not valid JSON: {error}")))?;
+                .map_err(|error| format!("the mutation is not valid JSON: {error}"))?;
             if JsonKind::of(&payload) != Some(expected.kind) {
-                return Err(bad(format!(
+                return Err(format!(
                     "the mutation must be {}, like the payload it replaces",
                     expected.kind.name()
-                )));
+                ));
             }
             Ok(Decision::Mutate(payload))
         }
@@ -134,11 +134,17 @@ mod tests {
             Ok(Decision::Mutate(serde_json::json!({"a": 1})))
         );
         let not_json = decode(mutate("{not json"), &OBJECT).unwrap_err();
-        assert!(not_json.message.contains("not valid JSON") && !not_json.about_payload);
+        assert!(not_json.contains("not valid JSON"), "{not_json}");
         let array = decode(mutate("[1]"), &OBJECT).unwrap_err();
-        assert!(array.message.contains("must be an object") && !array.about_payload);
+        assert!(array.contains("must be an object"), "{array}");
+        // Judged by its size before it is read: too large is a decision, not a failure.
         let oversized = format!(r#"{{"a": "{}"}}"#, "x".repeat(100));
-        let oversized = decode(mutate(&oversized), &OBJECT).unwrap_err();
-        assert!(oversized.message.contains("over the limit") && oversized.about_payload);
+        assert_eq!(
+            decode(mutate(&oversized), &OBJECT),
+            Ok(Decision::Oversized {
+                bytes: 109,
+                limit: 64
+            })
+        );
     }
 }
