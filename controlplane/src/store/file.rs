@@ -6,8 +6,9 @@
 //!
 //! An append is one `write` and one `fdatasync`, so a crash can only damage the records written
 //! after the last completed append, none of which was acknowledged: at open, a bad record is cut
-//! away when nothing but its own bytes or zeros follow it (a torn last append). A bad record with
-//! data after it is damage to acknowledged entries, and the open fails rather than drop them.
+//! away with what follows it when no whole record does (a torn last append). A bad record with a
+//! whole record after it is damage to acknowledged entries, and the open fails rather than drop
+//! them.
 //!
 //! Purged entries stay in the file until they outweigh the entries held; the file is then
 //! rewritten with the held ones only (a new file renamed over the old), which keeps the disk
@@ -286,15 +287,21 @@ impl LogFile {
         self.live_start = self.records.front().map_or(self.end, |record| record.offset);
         let purged = self.live_start - MAGIC_LEN;
         if purged >= COMPACT_MIN_BYTES && purged >= self.end - self.live_start {
-            // Compaction only frees space: a failure (a full disk, say) leaves a longer file
-            // that reads the same, and the next purge tries again.
-            if let Err(error) = self.compact() {
-                tracing::warn!(log = %self.path.display(), %error, "could not compact the Raft log");
+            // Compaction only frees space: a failure before the swap (a full disk, say) leaves
+            // a longer file that reads the same, and the next purge tries again. Once swapped,
+            // appends go to the new file, so its name must be durable before any is
+            // acknowledged: otherwise a power loss could bring the old file back without them.
+            match self.compact() {
+                Ok(()) => sync_parent(&self.path).map_err(io::Error::other)?,
+                Err(error) => {
+                    tracing::warn!(log = %self.path.display(), %error, "could not compact the Raft log")
+                }
             }
         }
         Ok(())
     }
 
+    /// Rewrites the file with the held records only; the rename is not yet durable.
     fn compact(&mut self) -> io::Result<()> {
         let mut contents =
             vec![0; usize::try_from(MAGIC_LEN + self.end - self.live_start).map_err(io::Error::other)?];
@@ -312,8 +319,7 @@ impl LogFile {
         self.end -= shift;
         self.live_start = MAGIC_LEN;
         tracing::debug!(log = %self.path.display(), freed = shift, "compacted the Raft log");
-        // After the swap: the new file is the log from the rename on, durable or not yet.
-        sync_parent(&self.path).map_err(io::Error::other)
+        Ok(())
     }
 }
 
@@ -351,19 +357,19 @@ pub(super) fn sync_parent(path: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Whether the bad record at `offset` can be the last append cut short by a crash: its header
-/// or its payload runs past the end of the file, or nothing but zeros follows its header
-/// (a file extended whose data never reached the disk).
+/// Whether the bad record at `offset` can be the last append cut short by a crash: no whole
+/// record follows it. A crash leaves only what the last, unacknowledged append wrote: a
+/// record cut short, garbled, or zeros where a file extended too early has no data. Anything
+/// that checks out after the bad record is damage to records already acknowledged; judging by
+/// the bad header alone, a bit flipped in a length that then runs past the end would pass for
+/// a torn tail and cut every record after it.
 fn is_torn_tail(contents: &[u8], offset: u64) -> bool {
     let Ok(start) = usize::try_from(offset) else {
         return true;
     };
-    let rest = contents.get(start..).unwrap_or_default();
-    let Some((header, after)) = rest.split_at_checked(HEADER_LEN as usize) else {
-        return true;
-    };
-    let payload_len = u32::from_le_bytes([header[0], header[1], header[2], header[3]]) as usize;
-    payload_len >= after.len() || rest.iter().all(|&byte| byte == 0)
+    // Nearly every position fails at once (a length past the end, or zero); a checksum is
+    // computed only where a length fits, and a whole record decodes only where it matches.
+    (start.saturating_add(1)..contents.len()).all(|at| matches!(decode_at(contents, at as u64), Ok(None)))
 }
 
 /// Appends `entry`'s record to `bytes`; returns its payload's length.

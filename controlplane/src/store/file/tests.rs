@@ -257,6 +257,38 @@ fn damage_with_records_after_it_fails_the_open_instead_of_dropping_them() {
 }
 
 #[test]
+fn a_length_flipped_past_the_end_with_records_after_it_fails_the_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("entries.log");
+    // The top byte of the first record's length: it now claims 512 MiB, past the file's end,
+    // as a record cut short by a crash would; two whole records follow.
+    let contents = three_entries_with_a_flipped_bit(&path, |_| MAGIC.len() + 3);
+    let error = open_error(&path, None);
+    assert!(error.contains("damaged record at byte 8"), "{error}");
+    assert_eq!(fs::read(&path).unwrap(), contents, "the file is left as it was");
+}
+
+#[test]
+fn a_torn_append_with_zeros_inside_is_dropped() {
+    // A crash after the length reached the disk and only some of the appended pages did: the
+    // first new record reads as zeros, a later part of the append as leftover bytes.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("entries.log");
+    let mut log = open(&path, None);
+    log.append(&entries(1, 1..=2)).unwrap();
+    drop(log);
+    let mut contents = fs::read(&path).unwrap();
+    let whole = contents.len() as u64;
+    contents.extend_from_slice(&[0; 64]);
+    contents.extend_from_slice(br#"{"log_id":{"leader_id":{"term":1,"node_id":0},"index":3},"pay"#);
+    fs::write(&path, contents).unwrap();
+
+    let log = open(&path, None);
+    assert_eq!(indexes(&log), vec![(1, 1), (1, 2)]);
+    assert_eq!(fs::metadata(&path).unwrap().len(), whole);
+}
+
+#[test]
 fn a_zero_filled_tail_is_dropped() {
     // What a crash can leave when the file's length reached the disk and its data did not.
     let dir = tempfile::tempdir().unwrap();
