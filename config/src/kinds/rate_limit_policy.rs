@@ -35,7 +35,8 @@ pub enum RateLimitKey {
     #[default]
     Target,
     /// One bucket per client IP address (as the proxy sees it: the TCP peer, or the
-    /// nearest untrusted address of `X-Forwarded-For` behind a trusted proxy).
+    /// nearest untrusted address of `X-Forwarded-For` behind a trusted proxy); an IPv6
+    /// client's bucket is its /64's, since one customer usually holds a whole /64.
     ClientAddress,
     /// One bucket per value of this request header; requests without it share one.
     Header(String),

@@ -126,7 +126,8 @@ type Attached = Vec<(u8, Arc<dyn Policy>)>;
 
 /// Compiled policies by the object they target: one instance per (policy, target), so a
 /// rate limit attached to two routes gives each its own buckets. Instances are kept
-/// across versions while their spec is unchanged, so buckets survive unrelated changes.
+/// across versions while their spec, targets aside, is unchanged, so buckets survive
+/// unrelated changes.
 #[derive(Default)]
 pub(crate) struct PolicyIndex {
     by_target: std::collections::HashMap<ObjectKey, Attached>,
@@ -169,7 +170,11 @@ impl PolicyIndex {
     ) -> Result<(), String> {
         for (metadata, spec) in config.specs::<T>() {
             let key = ObjectKey::new(Kind::of::<T>(), metadata.name.as_str());
-            let value = serde_json::to_value(spec).map_err(|error| error.to_string())?;
+            // Targets say where a policy runs, not what it does: attaching it to one more
+            // object must not refill the buckets of the objects it already limits.
+            let mut detached = spec.clone();
+            detached.retain_attachments(&|_| false);
+            let value = serde_json::to_value(&detached).map_err(|error| error.to_string())?;
             for target in targets(spec) {
                 let Some(kind) = Kind::from_name(&target.kind) else {
                     continue;

@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
+use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -106,20 +107,33 @@ impl RateLimit {
     }
 
     fn key_of(&self, ctx: &RequestContext, request: &Request<Body>) -> (u64, u64) {
-        let hash = |bytes: &[u8]| (self.hashers.0.hash_one(bytes), self.hashers.1.hash_one(bytes));
         match &self.key {
             Key::Target => (0, 0),
-            Key::ClientAddress => match ctx.client_ip {
-                std::net::IpAddr::V4(v4) => hash(&v4.octets()),
-                std::net::IpAddr::V6(v6) => hash(&v6.octets()),
-            },
+            Key::ClientAddress => self.address_key(ctx.client_ip),
             // Requests without the header share the bucket of the empty value.
-            Key::Header(name) => hash(
+            Key::Header(name) => self.hash(
                 request
                     .headers()
                     .get(name)
                     .map_or(&[][..], |value| value.as_bytes()),
             ),
+        }
+    }
+
+    fn hash(&self, bytes: &[u8]) -> (u64, u64) {
+        (self.hashers.0.hash_one(bytes), self.hashers.1.hash_one(bytes))
+    }
+
+    /// An IPv6 client is its /64: that is what one customer is usually given, and keyed by
+    /// whole address it could take a fresh bucket per request. An IPv4-mapped address is
+    /// the IPv4 client it stands for (all of them are in one /64).
+    fn address_key(&self, address: IpAddr) -> (u64, u64) {
+        match address {
+            IpAddr::V4(v4) => self.hash(&v4.octets()),
+            IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+                Some(v4) => self.hash(&v4.octets()),
+                None => self.hash(&v6.octets()[..8]),
+            },
         }
     }
 
@@ -226,5 +240,31 @@ mod tests {
         // A second later every bucket is full again, so new keys replace them.
         let later = now + Duration::from_secs(2);
         assert!(limit.take((1_000, 1_000), later).is_ok());
+    }
+
+    #[test]
+    fn ipv6_clients_share_a_bucket_per_64_and_mapped_ipv4_per_address() {
+        let spec: RateLimitPolicySpec = serde_json::from_value(serde_json::json!({
+            "targetRefs": [{"kind": "Route", "name": "r"}],
+            "requestsPerSecond": 0.01, "burst": 1, "key": "clientAddress"
+        }))
+        .unwrap();
+        let limit = RateLimit::compile("t", &spec).unwrap();
+        let now = Instant::now();
+        let take = |address: &str| limit.take(limit.address_key(address.parse().unwrap()), now);
+        assert!(take("2001:db8:0:1::1").is_ok());
+        assert!(
+            take("2001:db8:0:1:ffff:ffff:ffff:ffff").is_err(),
+            "same /64, same bucket"
+        );
+        assert!(take("2001:db8:0:2::1").is_ok(), "another /64 has its own bucket");
+        // Every IPv4-mapped address is in ::ffff:0:0/96: keyed by its IPv4 address instead.
+        assert!(take("::ffff:192.0.2.1").is_ok());
+        assert!(take("::ffff:192.0.2.2").is_ok());
+        assert!(
+            take("192.0.2.1").is_err(),
+            "the mapped and plain forms are one client"
+        );
+        assert!(take("192.0.2.3").is_ok());
     }
 }

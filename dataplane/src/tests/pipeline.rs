@@ -445,6 +445,48 @@ async fn a_policy_on_a_listener_and_its_route_runs_once_and_each_target_has_its_
 }
 
 #[tokio::test]
+async fn retargeting_a_rate_limit_keeps_the_buckets_of_the_targets_it_still_has() {
+    let upstream = path_echo().await;
+    let port = free_port();
+    let config = |targets: &str| {
+        objects(
+            &(listener("web", port)
+                + &backend("up", upstream, false)
+                + &route("a", "web", "up", "matches: [{path: {prefix: /a}}]")
+                + &route("b", "web", "up", "matches: [{path: {prefix: /b}}]")
+                + &format!("apiVersion: portcullis.dev/v1alpha1\nkind: RateLimitPolicy\nmetadata: {{name: limit}}\nspec: {{targetRefs: [{targets}], requestsPerSecond: 0.01, burst: 2}}\n")),
+        )
+    };
+    let proxy = start_proxy(None, Duration::from_secs(1)).await;
+    proxy
+        .state
+        .apply(1, config("{kind: Route, name: a}"))
+        .await
+        .unwrap();
+    assert_eq!(get(port, "/a").await.0, 200);
+    assert_eq!(get(port, "/a").await.0, 200);
+    assert_eq!(get(port, "/a").await.0, 429);
+    // Attached to b as well: a's bucket stays empty, b starts with a full one of its own.
+    proxy
+        .state
+        .apply(2, config("{kind: Route, name: a}, {kind: Route, name: b}"))
+        .await
+        .unwrap();
+    assert_eq!(get(port, "/a").await.0, 429);
+    assert_eq!(get(port, "/b").await.0, 200);
+    // Detached from a: b's bucket is kept, a is no longer limited.
+    proxy
+        .state
+        .apply(3, config("{kind: Route, name: b}"))
+        .await
+        .unwrap();
+    assert_eq!(get(port, "/b").await.0, 200);
+    assert_eq!(get(port, "/b").await.0, 429);
+    assert_eq!(get(port, "/a").await.0, 200);
+    proxy.shutdown().await.unwrap();
+}
+
+#[tokio::test]
 async fn a_client_that_breaks_off_its_upload_is_not_counted_against_the_upstream() {
     let upstream = spawn_upstream(|request: Request<hyper::body::Incoming>| async move {
         let _ = http_body_util::BodyExt::collect(request.into_body()).await;
