@@ -692,6 +692,47 @@ spec:
         assert!(error.contains("\"c\""), "{error}");
     }
 
+    /// Whatever attaches across shards, each shard's slice is a config its proxies accept:
+    /// attachments outside the shard are dropped, and nothing left refers to them.
+    #[test]
+    fn every_slice_of_a_config_spanning_shards_is_valid() {
+        let doc = |kind: &str, name: &str, spec: &str| {
+            format!("apiVersion: portcullis.dev/v1alpha1\nkind: {kind}\nmetadata: {{name: {name}}}\nspec: {spec}\n---\n")
+        };
+        let listener = |name: &str, shard: &str, port: u16| {
+            format!("apiVersion: portcullis.dev/v1alpha1\nkind: Listener\nmetadata: {{name: {name}, labels: {{shard: {shard}}}}}\nspec: {{port: {port}}}\n---\n")
+        };
+        let yaml = [
+            listener("east", "a", 8080),
+            listener("west", "b", 8081),
+            doc("Backend", "api", "{endpoints: ['127.0.0.1:9000']}"),
+            doc("McpBackend", "tools-a", "{servers: [{name: math, url: 'http://127.0.0.1:9001/mcp'}]}"),
+            doc("McpBackend", "tools-b", "{servers: [{name: web, url: 'http://127.0.0.1:9002/mcp'}]}"),
+            doc("InferencePool", "qwen", "{endpoints: ['127.0.0.1:9003'], models: [{name: m}]}"),
+            doc("Route", "api-a", "{listeners: [east], backends: [{name: api}]}"),
+            doc("Route", "api-both", "{listeners: [east, west], backends: [{name: api}], hostnames: [both.example]}"),
+            doc("Route", "mcp-a", "{listeners: [east], backends: [{kind: McpBackend, name: tools-a}], matches: [{path: {prefix: /mcp}}]}"),
+            doc("Route", "mcp-b", "{listeners: [west], backends: [{kind: McpBackend, name: tools-b}], matches: [{path: {prefix: /mcp}}]}"),
+            doc("Route", "llm-b", "{listeners: [west], backends: [{kind: InferencePool, name: qwen}], matches: [{path: {prefix: /v1}}]}"),
+            doc("HeaderPolicy", "tag", "{targetRefs: [{kind: Route, name: api-a}, {kind: Route, name: api-both}], request: {set: [{name: x-tag, value: a}]}}"),
+            doc("HeaderPolicy", "served-by", "{targetRefs: [{kind: Listener, name: east}, {kind: Listener, name: west}], response: {set: [{name: x-served-by, value: p}]}}"),
+            doc("RateLimitPolicy", "limit", "{targetRefs: [{kind: Listener, name: east}, {kind: Route, name: llm-b}], requestsPerSecond: 5}"),
+            doc("McpAuthorization", "authz", r#"{targetRefs: [{kind: McpBackend, name: tools-a}, {kind: McpBackend, name: tools-b}], deny: ['mcp.server == "web" && mcp.tool.name == "fetch"', 'mcp.server == "math" && mcp.tool.name == "div"']}"#),
+            doc("Guardrail", "no-secrets", "{targetRefs: [{kind: McpBackend, name: tools-a}, {kind: McpBackend, name: tools-b, sectionName: web}], phases: [McpRequest], builtin: {deny: [{pattern: password}]}}"),
+        ]
+        .concat();
+        let config = ConfigSet::from_objects(parse_documents(&yaml).unwrap());
+        let config = config.unwrap_or_else(|error| panic!("{error}"));
+        for shard in ["a", "b", "c"] {
+            let selector = ShardSelector::from([("shard".to_string(), shard.to_string())]);
+            let slice = config.slice(&selector);
+            let objects: Vec<Object> = slice.objects().cloned().collect();
+            if let Err(error) = ConfigSet::from_slice(objects) {
+                panic!("the slice of shard {shard} is refused: {error}");
+            }
+        }
+    }
+
     /// A slicer carried across versions cuts exactly what a fresh one cuts: policies added,
     /// a route moved between listeners, a listener relabelled, objects deleted.
     #[test]
