@@ -390,6 +390,7 @@ impl AdminService {
             Some(_) if voter => return Ok(Response::new(self.status())),
             _ => {}
         }
+        self.check_joining(node_id, &address).await?;
         let leader_address = |leader| leader_address(&self.raft, leader);
         let added = with_commit_deadline(self.raft.add_learner(
             node_id,
@@ -411,19 +412,18 @@ impl AdminService {
         });
         if !matches!(tokio::time::timeout(LEARNER_CATCH_UP, caught_up).await, Ok(Ok(_))) {
             let removal = ChangeMembers::RemoveNodes(BTreeSet::from([node_id]));
-            match with_commit_deadline(self.raft.change_membership(removal, false)).await {
-                Ok(Ok(_)) => {}
-                Ok(Err(error)) => {
-                    tracing::warn!(node_id, %error, "could not remove the learner that failed to catch up")
-                }
-                Err(status) => {
-                    tracing::warn!(node_id, error = %status.message(), "could not remove the learner that failed to catch up")
-                }
-            }
-            return Err(Status::unavailable(format!(
-                "node {node_id} at {address} did not catch up within {}s; it was not added",
-                LEARNER_CATCH_UP.as_secs()
-            )));
+            let removed = match with_commit_deadline(self.raft.change_membership(removal, false)).await {
+                Ok(Ok(_)) => Ok(()),
+                Ok(Err(error)) => Err(error.to_string()),
+                Err(status) => Err(status.message().to_owned()),
+            };
+            let waited = LEARNER_CATCH_UP.as_secs();
+            return Err(Status::unavailable(match removed {
+                Ok(()) => format!("node {node_id} at {address} did not catch up within {waited}s; it was not added"),
+                Err(error) => format!(
+                    "node {node_id} at {address} did not catch up within {waited}s and stays a learner, since removing it failed ({error}): remove it with `portcullis cluster remove --node-id {node_id}`"
+                ),
+            }));
         }
         let promote = ChangeMembers::AddVoterIds(BTreeSet::from([node_id]));
         with_commit_deadline(self.raft.change_membership(promote, false))
@@ -434,6 +434,57 @@ impl AdminService {
 }
 
 impl AdminService {
+    /// Refuses to add `node_id` at `address` unless the node answering there is that node,
+    /// waiting to join (started with `--join`, never a member of a cluster) or a member of
+    /// this one before. Raft messages name neither their target nor a cluster: whatever answers
+    /// at the address would take the id's place, so another member there would hold two
+    /// votes, and a node of another cluster would have its log overwritten.
+    async fn check_joining(&self, node_id: NodeId, address: &str) -> Result<(), Status> {
+        let refuse = |reason: String| {
+            Err(Status::failed_precondition(format!(
+                "{reason}; node {node_id} was not added"
+            )))
+        };
+        let (me, my_address, holder) = {
+            let metrics = self.raft.metrics();
+            let metrics = metrics.borrow();
+            let membership = metrics.membership_config.membership();
+            let holder = membership
+                .nodes()
+                .find(|(id, node)| **id != node_id && node.addr == address)
+                .map(|(id, _)| *id);
+            let my_address = membership.get_node(&metrics.id).map(|node| node.addr.clone());
+            (metrics.id, my_address, holder)
+        };
+        if let Some(holder) = holder {
+            return refuse(format!("{address} is the address of node {holder}"));
+        }
+        let Some(there) = local_status_of(address).await.and_then(|status| status.cluster) else {
+            return Err(Status::unavailable(format!(
+                "no control-plane node answers at {address}: start node {node_id} there with --join first; it was not added"
+            )));
+        };
+        if there.node_id != node_id {
+            return refuse(format!(
+                "the node at {address} is node {}, not node {node_id}",
+                there.node_id
+            ));
+        }
+        let waiting = there.term == 0 && there.members.is_empty();
+        let ours = there
+            .members
+            .iter()
+            .any(|member| member.node_id == me && Some(&member.address) == my_address.as_ref());
+        if !waiting && !ours {
+            return refuse(format!(
+                "the node at {address} belongs to another cluster (term {}, members {:?}): clear its data directory and start it with --join",
+                there.term,
+                there.members.iter().map(|member| member.node_id).collect::<Vec<_>>()
+            ));
+        }
+        Ok(())
+    }
+
     /// Gives member `node_id` (now at `old`) the address `address`, once the node answering
     /// there is that member of this cluster, restarted on its data directory, and nothing
     /// answers as it at `old` any more. Pointing an id at another node, at an empty node

@@ -1,6 +1,8 @@
 use std::sync::Arc;
 
-use portcullis_proto::v1::{DeleteRequest, GetRequest, ListRequest, Object, ObjectRef, ReadConsistency};
+use portcullis_proto::v1::{
+    DeleteRequest, GetRequest, ListRequest, Object, ObjectRef, ReadConsistency, StatusRequest,
+};
 use serde_json::json;
 use tonic::Code;
 use tonic_health::pb::health_check_response::ServingStatus as HealthStatus;
@@ -580,6 +582,52 @@ async fn unreachable_node_is_not_added() {
     node.shutdown().await.unwrap();
 }
 
+/// Raft messages name no target and no cluster: only the node waiting to join as that id (or
+/// a member of this cluster before) may be added at an address.
+#[tokio::test]
+async fn only_the_node_waiting_as_that_id_is_added() {
+    let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+    let leader = start(dirs[0].path(), 1, false).await;
+    let mut client = admin(leader.local_addr()).await;
+    wait_for_leader(&mut client).await;
+    let waiting = start(dirs[1].path(), 2, true).await;
+    let other_cluster = start(dirs[2].path(), 3, false).await;
+    wait_for_leader(&mut admin(other_cluster.local_addr()).await).await;
+    let refusal = |node_id: u64, address: std::net::SocketAddr| {
+        let mut client = client.clone();
+        async move {
+            let add = portcullis_proto::v1::AddNodeRequest {
+                node_id,
+                address: address.to_string(),
+            };
+            let status = client.add_node(add).await.unwrap_err();
+            assert_eq!(status.code(), Code::FailedPrecondition, "{status:?}");
+            status.message().to_owned()
+        }
+    };
+    let message = refusal(5, leader.local_addr()).await;
+    assert!(message.contains("is the address of node 1"), "{message}");
+    let message = refusal(4, waiting.local_addr()).await;
+    assert!(message.contains("is node 2, not node 4"), "{message}");
+    let message = refusal(3, other_cluster.local_addr()).await;
+    assert!(message.contains("belongs to another cluster"), "{message}");
+    let status = client
+        .status(StatusRequest { local: true })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(status.cluster.unwrap().members.len(), 1, "nothing was added");
+
+    let add = portcullis_proto::v1::AddNodeRequest {
+        node_id: 2,
+        address: waiting.local_addr().to_string(),
+    };
+    client.add_node(add).await.unwrap();
+    for node in [other_cluster, waiting, leader] {
+        node.shutdown().await.unwrap();
+    }
+}
+
 /// The serving status `node` reports for the Admin service, if it answers.
 async fn admin_health(node: &crate::ControlPlane) -> Option<i32> {
     let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", node.local_addr()))
@@ -703,3 +751,4 @@ async fn a_config_this_build_cannot_read_is_refused_with_the_reason_until_it_can
     assert_eq!((listed.version, listed.objects.len()), (3, 1));
     node.shutdown().await.unwrap();
 }
+
