@@ -145,7 +145,7 @@ impl Rule {
             }
             // A rule about another kind of item (a tool rule asked about a prompt) does
             // not apply to this one: it neither allows nor denies it.
-            Err(ExecutionError::NoSuchKey(key)) if ["tool", "prompt", "resource"].contains(&key.as_str()) => {
+            Err(ExecutionError::NoSuchKey(key)) if self.is_about_another_kind(caller, item, &key) => {
                 Verdict::False
             }
             Err(error) => Verdict::Error(error.to_string()),
@@ -155,11 +155,30 @@ impl Rule {
 
 impl Rule {
     fn execute(&self, caller: &Caller, item: Item<'_>) -> Result<Value, ExecutionError> {
+        self.execute_on(caller, mcp_value(item, None))
+    }
+
+    fn execute_on(&self, caller: &Caller, mcp: Value) -> Result<Value, ExecutionError> {
         let mut context = Context::default();
-        context.add_variable_from_value("mcp", mcp_value(item));
+        context.add_variable_from_value("mcp", mcp);
         context.add_variable_from_value("source", caller.source.clone());
         context.add_variable_from_value("request", caller.request.clone());
         self.program.execute(&context)
+    }
+
+    /// Whether `key`, missing when the rule ran on `item`, was another kind of item
+    /// (`mcp.prompt` in a rule asked about a tool) rather than an argument or a header of
+    /// that name (`mcp.tool.arguments.resource`), which must fail the rule: with an empty
+    /// `mcp.<key>` added, that lookup no longer fails.
+    fn is_about_another_kind(&self, caller: &Caller, item: Item<'_>, key: &str) -> bool {
+        let other_kind = [ItemKind::Tool, ItemKind::Prompt, ItemKind::Resource]
+            .into_iter()
+            .find(|kind| *kind != item.kind && kind.field() == key);
+        let Some(other_kind) = other_kind else {
+            return false;
+        };
+        let again = self.execute_on(caller, mcp_value(item, Some(other_kind)));
+        !matches!(again, Err(ExecutionError::NoSuchKey(missing)) if missing.as_str() == key)
     }
 }
 
@@ -171,18 +190,29 @@ fn map<const N: usize>(entries: [(&str, Value); N]) -> Value {
     Value::Map(Map { map: Arc::new(map) })
 }
 
-fn mcp_value(item: Item<'_>) -> Value {
+/// What a rule sees as `mcp` for `item`; with `empty`, that kind of item is there too, empty.
+fn mcp_value(item: Item<'_>, empty: Option<ItemKind>) -> Value {
     let text = |text: &str| Value::String(Arc::new(text.to_string()));
     let object = match (item.kind, item.arguments) {
         (ItemKind::Resource, _) => map([("uri", text(item.name))]),
         (_, Some(arguments)) => map([("name", text(item.name)), ("arguments", json_value(arguments))]),
         (_, None) => map([("name", text(item.name))]),
     };
-    map([
+    let mcp = map([
         ("method", text(item.kind.method())),
         ("server", text(item.server)),
         (item.kind.field(), object),
-    ])
+    ]);
+    match (empty, mcp) {
+        (Some(kind), Value::Map(Map { map: fields })) => {
+            let mut fields = Arc::unwrap_or_clone(fields);
+            fields.insert(Key::String(Arc::new(kind.field().to_string())), map([]));
+            Value::Map(Map {
+                map: Arc::new(fields),
+            })
+        }
+        (_, mcp) => mcp,
+    }
 }
 
 /// JSON to CEL: whole numbers become `int` (so `arguments.a == 1` means what it says),
@@ -448,6 +478,31 @@ mod tests {
                 arguments: arguments.as_ref(),
             },
         )
+    }
+
+    /// A missing argument or header named like a kind of item fails the rule as any missing
+    /// input does; only a rule about another kind of item is simply not about this one.
+    #[test]
+    fn an_input_named_like_a_kind_of_item_is_not_that_kind() {
+        let rule = r#"mcp.tool.name == "query" && mcp.tool.arguments.resource != "public""#;
+        let without = verdict(rule, "query", Some(serde_json::json!({"table": "users"})));
+        assert!(matches!(without, Verdict::Error(_)), "{without:?}");
+        let public = verdict(rule, "query", Some(serde_json::json!({"resource": "public"})));
+        assert_eq!(public, Verdict::False);
+        for rule in [
+            r#"mcp.tool.arguments.tool == "x""#,
+            r#"request.headers["prompt"] == "x""#,
+        ] {
+            let verdict = verdict(rule, "query", Some(serde_json::json!({})));
+            assert!(matches!(verdict, Verdict::Error(_)), "{rule}: {verdict:?}");
+        }
+        assert_eq!(
+            verdict(r#"mcp.prompt.name == "query""#, "query", None),
+            Verdict::False
+        );
+        let either = r#"mcp.resource.uri == "file:///x" || mcp.tool.arguments.prompt == "p""#;
+        let missing = verdict(either, "query", Some(serde_json::json!({})));
+        assert!(matches!(missing, Verdict::Error(_)), "{missing:?}");
     }
 
     #[test]
