@@ -55,6 +55,7 @@ impl Stream for SignalSubscriber {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
     use std::time::Duration;
 
     use portcullis_proto::v1::signal_stream_server::{SignalStream, SignalStreamServer};
@@ -66,8 +67,9 @@ mod tests {
     use crate::tests::support::*;
     use crate::{Proxy, ProxyConfig};
 
-    /// Plays the control plane: sends `batch` every 50 ms, as rounds come, to every subscriber.
-    struct Rounds(SignalBatch);
+    /// Plays the control plane: sends the batch to every subscriber, again after each
+    /// interval, as rounds come.
+    struct Rounds(SignalBatch, Duration);
 
     #[tonic::async_trait]
     impl SignalStream for Rounds {
@@ -78,10 +80,10 @@ mod tests {
             _request: Request<SignalSubscription>,
         ) -> Result<Response<Self::SubscribeStream>, Status> {
             let (to_proxy, stream) = mpsc::channel(1);
-            let batch = self.0.clone();
+            let (batch, interval) = (self.0.clone(), self.1);
             tokio::spawn(async move {
                 while to_proxy.send(Ok(batch.clone())).await.is_ok() {
-                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    tokio::time::sleep(interval).await;
                 }
             });
             Ok(Response::new(ReceiverStream::new(stream)))
@@ -137,7 +139,7 @@ mod tests {
         let grpc_address = grpc.local_addr().unwrap();
         tokio::spawn(
             tonic::transport::Server::builder()
-                .add_service(SignalStreamServer::new(Rounds(batch)))
+                .add_service(SignalStreamServer::new(Rounds(batch, Duration::from_millis(50))))
                 .serve_with_incoming(TcpListenerStream::new(grpc)),
         );
         let proxy = Proxy::start(ProxyConfig {
@@ -166,6 +168,116 @@ mod tests {
             status == 200 && report["pools"]["qwen"]["endpoints"][pod]["signals"]["waiting"] == 7
         })
         .await;
+        proxy.shutdown().await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn an_edited_pool_keeps_its_pods_signals_and_in_flight_counts() {
+        // The pod answers once the test lets it.
+        let gate = Arc::new(tokio::sync::Semaphore::new(0));
+        let pod = spawn_upstream({
+            let gate = gate.clone();
+            move |_| {
+                let gate = gate.clone();
+                async move {
+                    gate.acquire().await.unwrap().forget();
+                    text(r#"{"choices": []}"#)
+                }
+            }
+        })
+        .await
+        .to_string();
+        // One round, then none for as long as the test runs: the edit falls between two.
+        let batch = SignalBatch {
+            generation: 1,
+            pools: vec![PoolSignals {
+                pool: "qwen".into(),
+                pods: vec![PodSignals {
+                    endpoint: pod.clone(),
+                    ..PodSignals::default()
+                }],
+            }],
+        };
+        let grpc = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let grpc_address = grpc.local_addr().unwrap();
+        tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(SignalStreamServer::new(Rounds(batch, Duration::from_secs(3600))))
+                .serve_with_incoming(TcpListenerStream::new(grpc)),
+        );
+        let proxy = Proxy::start(ProxyConfig {
+            proxy_id: "edge-1".into(),
+            controlplanes: vec![format!("http://{grpc_address}")],
+            shard: Default::default(),
+            admin_listen: "127.0.0.1:0".parse().unwrap(),
+            cache_dir: None,
+            drain_grace: Duration::from_secs(1),
+            workers: 2,
+            peer_address: None,
+            telemetry: quiet_telemetry(),
+        })
+        .await
+        .unwrap();
+        let port = free_port();
+        let config = |aliases: &str| {
+            objects(&format!(
+                "{}---
+apiVersion: portcullis.dev/v1alpha1
+kind: InferencePool
+metadata: {{name: qwen}}
+spec:
+  endpoints: ['{pod}']
+  models: [{{name: m, aliases: [{aliases}]}}]
+  failureMode: FailClose
+  signals: {{interval: 10s}}
+  picker: {{staleness: 20s}}
+---
+apiVersion: portcullis.dev/v1alpha1
+kind: Route
+metadata: {{name: llm}}
+spec: {{listeners: [web], backends: [{{kind: InferencePool, name: qwen}}]}}
+",
+                listener("web", port)
+            ))
+        };
+        proxy.state.apply(1, config("")).await.unwrap();
+        let admin = proxy.admin_addr().port();
+        let endpoint = |report: &serde_json::Value| report["pools"]["qwen"]["endpoints"][&pod].clone();
+        let pod_report = || async {
+            let (_, body) = get(admin, "/signals?pool=qwen").await;
+            endpoint(&serde_json::from_str(&body).unwrap())
+        };
+        eventually("the pod's signals reach the picker", || async {
+            pod_report().await["signals"]["fresh"] == true
+        })
+        .await;
+        let complete = |model: &'static str| async move {
+            let body =
+                format!(r#"{{"model": "{model}", "messages": [{{"role": "user", "content": "hi"}}]}}"#);
+            let request = http::Request::post(format!("http://127.0.0.1:{port}/v1/chat/completions"))
+                .header("content-type", "application/json")
+                .body(http_body_util::Full::new(bytes::Bytes::from(body)))
+                .unwrap();
+            status_and_text(http1_client().request(request).await.unwrap()).await
+        };
+        let held = tokio::spawn(complete("m"));
+        eventually("the request is in flight", || async {
+            pod_report().await["inFlight"] == 1
+        })
+        .await;
+
+        proxy.state.apply(2, config("qwen")).await.unwrap();
+        let report = pod_report().await;
+        assert_eq!(report["signals"]["fresh"], true, "{report}");
+        assert_eq!(report["inFlight"], 1, "{report}");
+        gate.add_permits(2);
+        assert_eq!(held.await.unwrap().0, 200);
+        eventually("the request's end reaches the new version's count", || async {
+            pod_report().await["inFlight"] == 0
+        })
+        .await;
+        let (status, body) = complete("qwen").await;
+        assert_eq!(status, 200, "{body}");
         proxy.shutdown().await.unwrap();
     }
 }

@@ -28,7 +28,7 @@ pub struct LoraSignals {
 /// that the signals are so late that the figures are unknown anyway.
 const MAX_RECENT: usize = 4096;
 
-#[derive(Default)]
+#[derive(Default, Clone)]
 pub(crate) struct EndpointState {
     pub signals: Option<Signals>,
     /// Requests this proxy sent that have not finished.
@@ -70,6 +70,18 @@ impl EndpointState {
 
     pub fn finished(&mut self) {
         self.in_flight = self.in_flight.saturating_sub(1);
+    }
+
+    /// This state on a clock that reads `offset` more for the same moment.
+    pub fn shifted(&self, offset: Duration) -> EndpointState {
+        let mut state = self.clone();
+        if let Some(signals) = &mut state.signals {
+            signals.sampled_at += offset;
+        }
+        for sent in &mut state.recent {
+            *sent += offset;
+        }
+        state
     }
 
     /// Takes a new sample; an older one than held (reordered delivery) is ignored.

@@ -166,6 +166,23 @@ impl Picker {
         }
     }
 
+    /// Takes over what `previous` (the picker of the pool's version before) knows about the
+    /// endpoints both have: their signals, in-flight counts and prefix-index entries, so that
+    /// an edit keeping pods keeps what is known about them. `endpoints[e]` is this picker's
+    /// endpoint `e` in `previous`, if it was there; `offset` is what this picker's clock
+    /// reads more than `previous`'s at the same moment. Prefix entries stay behind when the
+    /// pickers cut prompts into different blocks: their hashes would never match.
+    pub fn inherit(&mut self, previous: &Picker, endpoints: &[Option<usize>], offset: Duration) {
+        for (state, from) in self.endpoints.iter_mut().zip(endpoints) {
+            if let Some(held) = from.and_then(|from| previous.endpoints.get(from)) {
+                *state = held.shifted(offset);
+            }
+        }
+        if self.config.prefix.block_bytes == previous.config.prefix.block_bytes {
+            self.prefix.inherit(&previous.prefix, endpoints);
+        }
+    }
+
     /// Takes a new sample of `endpoint`'s signals. A sample with a non-finite KV-cache use is
     /// dropped: it says nothing.
     pub fn observe(&mut self, endpoint: usize, mut signals: Signals) {

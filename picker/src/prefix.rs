@@ -66,6 +66,7 @@ pub fn block_hashes(model: &str, prompt: &[u8], config: &PrefixConfig) -> Vec<u6
 
 type HashSet64 = HashSet<u64, BuildNoHashHasher<u64>>;
 
+#[derive(Clone)]
 struct Generations {
     current: HashSet64,
     previous: HashSet64,
@@ -135,6 +136,36 @@ impl PrefixIndex {
                 .map(|_| Generations::new(config.blocks_per_endpoint))
                 .collect(),
             first_blocks: HashMap::default(),
+        }
+    }
+
+    /// Takes over what `previous` holds for the endpoints both indexes have:
+    /// `endpoints[e]` is this index's endpoint `e` in `previous`, if it was there.
+    pub fn inherit(&mut self, previous: &PrefixIndex, endpoints: &[Option<usize>]) {
+        let mut renamed = vec![None; previous.per_endpoint.len()];
+        for (to, from) in endpoints.iter().enumerate() {
+            let Some((from, held)) = from.and_then(|from| Some((from, previous.per_endpoint.get(from)?)))
+            else {
+                continue;
+            };
+            let Some(generations) = self.per_endpoint.get_mut(to) else {
+                continue;
+            };
+            // This index's capacity holds: a smaller one turns over at the next insert.
+            *generations = Generations {
+                generation_size: generations.generation_size,
+                ..held.clone()
+            };
+            renamed[from] = Some(to as u32);
+        }
+        for (first, holders) in &previous.first_blocks {
+            let kept: Vec<u32> = holders
+                .iter()
+                .filter_map(|&from| renamed.get(from as usize).copied().flatten())
+                .collect();
+            if !kept.is_empty() {
+                self.first_blocks.insert(*first, kept);
+            }
         }
     }
 

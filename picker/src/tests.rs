@@ -462,3 +462,55 @@ fn requests_that_finished_since_the_last_signal_do_not_count_as_waiting() {
     }
     assert!(picker.saturated(now, |e| e == 0));
 }
+
+#[test]
+fn an_edited_pool_keeps_what_it_knew_about_the_endpoints_it_kept() {
+    let config = PickerConfig {
+        failure_mode: FailureMode::FailClose,
+        ..PickerConfig::default()
+    };
+    let mut old = picker(3, config.clone());
+    for (e, waiting) in [3, 0, 3].into_iter().enumerate() {
+        old.observe(e, signals(MS, waiting, 0.1));
+    }
+    let prompt = vec![b'p'; 3000];
+    assert_eq!(pick(&mut old, 2 * MS, &prompt).unwrap().endpoints[0], 1);
+
+    // The edit drops endpoint 0, swaps the places of 1 and 2 and adds one; the new picker's
+    // clock reads 10 ms more for the same moment.
+    let map = [Some(2), None, Some(1)];
+    let offset = 10 * MS;
+    let mut new = picker(3, config);
+    new.inherit(&old, &map, offset);
+
+    for (to, from) in map.iter().enumerate() {
+        let Some(from) = *from else {
+            assert_eq!(
+                (new.signals(to), new.in_flight(to)),
+                (None, 0),
+                "a new endpoint starts blank"
+            );
+            continue;
+        };
+        let expected = old.signals(from).map(|s| Signals {
+            sampled_at: s.sampled_at + offset,
+            ..s.clone()
+        });
+        assert_eq!(new.signals(to), expected.as_ref());
+        assert_eq!(new.in_flight(to), old.in_flight(from));
+    }
+    assert_eq!(new.in_flight(2), 1, "the request in flight is still counted");
+
+    // Fresh on the new clock: a pool that fails closed picks instead of refusing, and the
+    // prompt goes where its prefix was placed.
+    let hashes = hashes(&prompt);
+    let request = PickRequest {
+        model: "m",
+        lora: false,
+        prompt_hashes: &hashes,
+    };
+    let again = new.pick(offset + 3 * MS, &request, |_| true).unwrap();
+    assert_eq!(again.basis, Basis::Signals);
+    assert_eq!(again.endpoints[0], 2);
+    assert_eq!(again.prefix_hit_blocks, 12);
+}

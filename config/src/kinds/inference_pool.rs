@@ -29,7 +29,8 @@ pub struct InferencePoolSpec {
     pub rewrites: Vec<ModelRewrite>,
     #[serde(default, skip_serializing_if = "PickerSpec::is_default")]
     pub picker: PickerSpec,
-    /// How the control plane collects the pods' signals.
+    /// How the control plane collects the pods' signals (of Scored pools: no other strategy
+    /// reads them).
     #[serde(default, skip_serializing_if = "SignalsSpec::is_default")]
     pub signals: SignalsSpec,
     /// What the picker does when no pod has fresh signals.
@@ -183,7 +184,7 @@ pub struct ModelSpec {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub aliases: Vec<String>,
     /// The model is a LoRA adapter (the picker then prefers pods that have it loaded, from
-    /// their signals).
+    /// their signals; Scored strategy only).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub lora: bool,
 }
@@ -411,19 +412,26 @@ impl KindSpec for InferencePoolSpec {
         }
         if self.picker.strategy != Strategy::Scored {
             // What only the Scored strategy reads would be accepted and silently ignored.
+            const SCORED_ONLY: &str =
+                "applies to the Scored strategy only; RoundRobin and LeastRequest do not read pod signals";
             let scored_only = [
                 ("spec.picker.weights", self.picker.weights.is_some()),
                 ("spec.picker.queueThreshold", self.picker.queue_threshold.is_some()),
                 ("spec.picker.kvCacheThreshold", self.picker.kv_cache_threshold.is_some()),
                 ("spec.picker.staleness", self.picker.staleness.is_some()),
                 ("spec.failureMode", self.failure_mode == FailureMode::FailClose),
+                // Nothing would read the signals: such a pool's pods are not scraped.
+                ("spec.signals.interval", self.signals.interval.is_some()),
             ];
             for (field, set) in scored_only {
                 if set {
-                    checker.fail(
-                        field,
-                        "applies to the Scored strategy only; RoundRobin and LeastRequest do not read pod signals",
-                    );
+                    checker.fail(field, SCORED_ONLY);
+                }
+            }
+            // LoRA affinity is a scorer, fed by the pods' signals.
+            for (index, model) in self.models.iter().enumerate() {
+                if model.lora {
+                    checker.fail(format!("spec.models[{index}].lora"), SCORED_ONLY);
                 }
             }
         }
@@ -617,6 +625,8 @@ mod tests {
             ("{endpoints: ['127.0.0.1:1'], models: [{name: m}], picker: {strategy: LeastRequest, weights: {queue: 1}}}", "spec.picker.weights: applies to the Scored strategy only"),
             ("{endpoints: ['127.0.0.1:1'], models: [{name: m}], picker: {strategy: RoundRobin, queueThreshold: 2}}", "spec.picker.queueThreshold: applies to the Scored strategy only"),
             ("{endpoints: ['127.0.0.1:1'], models: [{name: m}], picker: {strategy: RoundRobin}, failureMode: FailClose}", "spec.failureMode: applies to the Scored strategy only"),
+            ("{endpoints: ['127.0.0.1:1'], models: [{name: m}], picker: {strategy: LeastRequest}, signals: {interval: 1s}}", "spec.signals.interval: applies to the Scored strategy only"),
+            ("{endpoints: ['127.0.0.1:1'], models: [{name: m}, {name: a, lora: true}], picker: {strategy: RoundRobin}}", "spec.models[1].lora: applies to the Scored strategy only"),
             ("{endpoints: ['127.0.0.1:1'], models: [{name: m}], picker: {staleness: 50ms}, signals: {interval: 10ms}}", "spec.picker.staleness: must be at least 100ms"),
             ("{endpoints: ['127.0.0.1:1'], models: [{name: m}], signals: {interval: 1ms}}", "spec.signals.interval: must be between 10ms and 10s"),
             ("{endpoints: ['127.0.0.1:1'], models: [{name: m}], signals: {interval: 1m}}", "spec.signals.interval: must be between 10ms and 10s"),

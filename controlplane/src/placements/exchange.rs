@@ -17,7 +17,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use super::{Hub, Origin, Relayed};
 use crate::metrics::Metrics;
-use crate::signals::pools_in_shard;
+use crate::signals::ShardPools;
 use crate::view::ConfigView;
 
 /// A client must say who it is this soon after opening the stream.
@@ -37,6 +37,7 @@ pub struct PlacementExchangeService {
     config: watch::Receiver<ConfigView>,
     shutdown: watch::Receiver<bool>,
     metrics: Metrics,
+    pools: ShardPools,
 }
 
 impl PlacementExchangeService {
@@ -51,6 +52,7 @@ impl PlacementExchangeService {
             config,
             shutdown,
             metrics,
+            pools: ShardPools::default(),
         }
     }
 }
@@ -93,6 +95,7 @@ impl PlacementExchange for PlacementExchangeService {
             config: self.config.clone(),
             shutdown: self.shutdown.clone(),
             metrics: self.metrics.clone(),
+            pools: self.pools.clone(),
         };
         tokio::spawn(session.run(reports));
         Ok(Response::new(ReceiverStream::new(receiver)))
@@ -122,14 +125,15 @@ struct Session {
     config: watch::Receiver<ConfigView>,
     shutdown: watch::Receiver<bool>,
     metrics: Metrics,
+    pools: ShardPools,
 }
 
 impl Session {
     async fn run(mut self, mut reports: Streaming<PlacementReport>) {
         let mut relayed = self.hub.subscribe();
         let mut pools = match &self.peer {
-            Peer::Proxy { shard, .. } => pools_in_shard(&mut self.config, shard),
-            Peer::Node => BTreeSet::new(),
+            Peer::Proxy { shard, .. } => self.pools.latest(&mut self.config, shard).await,
+            Peer::Node => Arc::default(),
         };
         let mut reporting = true;
         loop {
@@ -166,7 +170,7 @@ impl Session {
                         return;
                     }
                     if let Peer::Proxy { shard, .. } = &self.peer {
-                        pools = pools_in_shard(&mut self.config, shard);
+                        pools = self.pools.latest(&mut self.config, shard).await;
                     }
                 }
                 _ = self.shutdown.changed() => return,

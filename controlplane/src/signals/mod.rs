@@ -29,7 +29,7 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 
 pub use store::SignalView;
-pub(crate) use stream::pools_in_shard;
+pub(crate) use stream::ShardPools;
 pub use stream::SignalStreamService;
 pub use types::SignalsRaft;
 

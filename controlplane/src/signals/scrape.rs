@@ -1,7 +1,8 @@
-//! Collection: while this node leads the signals group, one task per InferencePool reads
-//! every endpoint's `/metrics` once per interval, and one proposer turns the finished
-//! rounds into signals-log entries (whatever finished while the previous entry was being
-//! committed goes into the next one, so the entry rate adapts to the commit latency).
+//! Collection: while this node leads the signals group, one task per InferencePool whose
+//! picker reads signals (the Scored strategy) reads every endpoint's `/metrics` once per
+//! interval, and one proposer turns the finished rounds into signals-log entries (whatever
+//! finished while the previous entry was being committed goes into the next one, so the
+//! entry rate adapts to the commit latency).
 
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
@@ -13,7 +14,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use openraft::error::{ClientWriteError, RaftError};
-use portcullis_config::InferencePoolSpec;
+use portcullis_config::{InferencePoolSpec, Strategy};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::{AbortHandle, JoinSet};
 use tokio::time::MissedTickBehavior;
@@ -91,9 +92,12 @@ async fn collect(raft: SignalsRaft, mut config: watch::Receiver<ConfigView>, met
         // Reap the scrapers aborted so far.
         while tasks.try_join_next().is_some() {}
         let view = config.borrow_and_update().clone();
+        // RoundRobin and LeastRequest read no signals: their pods are left alone, and a pool
+        // switched to one of them is dropped like a removed one.
         let pools: HashMap<&str, &InferencePoolSpec> = view
             .config
             .specs::<InferencePoolSpec>()
+            .filter(|(_, spec)| spec.picker.strategy == Strategy::Scored)
             .map(|(metadata, spec)| (metadata.name.as_str(), spec))
             .collect();
         let gone: Vec<String> = running

@@ -3,12 +3,12 @@
 //! serves it from its own copy of the signals state machine.
 
 use std::collections::{BTreeSet, HashMap};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
-use portcullis_config::{InferencePoolSpec, ShardSelector};
+use portcullis_config::{ConfigSet, InferencePoolSpec, ShardSelector, Slicer};
 use portcullis_proto::v1::signal_stream_server::SignalStream;
 use portcullis_proto::v1::{self as wire, SignalBatch, SignalSubscription};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{mpsc, watch, OnceCell};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 
@@ -21,6 +21,7 @@ pub struct SignalStreamService {
     config: watch::Receiver<ConfigView>,
     shutdown: watch::Receiver<bool>,
     metrics: Metrics,
+    pools: ShardPools,
 }
 
 impl SignalStreamService {
@@ -35,6 +36,7 @@ impl SignalStreamService {
             config,
             shutdown,
             metrics,
+            pools: ShardPools::default(),
         }
     }
 }
@@ -59,6 +61,7 @@ impl SignalStream for SignalStreamService {
             config: self.config.clone(),
             shutdown: self.shutdown.clone(),
             metrics: self.metrics.clone(),
+            pools: self.pools.clone(),
             sent: HashMap::new(),
         };
         tracing::debug!(proxy_id = %subscription.proxy_id, "proxy subscribed to signals");
@@ -74,13 +77,14 @@ struct Session {
     config: watch::Receiver<ConfigView>,
     shutdown: watch::Receiver<bool>,
     metrics: Metrics,
+    pools: ShardPools,
     /// Per pool, the pool generation last sent: a pool goes out again only when it moved.
     sent: HashMap<String, u64>,
 }
 
 impl Session {
     async fn run(mut self) {
-        let mut pools = BTreeSet::new();
+        let mut pools = Arc::default();
         self.config.mark_changed();
         self.signals.mark_changed();
         let mut pending = false;
@@ -90,7 +94,7 @@ impl Session {
                     if changed.is_err() {
                         return;
                     }
-                    pools = pools_in_shard(&mut self.config, &self.shard);
+                    pools = self.pools.latest(&mut self.config, &self.shard).await;
                     // A pool that left the shard and comes back is sent whole again.
                     self.sent.retain(|pool, _| pools.contains(pool));
                     pending = true;
@@ -120,17 +124,68 @@ impl Session {
     }
 }
 
-/// The InferencePools of the config's slice for `shard`.
-pub(crate) fn pools_in_shard(
-    config: &mut watch::Receiver<ConfigView>,
-    shard: &ShardSelector,
-) -> BTreeSet<String> {
-    let view = config.borrow_and_update().clone();
-    let slice = view.config.slice(shard);
-    slice
-        .specs::<InferencePoolSpec>()
-        .map(|(metadata, _)| metadata.name.clone())
-        .collect()
+/// The InferencePools of each shard's slice of the latest config version, shared by the
+/// sessions of a service: slicing links every object of the config, too much to repeat for
+/// every proxy on every write, so a version is linked once and each shard's pools are read
+/// once.
+#[derive(Clone, Default)]
+pub(crate) struct ShardPools(Arc<Mutex<Cut>>);
+
+/// One version's pools by shard, each worked out once.
+#[derive(Default)]
+struct Cut {
+    /// The version's config; a view holding another is another version.
+    config: Arc<ConfigSet>,
+    slicer: Arc<OnceCell<Slicer>>,
+    pools: HashMap<ShardSelector, Arc<OnceCell<Arc<BTreeSet<String>>>>>,
+}
+
+impl ShardPools {
+    /// The InferencePools of the latest version's slice for `shard`; marks the version seen.
+    pub(crate) async fn latest(
+        &self,
+        config: &mut watch::Receiver<ConfigView>,
+        shard: &ShardSelector,
+    ) -> Arc<BTreeSet<String>> {
+        let config = config.borrow_and_update().config.clone();
+        self.of(&config, shard).await
+    }
+
+    async fn of(&self, config: &Arc<ConfigSet>, shard: &ShardSelector) -> Arc<BTreeSet<String>> {
+        let (slicer, pools) = {
+            // Every change under the lock is a whole assignment or insert.
+            let mut cut = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+            if !Arc::ptr_eq(&cut.config, config) {
+                *cut = Cut {
+                    config: config.clone(),
+                    ..Cut::default()
+                };
+            }
+            (
+                cut.slicer.clone(),
+                cut.pools.entry(shard.clone()).or_default().clone(),
+            )
+        };
+        let names = |slice: &ConfigSet| -> BTreeSet<String> {
+            slice
+                .specs::<InferencePoolSpec>()
+                .map(|(metadata, _)| metadata.name.clone())
+                .collect()
+        };
+        pools
+            .get_or_init(|| async {
+                // The whole config is every shard-less proxy's slice: nothing to link.
+                if shard.is_empty() {
+                    return Arc::new(names(config));
+                }
+                let slicer = slicer
+                    .get_or_init(|| async { Slicer::new(ConfigSet::clone(config)) })
+                    .await;
+                Arc::new(names(&slicer.slice(shard)))
+            })
+            .await
+            .clone()
+    }
 }
 
 /// The pools of `pools` that moved since they were last sent (per `sent`), or `None`.
@@ -178,5 +233,62 @@ fn pod(endpoint: &str, held: &HeldReading) -> wire::PodSignals {
             running: lora.running.clone(),
             waiting: lora.waiting.clone(),
         }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use portcullis_config::parse_documents;
+
+    use super::*;
+
+    /// Pool `edge` behind a listener of shard `zone: edge`, pool `core` behind one of no shard.
+    fn view(version: u64, edge: &str, core: &str) -> ConfigView {
+        let header = "apiVersion: portcullis.dev/v1alpha1";
+        let pool = |name: &str| {
+            format!("{header}\nkind: InferencePool\nmetadata: {{name: {name}}}\nspec: {{endpoints: ['127.0.0.1:1'], models: [{{name: m}}]}}\n---\n")
+        };
+        let serving = |listener: &str, port: u16, labels: &str, pool: &str| {
+            format!(
+                "{header}\nkind: Listener\nmetadata: {{name: {listener}, labels: {{{labels}}}}}\nspec: {{address: 127.0.0.1, port: {port}}}\n---\n\
+                 {header}\nkind: Route\nmetadata: {{name: {listener}}}\nspec: {{listeners: [{listener}], backends: [{{kind: InferencePool, name: {pool}}}]}}\n---\n"
+            )
+        };
+        let yaml = pool(edge)
+            + &pool(core)
+            + &serving("edge", 8081, "zone: edge", edge)
+            + &serving("core", 8082, "", core);
+        ConfigView {
+            version,
+            config: Arc::new(ConfigSet::from_slice(parse_documents(&yaml).unwrap()).unwrap()),
+            unreadable: None,
+        }
+    }
+
+    fn names(names: &[&str]) -> BTreeSet<String> {
+        names.iter().map(|name| name.to_string()).collect()
+    }
+
+    #[tokio::test]
+    async fn sessions_share_each_shards_pools_and_see_a_write_move_them() {
+        let (publish, config) = watch::channel(view(1, "a", "b"));
+        let edge = ShardSelector::from([("zone".to_string(), "edge".to_string())]);
+        let pools = ShardPools::default();
+        let (mut first, mut second) = (config.clone(), config.clone());
+        let got = pools.latest(&mut first, &edge).await;
+        assert_eq!(*got, names(&["a"]));
+        let shared = pools.clone().latest(&mut second, &edge).await;
+        assert!(Arc::ptr_eq(&got, &shared), "worked out once for both sessions");
+        assert_eq!(
+            *pools.latest(&mut first, &ShardSelector::new()).await,
+            names(&["a", "b"])
+        );
+
+        // The write swaps the pools' places: the edge shard now has b.
+        publish.send(view(2, "b", "a")).unwrap();
+        assert!(first.has_changed().unwrap());
+        assert_eq!(*pools.latest(&mut first, &edge).await, names(&["b"]));
+        assert!(!first.has_changed().unwrap(), "the version is marked seen");
+        assert_eq!(*pools.latest(&mut second, &edge).await, names(&["b"]));
     }
 }

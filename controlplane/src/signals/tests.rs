@@ -183,3 +183,39 @@ async fn a_pool_outside_the_shard_is_not_sent() {
     assert!(silent.is_err(), "a proxy outside the pool's shard got {silent:?}");
     node.shutdown().await.unwrap();
 }
+
+#[tokio::test]
+async fn pools_whose_strategy_reads_no_signals_are_not_scraped() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = start(dir.path(), 1, false).await;
+    let mut client = admin(node.local_addr()).await;
+    wait_for_leader(&mut client).await;
+    let (pod, _pod_task) = metrics_pod(Arc::new(AtomicU32::new(4))).await;
+    // A pod of a RoundRobin pool counts who connects to it.
+    let plain = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let plain_address = plain.local_addr().unwrap();
+    let asked = Arc::new(AtomicU32::new(0));
+    let counting = asked.clone();
+    let _plain_task = tokio::spawn(async move {
+        while let Ok((_socket, _)) = plain.accept().await {
+            counting.fetch_add(1, Ordering::Relaxed);
+        }
+    });
+    let rotating = json!({"apiVersion": "portcullis.dev/v1alpha1", "kind": "InferencePool", "metadata": {"name": "rotating"},
+        "spec": {"endpoints": [plain_address.to_string()], "models": [{"name": "r"}], "picker": {"strategy": "RoundRobin"}}});
+    client
+        .apply(apply_request(vec![pool(pod), rotating], None))
+        .await
+        .unwrap();
+    // Rounds of the Scored pool come and go (and no batch names the other pool).
+    let mut stream = signals(&node).await;
+    for _ in 0..5 {
+        wait_for_waiting(&mut stream, pod, 4).await;
+    }
+    assert_eq!(
+        asked.load(Ordering::Relaxed),
+        0,
+        "the RoundRobin pool's pod was read"
+    );
+    node.shutdown().await.unwrap();
+}

@@ -69,6 +69,19 @@ struct PoolState {
     /// The waiting room: this pool's own (with `admission`), or one inherited from the
     /// pool's previous version that had priority classes, to empty once this version is live.
     room: Option<Arc<WaitingRoom>>,
+    /// Where this version's picker was copied to. Lock order: the picker, then this.
+    handover: Mutex<Handover>,
+}
+
+/// The pool's next version copied this one's picker (in-flight counts included), so a
+/// request in flight at the time must give its count back there too when it ends.
+#[derive(Default)]
+struct Handover {
+    /// Copies taken so far: a credit issued before the latest is counted by `next`.
+    count: u64,
+    next: Weak<PoolState>,
+    /// Each endpoint's index in `next`, if it has the endpoint.
+    endpoints: Vec<Option<usize>>,
 }
 
 /// The requests of one pool waiting for a pod. It outlives config versions: a changed pool
@@ -124,7 +137,7 @@ struct Class {
 
 impl InferencePoolTarget {
     /// `previous`: the pool's target in the version before, whose waiting room this one
-    /// takes over.
+    /// takes over and whose picker's knowledge of the endpoints kept this one's starts from.
     pub(crate) fn compile(
         name: &str,
         spec: &InferencePoolSpec,
@@ -147,8 +160,10 @@ impl InferencePoolTarget {
             (Some(_), None) => Some(Arc::default()),
             (None, None) => None,
         };
-        // Signals up to `staleness` old are placed after the epoch.
+        // Signals up to `staleness` old are placed after the epoch; what the previous
+        // version's picker knows, too.
         let epoch = Instant::now().checked_sub(staleness).unwrap_or_else(Instant::now);
+        let epoch = previous.map_or(epoch, |previous| previous.pool.epoch.min(epoch));
         let sharing = prefix.map(|prefix| {
             Sharing::new(
                 upstream.placements.clone(),
@@ -157,6 +172,23 @@ impl InferencePoolTarget {
                 prefix.max_blocks,
             )
         });
+        let pool = Arc::new(PoolState {
+            endpoints,
+            picker: Mutex::new(picker),
+            epoch,
+            admission,
+            sharing,
+            room,
+            handover: Mutex::default(),
+        });
+        if let Some(previous) = previous {
+            let kept: Vec<Option<usize>> = spec
+                .endpoints
+                .iter()
+                .map(|address| previous.by_address.get(address).copied())
+                .collect();
+            previous.pool.hand_over(&pool, kept);
+        }
         Ok(InferencePoolTarget {
             name: Arc::from(label),
             spec: spec.clone(),
@@ -169,14 +201,7 @@ impl InferencePoolTarget {
             staleness,
             ejection: EjectionSpec::default(),
             prefix,
-            pool: Arc::new(PoolState {
-                endpoints,
-                picker: Mutex::new(picker),
-                epoch,
-                admission,
-                sharing,
-                room,
-            }),
+            pool,
         })
     }
 
@@ -573,8 +598,86 @@ impl PoolState {
         let credit = Credit {
             pool: self.clone(),
             endpoint: pick.endpoints[0],
+            issued: self.handover().count,
         };
         Ok((pick, credit))
+    }
+
+    fn handover(&self) -> MutexGuard<'_, Handover> {
+        // Updated whole under the lock, so a panicked holder left it consistent.
+        self.handover.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Copies this version's picker into `next`'s, for the endpoints `next` kept
+    /// (`kept[e]`: `next`'s endpoint `e` here), and remembers where the copy went.
+    fn hand_over(&self, next: &Arc<PoolState>, kept: Vec<Option<usize>>) {
+        let picker = self.picker();
+        // `next`'s epoch is never later than this one's.
+        let offset = self.epoch.saturating_duration_since(next.epoch);
+        next.picker().inherit(&picker, &kept, offset);
+        let mut endpoints = vec![None; self.endpoints.len()];
+        for (there, here) in kept.into_iter().enumerate() {
+            if let Some(slot) = here.and_then(|here| endpoints.get_mut(here)) {
+                *slot = Some(there);
+            }
+        }
+        let mut handover = self.handover();
+        handover.count += 1;
+        handover.next = Arc::downgrade(next);
+        handover.endpoints = endpoints;
+    }
+
+    /// The version that copied a count of `endpoint`, and the endpoint's index there, if
+    /// the count was here when the copy was taken: `issued` is the credit's (0 for a count
+    /// this version copied itself). Called under this version's picker lock, under which
+    /// the copy is taken.
+    fn successor(&self, endpoint: usize, issued: u64) -> Option<(Arc<PoolState>, usize)> {
+        let handover = self.handover();
+        if issued >= handover.count {
+            return None;
+        }
+        let there = handover.endpoints.get(endpoint).copied().flatten()?;
+        Some((handover.next.upgrade()?, there))
+    }
+
+    /// A request counted at `endpoint` ended: the count is given back here and in every
+    /// later version that copied it.
+    fn finished(self: &Arc<Self>, endpoint: usize, issued: u64) {
+        let (mut pool, mut endpoint, mut issued) = (self.clone(), endpoint, issued);
+        loop {
+            let next = {
+                // The copy is taken under the picker lock: read where it went under the same
+                // lock as the count given back, or a copy taken in between would lose it twice.
+                let mut picker = pool.picker();
+                picker.finished(endpoint);
+                pool.successor(endpoint, issued)
+            };
+            let Some((next, there)) = next else { return };
+            (pool, endpoint, issued) = (next, there, 0);
+        }
+    }
+
+    /// The request counted at `from` went to `to` instead: moved here and in every later
+    /// version that copied its count. A version that has `to` but not `from` never counted
+    /// it, and is one short at `to` once it ends, until that endpoint's requests all end
+    /// (a count stops at zero).
+    fn moved(self: &Arc<Self>, from: usize, to: usize, prompt_hashes: &[u64], issued: u64) {
+        let (mut pool, mut from, mut to, mut issued) = (self.clone(), from, to, issued);
+        loop {
+            let (next_from, next_to) = {
+                let mut picker = pool.picker();
+                picker.moved(from, to, pool.epoch.elapsed(), prompt_hashes);
+                (pool.successor(from, issued), pool.successor(to, issued))
+            };
+            match (next_from, next_to) {
+                (Some((next, from_there)), Some((_, to_there))) => {
+                    (pool, from, to, issued) = (next, from_there, to_there, 0);
+                }
+                // Counted there at an endpoint the request no longer holds here.
+                (Some((next, from_there)), None) => return next.finished(from_there, 0),
+                _ => return,
+            }
+        }
     }
 
     /// Makes this version the one that lets the room's waiting requests in. A version
@@ -680,12 +783,15 @@ impl Target for InferencePoolTarget {
                 record.saturated = pick.saturated;
             }
             ctx.decide(&self.name, pick.basis.as_str());
+            // A waiting request may have been picked by a later version of the pool, whose
+            // endpoints the pick's indexes name.
+            let pool = credit.pool.clone();
             let dispatch = Dispatch {
                 target: &self.name,
                 endpoints: pick
                     .endpoints
                     .iter()
-                    .map(|&index| &self.pool.endpoints[index])
+                    .map(|&index| &pool.endpoints[index])
                     .collect(),
                 http2: false,
                 ejection: &self.ejection,
@@ -696,12 +802,11 @@ impl Target for InferencePoolTarget {
                 pick.endpoints
                     .iter()
                     .copied()
-                    .find(|&index| self.pool.endpoints[index].label == *label)
+                    .find(|&index| pool.endpoints[index].label == *label)
             });
             if let Some(used) = used.filter(|&used| used != credit.endpoint) {
-                let now = self.pool.epoch.elapsed();
-                self.pool.picker().moved(credit.endpoint, used, now, &hashes);
-                if let Some(sharing) = &self.pool.sharing {
+                pool.moved(credit.endpoint, used, &hashes, credit.issued);
+                if let Some(sharing) = &pool.sharing {
                     sharing.post(credit.endpoint, &hashes, true);
                     sharing.post(used, &hashes, false);
                 }
@@ -738,11 +843,13 @@ impl Target for InferencePoolTarget {
 struct Credit {
     pool: Arc<PoolState>,
     endpoint: usize,
+    /// Copies of the pool's picker taken when it was issued: every later copy counts it too.
+    issued: u64,
 }
 
 impl Drop for Credit {
     fn drop(&mut self) {
-        self.pool.picker().finished(self.endpoint);
+        self.pool.finished(self.endpoint, self.issued);
         self.pool.dispatch(true);
     }
 }
