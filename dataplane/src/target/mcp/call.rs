@@ -10,8 +10,9 @@ use super::authz::Judgement;
 use super::jsonrpc::{self, invalid_params, session_not_found, upstream_failed};
 use super::reach::{self, Downstream, Reach, Sent};
 use super::resume::{Resumption, SessionStream};
+use super::server::Server;
 use super::{caller, guarded, inject_trace, input, remap, server, session_header, Exchange, McpTarget};
-use crate::body::{self, Body, Held};
+use crate::body::{self, Body};
 use crate::policy::guardrail::Asker;
 
 impl McpTarget {
@@ -28,6 +29,9 @@ impl McpTarget {
         let Some(public) = params.get(field).and_then(Value::as_str).map(str::to_string) else {
             return invalid_params(id, format!("Invalid params: {method} needs params.{field}"));
         };
+        // Tasks (2025-11-25) are not offered: a task's result would come later, by
+        // `tasks/result`, past the guardrails that check this call's answer.
+        params.remove("task");
         let Some((index, own)) = self.resolve(kind, &public) else {
             let what = match kind {
                 ItemKind::Tool => "tool",
@@ -372,6 +376,8 @@ impl McpTarget {
             }
         }
         let in_session = matches!(how, Reach::Session { .. });
+        // Only a request has an answer; a response or notification the client sent has none.
+        let request = message.get("method").is_some();
         let names_resources = self.multiplexed
             && message
                 .get("method")
@@ -403,15 +409,21 @@ impl McpTarget {
                 }
                 let streamed = server::is_event_stream(response.headers());
                 let relayed = server::relay(response, exchange.route.body_idle_timeout);
-                // Only a session-based server sends the client requests, and list changes,
-                // on its stream.
-                if streamed && in_session {
+                if streamed {
                     let (mut parts, inner) = relayed.into_parts();
                     // Events are re-encoded: the server's length no longer holds.
                     parts.headers.remove(http::header::CONTENT_LENGTH);
-                    let mut events = remap::RemapRequests::new(inner, &server.name)
-                        .remapping(self.multiplexed)
-                        .watching(self.list_watch(index));
+                    let mut events = remap::RemapRequests::new(inner, &server.name).remapping(false);
+                    if request {
+                        events = events.answering(id.clone());
+                    }
+                    // Only a session-based server sends the client requests, and list changes,
+                    // on its stream.
+                    if in_session {
+                        events = events
+                            .remapping(self.multiplexed)
+                            .watching(self.list_watch(index));
+                    }
                     // Should the server end the stream early, it is taken up again.
                     if let Reach::Session {
                         id: Some(session),
@@ -432,8 +444,8 @@ impl McpTarget {
                         ));
                     }
                     Response::from_parts(parts, body::boxed(events))
-                } else if names_resources && !streamed {
-                    prefixed_json(relayed, &server.name, &id, &self.name).await
+                } else if request {
+                    answer_json(relayed, server, &id, &self.name, names_resources).await
                 } else {
                     relayed
                 }
@@ -455,30 +467,33 @@ struct Suggestion<'a> {
     completed: String,
 }
 
-/// A server's JSON answer with the resources its result names prefixed
-/// ([`remap::prefix_result_uris`]); held whole for that, up to [`server::MAX_ANSWER_BYTES`]
-/// (a larger one passes as it is).
-async fn prefixed_json(answer: Response<Body>, server: &str, id: &Value, target: &str) -> Response<Body> {
+/// A server's JSON answer to request `id`, if it is the response to it
+/// ([`Server::own_response`]); with `prefix`, the resources its result names get their
+/// server's prefix ([`remap::prefix_result_uris`]).
+async fn answer_json(
+    answer: Response<Body>,
+    server: &Server,
+    id: &Value,
+    target: &str,
+    prefix: bool,
+) -> Response<Body> {
     let (mut parts, inner) = answer.into_parts();
-    match body::hold(inner, server::MAX_ANSWER_BYTES).await {
-        Held::Whole(bytes) => {
-            let mut message: Value = match serde_json::from_slice(&bytes) {
-                Ok(message) => message,
-                Err(_) => return Response::from_parts(parts, body::full(bytes)),
-            };
-            let changed = message
+    let bytes = match server.own_response(inner, parts.status, id).await {
+        Ok(bytes) => bytes,
+        Err(failure) => return upstream_failed(id, target, &failure.to_string()),
+    };
+    if prefix {
+        if let Ok(mut message) = serde_json::from_slice::<Value>(&bytes) {
+            if message
                 .get_mut("result")
-                .is_some_and(|result| remap::prefix_result_uris(server, result));
-            if changed {
+                .is_some_and(|result| remap::prefix_result_uris(&server.name, result))
+            {
                 parts.headers.remove(http::header::CONTENT_LENGTH);
-                Response::from_parts(parts, body::full(message.to_string()))
-            } else {
-                Response::from_parts(parts, body::full(bytes))
+                return Response::from_parts(parts, body::full(message.to_string()));
             }
         }
-        Held::TooLarge { start, rest } => Response::from_parts(parts, body::prepend(start, rest)),
-        Held::Broken(problem) => upstream_failed(id, target, &format!("the answer broke off: {problem}")),
     }
+    Response::from_parts(parts, body::full(bytes))
 }
 
 #[cfg(test)]
@@ -488,7 +503,20 @@ mod tests {
     use super::*;
 
     #[tokio::test]
-    async fn a_json_result_names_resources_with_their_servers_prefix() {
+    async fn a_json_result_names_resources_with_their_servers_prefix_and_answers_only_its_request() {
+        let telemetry = std::sync::Arc::new(
+            crate::telemetry::Telemetry::new(crate::tests::support::quiet_telemetry()).unwrap(),
+        );
+        let upstream = crate::upstream::Upstream::new(telemetry, crate::placements::outbox().0, None);
+        let spec = portcullis_config::McpServerSpec {
+            name: "math".into(),
+            url: "http://127.0.0.1:9/mcp".into(),
+            tls: None,
+            timeout: None,
+            failure_mode: portcullis_config::McpFailureMode::Fail,
+            list_ttl: None,
+        };
+        let server = Server::compile(&spec, &upstream).unwrap();
         let answer = |text: &str| {
             let mut answer = Response::new(body::full(text.to_string()));
             answer
@@ -496,15 +524,37 @@ mod tests {
                 .insert(http::header::CONTENT_LENGTH, text.len().into());
             answer
         };
+        let read = |answer: Response<Body>| async move {
+            let bytes = answer.into_body().collect().await.unwrap().to_bytes();
+            serde_json::from_slice::<Value>(&bytes).unwrap()
+        };
         let linked = r#"{"jsonrpc":"2.0","id":4,"result":{"content":[{"type":"resource_link","uri":"file:///r.md"}]}}"#;
-        let prefixed = prefixed_json(answer(linked), "math", &json!(4), "McpBackend/tools").await;
+        let prefixed = answer_json(answer(linked), &server, &json!(4), "McpBackend/tools", true).await;
         assert!(prefixed.headers().get(http::header::CONTENT_LENGTH).is_none());
-        let bytes = prefixed.into_body().collect().await.unwrap().to_bytes();
-        let message: Value = serde_json::from_slice(&bytes).unwrap();
+        let message = read(prefixed).await;
         assert_eq!(message["result"]["content"][0]["uri"], "math+file:///r.md");
         // Nothing to prefix: the answer passes byte for byte.
         let plain = r#"{"jsonrpc":"2.0","id":5,"result":{"content":[{"type":"text","text":"3"}]}}"#;
-        let passed = prefixed_json(answer(plain), "math", &json!(5), "McpBackend/tools").await;
+        let passed = answer_json(answer(plain), &server, &json!(5), "McpBackend/tools", true).await;
         assert_eq!(passed.into_body().collect().await.unwrap().to_bytes(), plain);
+        // A response to another request, a batch that holds one, or none at all, answers
+        // nothing this request asked.
+        for other in [
+            r#"{"jsonrpc":"2.0","id":6,"result":{"content":[]}}"#,
+            r#"{"jsonrpc":"2.0","id":"5","result":{"content":[]}}"#,
+            r#"[{"jsonrpc":"2.0","id":5,"result":{"content":[]}}]"#,
+            r#"{"jsonrpc":"2.0","result":{"content":[]}}"#,
+            "Internal Server Error",
+        ] {
+            let failed =
+                read(answer_json(answer(other), &server, &json!(5), "McpBackend/tools", false).await).await;
+            assert_eq!(failed["id"], 5, "{other}");
+            assert_eq!(failed["error"]["code"], jsonrpc::UPSTREAM_FAILED, "{other}");
+            assert_eq!(
+                failed["error"]["message"],
+                "McpBackend/tools: server math: answered HTTP 200 OK without the response to this request",
+                "{other}"
+            );
+        }
     }
 }

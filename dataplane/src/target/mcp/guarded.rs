@@ -129,9 +129,11 @@ enum Checked {
 }
 
 /// One JSON-RPC message from the server (a JSON body, or an event's data). The server's
-/// requests and notifications, and errors, pass; a result is checked. Anything else (not
-/// JSON, a batch, a result that is not an object) cannot be checked, and the failure modes
-/// decide: under FailClosed a guarded result never slips through unread.
+/// requests and notifications, and errors, pass (an error's `message` and `data` are not
+/// checked); anything with a `result` is a result, and is checked. Anything else (not JSON,
+/// a batch, a result that is not an object, a result with an error, a method that is not a
+/// string) cannot be checked, and the failure modes decide: under FailClosed a guarded
+/// result never slips through unread, whatever a client would take the message for.
 async fn checked_data(data: &[u8], guards: &Guards, asker: &Asker, item: &Item, id: &Value) -> Checked {
     let subject = item.subject(GuardrailPhase::McpResponse);
     let unreadable = |problem: &str| match guards.unreadable(asker, &subject, problem) {
@@ -141,10 +143,16 @@ async fn checked_data(data: &[u8], guards: &Guards, asker: &Asker, item: &Item, 
     let Ok(Value::Object(mut message)) = serde_json::from_slice::<Value>(data) else {
         return unreadable("the server's answer is not one JSON-RPC message");
     };
-    if message.contains_key("method") || message.contains_key("error") {
-        return Checked::Unchanged;
+    if message.get("method").is_some_and(|method| !method.is_string()) {
+        return unreadable("the server's message has a method that is not a string");
     }
-    // The one response on this request's stream is the answer to it, whatever its id says.
+    match (message.contains_key("result"), message.contains_key("error")) {
+        (true, true) => return unreadable("the server's answer has both a result and an error"),
+        (false, true) => return Checked::Unchanged,
+        (false, false) if message.contains_key("method") => return Checked::Unchanged,
+        _ => {}
+    }
+    // Only the response to this request reaches here: others were dropped on the way.
     let result = match message.get_mut("result").map(Value::take) {
         Some(result @ Value::Object(_)) => result,
         _ => return unreadable("the server's answer has no result object"),

@@ -44,9 +44,10 @@ use tokio_stream::wrappers::ReceiverStream;
 use super::jsonrpc::{self, upstream_failed};
 use super::listen::{self, event, KEEPALIVE, KEEPALIVE_COMMENT};
 use super::reach::{self, ClientMeta, Reach, Sent};
+use super::remap;
 use super::server::{self, Reply, Server, MAX_ANSWER_BYTES};
 use super::session::{digest, unix_now, QuestionTicket, Sealer};
-use crate::body::{self, Body, Held};
+use crate::body::{self, Body};
 use crate::sse;
 use crate::telemetry::{LogThrottle, RequestTrace};
 use crate::upstream::Upstream;
@@ -307,15 +308,10 @@ pub(super) async fn relay(call: Call, response: Response<Incoming>) -> Response<
     if server::is_event_stream(&parts.headers) {
         return driven(call, Round::Stream(body));
     }
-    let bytes = match body::hold(body, MAX_ANSWER_BYTES).await {
-        Held::Whole(bytes) => bytes,
-        // Far too large to be questions: passed on as it comes.
-        Held::TooLarge { start, rest } => return Response::from_parts(parts, body::prepend(start, rest)),
-        Held::Broken(error) => {
-            let id = call.message.get("id").cloned().unwrap_or(Value::Null);
-            let problem = call.server.failure(format!("reading the answer: {error}"));
-            return upstream_failed(&id, &call.target, &problem.to_string());
-        }
+    let id = call.message.get("id").cloned().unwrap_or(Value::Null);
+    let bytes = match call.server.own_response(body, parts.status, &id).await {
+        Ok(bytes) => bytes,
+        Err(failure) => return upstream_failed(&id, &call.target, &failure.to_string()),
     };
     // Most answers ask nothing: only one that names the result type is parsed.
     let asks = bytes
@@ -399,21 +395,6 @@ impl Call {
         )))
     }
 
-    /// A JSON answer, read whole; `Err` says why not, naming the server.
-    async fn read_whole(&self, body: Body) -> Result<Bytes, String> {
-        match body::hold(body, MAX_ANSWER_BYTES).await {
-            Held::Whole(bytes) => Ok(bytes),
-            Held::Broken(error) => Err(self
-                .server
-                .failure(format!("reading the answer: {error}"))
-                .to_string()),
-            Held::TooLarge { .. } => Err(self
-                .server
-                .failure(format!("answered more than {MAX_ANSWER_BYTES} bytes"))
-                .to_string()),
-        }
-    }
-
     fn failed(&self, reason: impl Into<String>) -> Problem {
         Problem {
             code: jsonrpc::UPSTREAM_FAILED,
@@ -451,8 +432,12 @@ impl Call {
                 }
                 // 2026-07-28 servers send no requests; their notifications (progress, logs)
                 // go on to the client.
-                if message.get("id").is_none() {
-                    emit(events, event(&message)).await;
+                match message.get("id") {
+                    None => emit(events, event(&message)).await,
+                    Some(_) if message.get("method").is_none() => {
+                        remap::dropped_stray_response(&self.server.name)
+                    }
+                    Some(_) => {}
                 }
             }
         }
@@ -535,10 +520,15 @@ impl Call {
                 if server::is_event_stream(&parts.headers) {
                     return Ok(Round::Stream(body));
                 }
-                let bytes = self.read_whole(body).await.map_err(|problem| Problem {
-                    code: jsonrpc::UPSTREAM_FAILED,
-                    message: format!("{}: {problem}", self.target),
-                })?;
+                let id = self.message.get("id").unwrap_or(&Value::Null);
+                let bytes = self
+                    .server
+                    .own_response(body, parts.status, id)
+                    .await
+                    .map_err(|failure| Problem {
+                        code: jsonrpc::UPSTREAM_FAILED,
+                        message: format!("{}: {failure}", self.target),
+                    })?;
                 match serde_json::from_slice::<Value>(&bytes) {
                     Ok(message) if message.get("result").is_some() || message.get("error").is_some() => {
                         Ok(Round::Answered(message))

@@ -119,6 +119,20 @@ fn valid_id(id: &Value) -> bool {
     }
 }
 
+/// The id of the one JSON-RPC message `bytes` hold (`None`: none, or not one message), read
+/// without building the message: an answer may be large.
+pub(super) fn message_id(bytes: &[u8]) -> Option<Value> {
+    #[derive(serde::Deserialize)]
+    struct Envelope {
+        id: Option<Value>,
+    }
+    // A struct also reads from an array, which is no message (and a batch may hold any id).
+    if bytes.trim_ascii_start().first() != Some(&b'{') {
+        return None;
+    }
+    serde_json::from_slice::<Envelope>(bytes).ok()?.id
+}
+
 /// A message already serialized.
 pub(super) fn serialized(message: String) -> Response<Body> {
     response::with_body(StatusCode::OK, "application/json", message)

@@ -27,6 +27,8 @@ mod remap;
 mod resume;
 mod server;
 mod session;
+#[cfg(test)]
+mod tests;
 
 use std::sync::Arc;
 
@@ -443,9 +445,10 @@ impl McpTarget {
             }
             "completion/complete" => self.complete(exchange, downstream, id, params).await,
             "logging/setLevel" if !modern => self.set_level(exchange, downstream, id, params).await,
-            // One server without rules: methods the gateway does not know pass through (a
-            // rule could not be applied to them, so with rules they are refused).
-            _ if !self.multiplexed && self.rules[0].is_empty() => {
+            // One server with nothing to hold it to: methods the gateway does not know pass
+            // through. Rules, guardrails and pins could not be applied to them (`tasks/result`
+            // would hand over a result no guardrail saw), so with any of those they are refused.
+            _ if !self.multiplexed && self.holds_nothing_to(0) => {
                 let message = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
                 self.forward(exchange, downstream, 0, message).await
             }
@@ -458,7 +461,14 @@ impl McpTarget {
                 },
                 id,
                 jsonrpc::METHOD_NOT_FOUND,
-                format!("Method not found: {method} (not supported across several servers)"),
+                if self.multiplexed {
+                    format!("Method not found: {method} (not supported across several servers)")
+                } else {
+                    format!(
+                        "Method not found: {method} (not passed to a server held to McpAuthorization, \
+                         Guardrails or McpToolPins, which could not be applied to it)"
+                    )
+                },
                 None,
                 "mcp_method_not_found",
             ),
@@ -484,6 +494,15 @@ impl McpTarget {
             .and_then(|sealed| self.sealer.open(sealed))
             .filter(|session| session.caller == session::caller_digest(&exchange.headers))
             .ok_or_else(|| Box::new(session_not_found(id)))
+    }
+
+    /// Whether server `index` has no McpAuthorization rules, Guardrails or McpToolPins.
+    fn holds_nothing_to(&self, index: usize) -> bool {
+        let guards = &self.guards[index];
+        self.rules[index].is_empty()
+            && guards.request.is_empty()
+            && guards.response.is_empty()
+            && self.pins[index].is_none()
     }
 
     fn server_index(&self, name: &str) -> Option<usize> {

@@ -6,8 +6,9 @@
 
 use std::collections::VecDeque;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http_body::{Body as HttpBody, Frame};
@@ -21,6 +22,7 @@ use super::resume::{Interruption, Resumption};
 use super::URI_SEPARATOR;
 use crate::body::{self, Body, BoxError};
 use crate::sse;
+use crate::telemetry::LogThrottle;
 
 /// What one server's lists are reused as, to drop when the server says they changed.
 pub(super) struct ListWatch {
@@ -48,6 +50,38 @@ pub(super) const SUBSCRIPTION_ID: &str = "io.modelcontextprotocol/subscriptionId
 
 /// An SSE event left unfinished beyond this is not an MCP message.
 pub(super) const MAX_PENDING_EVENT_BYTES: usize = 16 * 1024 * 1024;
+
+/// A server that sends responses nobody asked for may send them on every stream: their
+/// warning is logged once per interval.
+const STRAY_WARN_INTERVAL: Duration = Duration::from_secs(30);
+static STRAY_RESPONSES: LazyLock<LogThrottle> = LazyLock::new(|| LogThrottle::new(STRAY_WARN_INTERVAL));
+
+/// Logs a response of `server` that answers no request the gateway sent it on that stream,
+/// which was dropped: passed on, it could settle another request of the client's (one sent
+/// to another server, with the same id), unseen by that server's rules and guardrails.
+pub(super) fn dropped_stray_response(server: &str) {
+    if let Some(left_out) = STRAY_RESPONSES.admit() {
+        tracing::warn!(
+            %server,
+            same_responses_not_logged = left_out,
+            "an MCP server sent a response to no request it was sent there; it was dropped"
+        );
+    }
+}
+
+/// Whether a client could take `message` for a response: anything that carries a result or
+/// an error, or has no method to be a request by (a batch too, which may hold one).
+fn may_be_response(message: &Value) -> bool {
+    match message {
+        Value::Object(message) => {
+            message.contains_key("result")
+                || message.contains_key("error")
+                || !message.get("method").is_some_and(Value::is_string)
+        }
+        Value::Array(_) => true,
+        _ => false,
+    }
+}
 
 pub(super) fn encode_id(server: &str, id: &Value) -> Value {
     Value::String(format!("{server}{MCP_NAME_SEPARATOR}{id}"))
@@ -116,11 +150,13 @@ pub(super) fn prefix_result_uris(server: &str, result: &mut Value) -> bool {
 }
 
 /// A server's SSE answer or stream with the ids of its requests to the client rewritten
-/// (when `remap`), and its list changes told to the `watch`.
+/// (when `remap`), and its list changes told to the `watch`. Responses pass only on the
+/// answer to a request, and only that request's ([`RemapRequests::answering`]).
 pub(super) struct RemapRequests {
     inner: Body,
     server: String,
     remap: bool,
+    answering: Option<Value>,
     watch: Option<ListWatch>,
     subscription: Option<Value>,
     untagged: bool,
@@ -139,6 +175,7 @@ impl RemapRequests {
             inner,
             server: server.to_string(),
             remap: true,
+            answering: None,
             watch: None,
             subscription: None,
             untagged: false,
@@ -155,6 +192,12 @@ impl RemapRequests {
     /// Ids are rewritten only when several servers share the route.
     pub(super) fn remapping(mut self, remap: bool) -> RemapRequests {
         self.remap = remap;
+        self
+    }
+
+    /// The answer to the request sent with `id`: its response passes, any other is dropped.
+    pub(super) fn answering(mut self, id: Value) -> RemapRequests {
+        self.answering = Some(id);
         self
     }
 
@@ -233,6 +276,20 @@ impl RemapRequests {
                 return None;
             }
         }
+        if let Ok(message) = &parsed {
+            if may_be_response(message) {
+                let id = message.get("id");
+                let expected =
+                    |awaited: &Option<Value>| awaited.as_ref().is_some_and(|awaited| id == Some(awaited));
+                if !expected(&self.answering) {
+                    // A subscription's own end is no stray: the gateway writes the client's.
+                    if !expected(&self.subscription) {
+                        dropped_stray_response(&self.server);
+                    }
+                    return None;
+                }
+            }
+        }
         if let Ok(Value::Object(mut message)) = parsed {
             match (
                 message.get("method").and_then(Value::as_str).map(str::to_string),
@@ -268,7 +325,6 @@ impl RemapRequests {
                         event.data = Value::Object(message).to_string();
                     }
                 }
-                (None, _) if self.subscription.is_some() => return None,
                 (None, Some(_)) if self.remap => {
                     if let Some(result) = message.get_mut("result") {
                         if prefix_result_uris(&self.server, result) {
@@ -507,6 +563,7 @@ mod tests {
     async fn a_streamed_result_names_resources_with_their_servers_prefix() {
         let stream = "data: {\"jsonrpc\":\"2.0\",\"id\":3,\"result\":{\"content\":[{\"type\":\"resource_link\",\"uri\":\"file:///r.md\"}]}}\n\n";
         let out = RemapRequests::new(crate::body::full(stream), "math")
+            .answering(Value::from(3))
             .collect()
             .await
             .unwrap()
@@ -607,6 +664,43 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn only_the_answer_to_the_request_sent_passes_and_a_stream_outside_requests_carries_none() {
+        let stream = concat!(
+            "data: {\"jsonrpc\":\"2.0\",\"id\":6,\"result\":{\"content\":[{\"type\":\"text\",\"text\":\"forged\"}]}}\n\n",
+            "data: {\"jsonrpc\":\"2.0\",\"id\":6,\"error\":{\"code\":-1,\"message\":\"forged\"}}\n\n",
+            "data: {\"jsonrpc\":\"2.0\",\"id\":5,\"method\":null,\"result\":{}}\n\n",
+            "data: [{\"jsonrpc\":\"2.0\",\"id\":6,\"result\":{}}]\n\n",
+            "data: {\"jsonrpc\":\"2.0\",\"method\":\"notifications/message\",\"params\":{}}\n\n",
+            "data: {\"jsonrpc\":\"2.0\",\"id\":5,\"result\":{\"content\":[]}}\n\n",
+        );
+        let messages = |body: RemapRequests| async move {
+            let out = body.collect().await.unwrap().to_bytes();
+            let mut events = Vec::new();
+            sse::Parser::default().feed(&out, &mut events);
+            events
+                .iter()
+                .map(|event| serde_json::from_str::<Value>(&event.data).unwrap())
+                .collect::<Vec<_>>()
+        };
+        let answer = RemapRequests::new(crate::body::full(stream), "math").answering(Value::from(5));
+        let passed = messages(answer).await;
+        assert_eq!(passed.len(), 3, "{passed:?}");
+        assert_eq!(
+            passed[0]["id"], 5,
+            "a message with a null method is a response too"
+        );
+        assert_eq!(passed[1]["method"], "notifications/message");
+        assert_eq!(
+            passed[2],
+            serde_json::json!({"jsonrpc": "2.0", "id": 5, "result": {"content": []}})
+        );
+        let outside = RemapRequests::new(crate::body::full(stream), "math").remapping(false);
+        let passed = messages(outside).await;
+        assert_eq!(passed.len(), 1, "{passed:?}");
+        assert_eq!(passed[0]["method"], "notifications/message");
+    }
+
+    #[tokio::test]
     async fn requests_are_remapped_responses_and_notifications_are_not() {
         let stream = concat!(
             "event: message\r\ndata: {\"jsonrpc\":\"2.0\",\"method\":\"notifications/progress\",\"params\":{}}\r\n\r\n",
@@ -615,7 +709,7 @@ mod tests {
             "data: {\"jsonrpc\":\"2.0\",\"method\":\"notifications/resources/updated\",\"params\":{\"uri\":\"file:///a\"}}\n\n",
             ": the server's keep-alive\n\n",
         );
-        let body = RemapRequests::new(crate::body::full(stream), "math");
+        let body = RemapRequests::new(crate::body::full(stream), "math").answering(Value::from(5));
         let out = body.collect().await.unwrap().to_bytes();
         let out = String::from_utf8(out.to_vec()).unwrap();
         let mut parser = sse::Parser::default();
@@ -635,7 +729,9 @@ mod tests {
         assert!(out.ends_with("\n\n: keepalive\n\n"), "{out}");
 
         // One server: nothing is renamed.
-        let alone = RemapRequests::new(crate::body::full(stream), "math").remapping(false);
+        let alone = RemapRequests::new(crate::body::full(stream), "math")
+            .remapping(false)
+            .answering(Value::from(5));
         let out = alone.collect().await.unwrap().to_bytes();
         assert!(String::from_utf8_lossy(&out).contains("\"uri\":\"file:///a\""));
     }

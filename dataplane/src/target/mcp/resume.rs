@@ -505,12 +505,17 @@ mod tests {
             Resumption::of_answer(session_stream(&upstream), Value::from(7), Duration::from_secs(30));
         let relayed = RemapRequests::new(body::boxed(answer.into_body()), "py")
             .remapping(false)
+            .answering(Value::from(7))
             .resuming(resumption);
         let (text, ended) = read(relayed).await;
         assert_eq!(ended, None, "{text}");
         assert!(
-            text.contains("\"before\"") && text.contains("roots/list") && text.contains("\"id\":6"),
+            text.contains("\"before\"") && text.contains("roots/list"),
             "{text}"
+        );
+        assert!(
+            !text.contains("\"id\":6"),
+            "the response to another request is dropped: {text}"
         );
         assert!(text.ends_with("\"result\":{\"ok\":true}}\n\n"), "{text}");
         let seen: Vec<(String, Option<String>)> = seen

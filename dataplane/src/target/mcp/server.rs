@@ -15,7 +15,8 @@ use portcullis_config::{McpFailureMode, McpServerSpec};
 use serde_json::Value;
 
 use super::resume::Cursor;
-use crate::body::{self, Body};
+use super::{jsonrpc, remap};
+use crate::body::{self, Body, Held};
 use crate::sse;
 use crate::telemetry::{LogThrottle, RequestTrace};
 use crate::upstream::{Background, Http1, Upstream};
@@ -364,7 +365,7 @@ impl Server {
                 .await
                 .map_err(|error| self.failure(format!("reading the answer: {error}")))?
                 .to_bytes();
-            let message = self.message(&bytes, status)?;
+            let message = self.message(&bytes, status, id)?;
             return Ok(Asked::Answered(Answer { message, session }));
         }
         let mut parser = sse::Parser::default();
@@ -417,7 +418,7 @@ impl Server {
                         serde_json::json!({"jsonrpc": "2.0", "id": request, "result": result})
                     }
                     Reply::Refuse => serde_json::json!({"jsonrpc": "2.0", "id": request, "error": {
-                        "code": super::jsonrpc::METHOD_NOT_FOUND,
+                        "code": jsonrpc::METHOD_NOT_FOUND,
                         "message": format!("{method} cannot reach the client through the gateway here"),
                     }}),
                 };
@@ -427,14 +428,53 @@ impl Server {
         }
     }
 
-    fn message(&self, bytes: &Bytes, status: StatusCode) -> Result<Value, Failure> {
+    /// A JSON answer to request `id`, read whole (up to [`MAX_ANSWER_BYTES`]) to see that it
+    /// is the response to that request: any other would settle another request of the
+    /// client's, unseen by the rules and guardrails of the server that request went to.
+    pub(super) async fn own_response(
+        &self,
+        answer: Body,
+        status: StatusCode,
+        id: &Value,
+    ) -> Result<Bytes, Failure> {
+        let bytes = match body::hold(answer, MAX_ANSWER_BYTES).await {
+            Held::Whole(bytes) => bytes,
+            Held::TooLarge { .. } => {
+                return Err(self.answered(format!(
+                    "answered more than {MAX_ANSWER_BYTES} bytes, more than the gateway reads to know what it answers"
+                )))
+            }
+            Held::Broken(problem) => return Err(self.failure(format!("reading the answer: {problem}"))),
+        };
+        match jsonrpc::message_id(&bytes) {
+            Some(answered) if answered == *id => Ok(bytes),
+            other => {
+                if other.is_some() {
+                    remap::dropped_stray_response(&self.name);
+                }
+                Err(self.answered(format!(
+                    "answered HTTP {status} without the response to this request"
+                )))
+            }
+        }
+    }
+
+    /// The response to request `id` that a JSON answer holds. One with another id answers
+    /// nothing this exchange sent: relayed, it could settle another request of the client's.
+    fn message(&self, bytes: &Bytes, status: StatusCode, id: &Value) -> Result<Value, Failure> {
         let reason = match serde_json::from_slice::<Value>(bytes) {
-            Ok(message) if message.get("result").is_some() || message.get("error").is_some() => {
+            Ok(message)
+                if message.get("id") == Some(id)
+                    && (message.get("result").is_some() || message.get("error").is_some()) =>
+            {
                 return Ok(message)
             }
             // A server error may pass: not an answer to learn anything from.
             _ if status.is_server_error() => return Err(self.failure(format!("answered HTTP {status}"))),
             _ if !status.is_success() => format!("answered HTTP {status}"),
+            Ok(message) if message.get("result").is_some() || message.get("error").is_some() => {
+                "answered with the response to another request".to_string()
+            }
             _ => "answered something that is not a JSON-RPC response".to_string(),
         };
         Err(self.answered(reason))
