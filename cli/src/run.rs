@@ -195,11 +195,17 @@ pub async fn up(args: UpArgs) -> anyhow::Result<()> {
     );
     crate::signal::terminated().await;
     eprintln!("draining…");
-    proxy.shutdown().await.context("draining the proxy")?;
-    controlplane
+    // The control plane stops even if the proxy did not drain cleanly: its storage is flushed
+    // and its lock freed either way.
+    let drained = proxy.shutdown().await.context("draining the proxy");
+    let stopped = controlplane
         .shutdown()
         .await
-        .context("stopping the control plane")
+        .context("stopping the control plane");
+    if let (Err(_), Err(error)) = (&drained, &stopped) {
+        eprintln!("error: {error:#}");
+    }
+    drained.and(stopped)
 }
 
 pub async fn controlplane(args: ControlPlaneArgs) -> anyhow::Result<()> {

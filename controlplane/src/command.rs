@@ -13,11 +13,14 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
 
+use openraft::{CommittedLeaderId, EntryPayload, LogId};
 use portcullis_config::{
     collect_objects, Change, ConfigError, ConfigSet, FieldError, Kind, Object, ObjectKey,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
+
+use crate::types::Entry;
 
 /// An object as a client sent it: decoded and checked by this build, stored as the client
 /// wrote it. Stored re-encoded, it would carry whatever fields the leader's build writes (a
@@ -263,6 +266,45 @@ impl Write {
     pub fn changes_something(&self) -> bool {
         !self.put.is_empty() || !self.delete.is_empty()
     }
+
+    /// The bytes of the log entry this write becomes, as the log file and AppendEntries
+    /// encode it (JSON), at the widest log id. Counted without copying the write: an entry
+    /// wraps the write's JSON in an envelope (log id, payload tag) that does not depend on the
+    /// write, so it is an empty write's entry less that write.
+    pub fn entry_bytes(&self) -> usize {
+        let empty = Write::batch(0, Vec::new());
+        let widest = LogId::new(CommittedLeaderId::new(u64::MAX, u64::MAX), u64::MAX);
+        let entry = Entry {
+            log_id: widest,
+            payload: EntryPayload::Normal(empty.clone()),
+        };
+        let envelope = json_bytes(&entry).saturating_sub(json_bytes(&empty));
+        envelope.saturating_add(json_bytes(self))
+    }
+}
+
+/// The length of `value`'s JSON. These types encode without fail (no map with keys that are
+/// not strings, no fallible `Serialize`); were one to fail, the log could not take it either,
+/// so it counts as too large for any entry.
+fn json_bytes(value: &impl Serialize) -> usize {
+    let mut counter = ByteCounter(0);
+    match serde_json::to_writer(&mut counter, value) {
+        Ok(()) => counter.0,
+        Err(_) => usize::MAX,
+    }
+}
+
+struct ByteCounter(usize);
+
+impl std::io::Write for ByteCounter {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0 = self.0.saturating_add(bytes.len());
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 /// The replicated config: every object's JSON as committed, and the version. Identical on
@@ -401,6 +443,27 @@ pub(crate) mod tests {
 
     fn backend_key(name: &str) -> ObjectKey {
         ObjectKey::new(Kind::of::<portcullis_config::BackendSpec>(), name)
+    }
+
+    #[test]
+    fn entry_bytes_are_those_of_the_encoded_entry() {
+        let stored = StoredConfig::default();
+        let write = put(
+            &stored,
+            vec![backend("api", "127.0.0.1:1"), backend("db", "[::1]:2")],
+            None,
+        )
+        .unwrap();
+        let encoded = |log_id| {
+            let entry = Entry {
+                log_id,
+                payload: EntryPayload::Normal(write.clone()),
+            };
+            serde_json::to_vec(&entry).unwrap().len()
+        };
+        let widest = LogId::new(CommittedLeaderId::new(u64::MAX, u64::MAX), u64::MAX);
+        assert_eq!(write.entry_bytes(), encoded(widest));
+        assert!(write.entry_bytes() > encoded(LogId::new(CommittedLeaderId::new(3, 1), 42)));
     }
 
     #[test]

@@ -30,6 +30,23 @@ pub struct ProxyRegistry {
 /// Drift entries kept per proxy.
 const MAX_TOOL_DRIFT: usize = 256;
 
+/// Disconnected proxies kept, the most recently seen: ids are the proxies' to choose, so a
+/// proxy reconnecting under ever new ids could otherwise fill the node's memory within
+/// `forget_after`.
+const MAX_DEPARTED: usize = 1_024;
+
+/// The bytes of a NACK's reason kept and logged; the proxy's logs have the rest.
+pub const MAX_REASON_BYTES: usize = 4 * 1024;
+
+/// `text` cut to at most `max` bytes, on a character boundary.
+pub fn truncated(text: &str, max: usize) -> &str {
+    let mut end = text.len().min(max);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
+}
+
 /// How long a departed proxy stays in `portcullis status` unless configured otherwise.
 pub const DEFAULT_FORGET_AFTER: Duration = Duration::from_secs(60 * 60);
 
@@ -172,17 +189,44 @@ impl ProxyRegistry {
 
     pub fn disconnect(&self, proxy_id: &str, session: u64) {
         self.update(proxy_id, session, |entry| entry.status.connected = false);
+        self.forget_departed(&mut self.lock());
     }
 
     /// Every proxy connected, or seen within `forget_after`, ordered by id.
     pub fn statuses(&self) -> Vec<ProxyStatus> {
+        let mut inner = self.lock();
+        self.forget_departed(&mut inner);
+        inner.proxies.values().map(|entry| entry.status.clone()).collect()
+    }
+
+    /// Drops the disconnected proxies last seen before `forget_after`, then the longest gone
+    /// beyond [`MAX_DEPARTED`].
+    fn forget_departed(&self, inner: &mut Inner) {
         let forget_after = i64::try_from(self.forget_after.as_millis()).unwrap_or(i64::MAX);
         let cutoff = now_unix_ms().saturating_sub(forget_after);
-        let mut inner = self.lock();
         inner
             .proxies
             .retain(|_, entry| entry.status.connected || entry.status.last_seen_unix_ms >= cutoff);
-        inner.proxies.values().map(|entry| entry.status.clone()).collect()
+        let departed = inner
+            .proxies
+            .values()
+            .filter(|entry| !entry.status.connected)
+            .count();
+        let excess = departed.saturating_sub(MAX_DEPARTED);
+        if excess == 0 {
+            return;
+        }
+        // Seen in the same millisecond, the proxy that connected first is taken as gone longest.
+        let mut oldest: Vec<(i64, u64, String)> = inner
+            .proxies
+            .iter()
+            .filter(|(_, entry)| !entry.status.connected)
+            .map(|(id, entry)| (entry.status.last_seen_unix_ms, entry.session, id.clone()))
+            .collect();
+        oldest.sort_unstable();
+        for (_, _, id) in oldest.into_iter().take(excess) {
+            inner.proxies.remove(&id);
+        }
     }
 }
 
@@ -277,6 +321,33 @@ mod tests {
         registry.disconnect("p1", first);
         registry.connect("p1", "b", &ShardSelector::new(), 0).unwrap();
         assert_eq!(registry.statuses()[0].applied_version, 0);
+    }
+
+    #[test]
+    fn departed_proxies_beyond_the_bound_are_forgotten_oldest_first() {
+        let registry = ProxyRegistry::default();
+        registry.connect("live", "l", &ShardSelector::new(), 0).unwrap();
+        for index in 0..MAX_DEPARTED + 2 {
+            let id = format!("gone-{index:04}");
+            let session = registry.connect(&id, "g", &ShardSelector::new(), 0).unwrap();
+            registry.disconnect(&id, session);
+        }
+        let statuses = registry.statuses();
+        assert_eq!(statuses.len(), MAX_DEPARTED + 1);
+        let ids: Vec<&str> = statuses.iter().map(|status| status.proxy_id.as_str()).collect();
+        assert!(
+            !ids.contains(&"gone-0000") && !ids.contains(&"gone-0001"),
+            "oldest kept"
+        );
+        assert!(ids.contains(&"gone-0002") && ids.contains(&"live"));
+    }
+
+    #[test]
+    fn truncation_keeps_whole_characters() {
+        assert_eq!(truncated("port taken", 4), "port");
+        assert_eq!(truncated("é", 1), "");
+        assert_eq!(truncated("aé", 2), "a");
+        assert_eq!(truncated("short", MAX_REASON_BYTES), "short");
     }
 
     #[test]

@@ -22,6 +22,7 @@ use std::collections::{BTreeSet, VecDeque};
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
+use openraft::error::RaftError;
 use openraft::ServerState;
 use portcullis_config::ConfigSet;
 use tokio::sync::{oneshot, watch};
@@ -39,12 +40,24 @@ use crate::view::ConfigView;
 const PLAN_ATTEMPTS: usize = 3;
 
 /// At most this many writes share an entry, and a write joins one only if the entry then names
-/// no more than [`BATCH_OBJECTS`] objects and carries no more than [`BATCH_BYTES`] of JSON: a
+/// no more than [`BATCH_OBJECTS`] objects and takes no more than [`BATCH_BYTES`] encoded: a
 /// batch must stay an entry that replicates about as quickly as one write. A write too large
 /// for these goes alone, as before batching.
 pub(crate) const BATCH_WRITES: usize = 64;
 const BATCH_OBJECTS: usize = 1_000;
 const BATCH_BYTES: usize = 1 << 20;
+
+/// The largest entry a write may become, encoded ([`Write::entry_bytes`]). A Raft message
+/// over [`portcullis_proto::MAX_MESSAGE_BYTES`] cannot be sent, and openraft 0.9 sends a lone
+/// entry that could not be sent again and again: every later write would wait behind it. Half
+/// the limit leaves ample room for the AppendEntries request around the entry. Lower in tests,
+/// so that a write over it is quick to build.
+#[cfg(not(test))]
+const ENTRY_BYTES: usize = portcullis_proto::MAX_MESSAGE_BYTES / 2;
+#[cfg(test)]
+const ENTRY_BYTES: usize = 2 << 20;
+// Writes join a batch only within BATCH_BYTES: a batch is never larger than a lone write may be.
+const _: () = assert!(BATCH_BYTES <= ENTRY_BYTES);
 
 /// Writes a node lets wait; one more is refused rather than queued without end.
 pub(crate) const QUEUE_LIMIT: usize = 1_024;
@@ -77,8 +90,8 @@ struct Queued {
     pinned: bool,
     deadline: Instant,
     attempts: usize,
-    /// Objects named and JSON bytes put, once planned: a write too large to join is not
-    /// planned again for every entry it waits behind.
+    /// Objects named and entry bytes, once planned: a write too large to join is not planned
+    /// again for every entry it waits behind.
     size: Option<(usize, usize)>,
     /// [`WAITING`], [`PROPOSED`] (in an entry handed to Raft: it may commit whatever its
     /// client does), [`ABANDONED`] or [`CANCELLED`].
@@ -124,12 +137,14 @@ struct Batch {
     members: Vec<Member>,
     /// Every object the writes name; no two name the same.
     named: BTreeSet<StoredKey>,
+    /// Its writes' entry bytes together: no fewer than its own entry's, which has one envelope
+    /// where they have one each.
     bytes: usize,
 }
 
 impl Batch {
-    /// `first` must be claimed ([`Queued::claim`]).
-    fn new(base_version: u64, first: Queued, planned: Write) -> Self {
+    /// `first` must be claimed ([`Queued::claim`]); `bytes` is its entry's.
+    fn new(base_version: u64, first: Queued, planned: Write, bytes: usize) -> Self {
         let mut batch = Batch {
             base_version,
             deadline: first.deadline,
@@ -138,13 +153,13 @@ impl Batch {
             named: BTreeSet::new(),
             bytes: 0,
         };
-        batch.push(first, planned);
+        batch.push(first, planned, bytes);
         batch
     }
 
-    fn push(&mut self, queued: Queued, write: Write) {
+    fn push(&mut self, queued: Queued, write: Write, bytes: usize) {
         self.deadline = self.deadline.max(queued.deadline);
-        self.bytes += put_bytes(&write);
+        self.bytes += bytes;
         self.named.extend(names(&write));
         self.members.push(Member {
             queued,
@@ -175,14 +190,14 @@ impl Batch {
                 true => None,
                 false => (candidate.plan)(&config, self.base_version)
                     .ok()
-                    .filter(|planned| {
+                    .and_then(|planned| {
                         let named = names(&planned.write);
-                        let size = (named.len(), put_bytes(&planned.write));
+                        let size = (named.len(), planned.write.entry_bytes());
                         candidate.size = Some(size);
-                        named.is_disjoint(&self.named) && fits(size)
+                        (named.is_disjoint(&self.named) && fits(size)).then_some((planned, size.1))
                     }),
             };
-            let Some(planned) = joins else {
+            let Some((planned, bytes)) = joins else {
                 index += 1;
                 continue;
             };
@@ -192,7 +207,7 @@ impl Batch {
             // Claimed before anything is planned on it.
             if queued.claim() {
                 config = planned.config;
-                self.push(queued, planned.write);
+                self.push(queued, planned.write, bytes);
             }
         }
     }
@@ -304,6 +319,13 @@ fn outcome_unknown() -> Status {
     Status::unavailable(
         "this control-plane node stopped before the write's outcome was known: it may have committed; read the config before retrying",
     )
+}
+
+fn too_large(bytes: usize) -> Status {
+    Status::invalid_argument(format!(
+        "the write would make a Raft entry of {bytes} bytes, over the {} MiB one entry may hold; nothing changed: apply the objects in parts",
+        ENTRY_BYTES >> 20
+    ))
 }
 
 fn shutting_down() -> Status {
@@ -424,6 +446,12 @@ impl Committer {
         let entry = Write::batch(base_version, writes);
         let committed = match tokio::time::timeout_at(deadline, self.raft.client_write(entry)).await {
             Err(_) => Err(not_committed()),
+            // openraft answers this whether Raft stopped before or after it took the entry;
+            // taken, the entry may be durable and commit under the next leader.
+            Ok(Err(RaftError::Fatal(error))) => {
+                tracing::debug!(%error, "Raft stopped with a write proposed");
+                Err(outcome_unknown())
+            }
             Ok(Err(error)) => Err(wire::write_error(error, |leader| {
                 leader_address(&self.raft, leader)
             })),
@@ -500,9 +528,16 @@ impl Committer {
         let Ok(planned) = (first.plan)(&view.config, view.version) else {
             return Err(first);
         };
-        Ok(first
-            .claim()
-            .then(|| (Batch::new(view.version, first, planned.write), planned.config)))
+        let bytes = planned.write.entry_bytes();
+        if bytes > ENTRY_BYTES {
+            return Err(first);
+        }
+        Ok(first.claim().then(|| {
+            (
+                Batch::new(view.version, first, planned.write, bytes),
+                planned.config,
+            )
+        }))
     }
 
     /// Plans `first` on a config a read-index confirmed: a follower redirects, a new leader
@@ -516,15 +551,17 @@ impl Committer {
                 leader_address(&self.raft, leader)
             })),
             Ok(Ok(_)) => readable_view(&self.view).and_then(|view| {
-                (first.plan)(&view.config, view.version)
-                    .map(|planned| (view.version, planned))
-                    .map_err(wire::rejection)
+                let planned = (first.plan)(&view.config, view.version).map_err(wire::rejection)?;
+                match planned.write.entry_bytes() {
+                    bytes if bytes > ENTRY_BYTES => Err(too_large(bytes)),
+                    bytes => Ok((view.version, planned, bytes)),
+                }
             }),
         };
         match planned {
-            Ok((version, planned)) => first
+            Ok((version, planned, bytes)) => first
                 .claim()
-                .then(|| (Batch::new(version, first, planned.write), planned.config)),
+                .then(|| (Batch::new(version, first, planned.write, bytes), planned.config)),
             Err(status) => {
                 first.reply(Err(status));
                 None
@@ -541,11 +578,6 @@ impl Committer {
             && metrics.current_leader == Some(metrics.id)
             && metrics.last_applied.map(|applied| applied.index) == metrics.last_log_index
     }
-}
-
-/// JSON bytes a write puts into an entry.
-fn put_bytes(write: &Write) -> usize {
-    write.put.iter().map(|(_, json)| json.get().len()).sum()
 }
 
 /// Every object a write names, changed or not.
@@ -604,6 +636,11 @@ mod tests {
         )
     }
 
+    fn started(base_version: u64, first: Queued, write: Write) -> Batch {
+        let bytes = write.entry_bytes();
+        Batch::new(base_version, first, write, bytes)
+    }
+
     fn named(writes: &[Write]) -> Vec<String> {
         writes
             .iter()
@@ -636,7 +673,7 @@ mod tests {
         let (mut stored, config) = base();
         let first = applying(vec![backend("a", "127.0.0.1:2")], None);
         let planned = (first.plan)(&config, stored.version).unwrap();
-        let mut batch = Batch::new(stored.version, first, planned.write);
+        let mut batch = started(stored.version, first, planned.write);
         let mut waiting = VecDeque::from([
             // Valid only after the first write: joins.
             applying(vec![route("to-a", "gw", "a")], None),
@@ -698,19 +735,25 @@ mod tests {
         let (stored, config) = base();
         let first = applying(vec![backend("first", "127.0.0.1:2")], None);
         let planned = (first.plan)(&config, stored.version).unwrap();
-        let mut batch = Batch::new(stored.version, first, planned.write);
+        let mut batch = started(stored.version, first, planned.write);
         let mut waiting: VecDeque<Queued> = (0..BATCH_WRITES)
             .map(|index| applying(vec![backend(&format!("b-{index}"), "127.0.0.1:3")], None))
             .collect();
         batch.gather(planned.config, &mut waiting);
         assert_eq!((batch.members.len(), waiting.len()), (BATCH_WRITES, 1));
+        let entry = Write::batch(stored.version, batch.writes.clone()).entry_bytes();
+        assert!(
+            entry <= batch.bytes,
+            "the batch's entry is {entry} bytes, counted {}",
+            batch.bytes
+        );
 
         let many: Vec<serde_json::Value> = (0..BATCH_OBJECTS)
             .map(|index| backend(&format!("many-{index}"), "127.0.0.1:3"))
             .collect();
         let first = applying(many, None);
         let planned = (first.plan)(&config, stored.version).unwrap();
-        let mut batch = Batch::new(stored.version, first, planned.write);
+        let mut batch = started(stored.version, first, planned.write);
         let mut waiting = VecDeque::from([applying(vec![backend("late", "127.0.0.1:3")], None)]);
         batch.gather(planned.config, &mut waiting);
         assert_eq!((batch.members.len(), waiting.len()), (1, 1));
@@ -718,7 +761,7 @@ mod tests {
         // Writes that cannot join are planned for one batch's worth, no further.
         let first = applying(vec![backend("contended", "127.0.0.1:2")], None);
         let planned = (first.plan)(&config, stored.version).unwrap();
-        let mut batch = Batch::new(stored.version, first, planned.write);
+        let mut batch = started(stored.version, first, planned.write);
         let mut waiting: VecDeque<Queued> = (0..BATCH_WRITES)
             .map(|port| {
                 applying(
@@ -745,7 +788,7 @@ mod tests {
         assert!(heavy.iter().map(|object| object.to_string().len()).sum::<usize>() > BATCH_BYTES);
         let first = applying(vec![backend("light", "127.0.0.1:2")], None);
         let planned = (first.plan)(&config, stored.version).unwrap();
-        let mut batch = Batch::new(stored.version, first, planned.write);
+        let mut batch = started(stored.version, first, planned.write);
         let mut waiting = VecDeque::from([applying(heavy, None)]);
         batch.gather(planned.config, &mut waiting);
         assert_eq!((batch.members.len(), waiting.len()), (1, 1));
@@ -753,5 +796,92 @@ mod tests {
             (waiting[0].plan)(&config, stored.version).is_ok(),
             "left out, not refused"
         );
+    }
+
+    /// `count` Backends of one size each, together about `count` times the bytes of one.
+    fn heavy_backends(count: usize) -> Vec<serde_json::Value> {
+        let endpoints: Vec<String> = (0..100)
+            .map(|port| format!("10.0.0.1:{}", 10_000 + port))
+            .collect();
+        (0..count)
+            .map(|index| {
+                let mut object = backend(&format!("heavy-{index:05}"), "127.0.0.1:3");
+                object["spec"]["endpoints"] = json!(endpoints);
+                object
+            })
+            .collect()
+    }
+
+    fn entry_bytes_of(objects: Vec<serde_json::Value>) -> usize {
+        put(&StoredConfig::default(), objects, None)
+            .unwrap()
+            .entry_bytes()
+    }
+
+    /// A write whose entry would be over the budget is refused on the leader, and replication
+    /// goes on: one just within it commits on both nodes, and so do the writes after it.
+    #[tokio::test]
+    async fn a_write_over_the_entry_budget_is_refused_and_the_cluster_keeps_committing() {
+        use portcullis_proto::v1::{AddNodeRequest, ListRequest, ReadConsistency};
+        use tonic::Code;
+
+        use crate::testutil::{admin, apply_request, start, wait_for_leader, wait_status};
+
+        let one = entry_bytes_of(heavy_backends(1));
+        let per_object = entry_bytes_of(heavy_backends(2)) - one;
+        let over = (ENTRY_BYTES - one) / per_object + 2;
+        let (within, beyond) = (
+            entry_bytes_of(heavy_backends(over - 1)),
+            entry_bytes_of(heavy_backends(over)),
+        );
+        assert!(
+            within <= ENTRY_BYTES && ENTRY_BYTES < beyond,
+            "{within}, {beyond}"
+        );
+
+        let (dir1, dir2) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let leader = start(dir1.path(), 1, false).await;
+        let mut client = admin(leader.local_addr()).await;
+        wait_for_leader(&mut client).await;
+        let follower = start(dir2.path(), 2, true).await;
+        let add = AddNodeRequest {
+            node_id: 2,
+            address: follower.local_addr().to_string(),
+        };
+        client.add_node(add).await.unwrap();
+
+        let refused = client
+            .apply(apply_request(heavy_backends(over), None))
+            .await
+            .unwrap_err();
+        assert_eq!(refused.code(), Code::InvalidArgument, "{}", refused.message());
+        assert!(
+            refused.message().contains("apply the objects in parts"),
+            "{}",
+            refused.message()
+        );
+        let applied = client
+            .apply(apply_request(heavy_backends(over - 1), None))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(applied.version, 1);
+        let applied = client
+            .apply(apply_request(vec![backend("small", "127.0.0.1:4")], None))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(applied.version, 2);
+
+        let mut on_follower = admin(follower.local_addr()).await;
+        wait_status(&mut on_follower, |status| status.version == 2).await;
+        let local = ListRequest {
+            consistency: ReadConsistency::Local.into(),
+            ..Default::default()
+        };
+        let listed = on_follower.list(local).await.unwrap().into_inner();
+        assert_eq!(listed.objects.len(), over);
+        follower.shutdown().await.unwrap();
+        leader.shutdown().await.unwrap();
     }
 }

@@ -239,7 +239,9 @@ impl ControlPlane {
     }
 
     /// Stops the metrics server and the gRPC server (ending proxy streams), then Raft, then
-    /// flushes sled.
+    /// flushes sled. Every step runs whatever the ones before it met, so a failed server still
+    /// leaves the log flushed and the storage lock free; the first error is returned, the
+    /// others logged.
     pub async fn shutdown(self) -> anyhow::Result<()> {
         self.health.abort();
         self.sampler.abort();
@@ -248,23 +250,32 @@ impl ControlPlane {
         }
         self.shutdown.send_replace(true);
         let mut server = self.server;
-        match tokio::time::timeout(SHUTDOWN_GRACE, &mut server).await {
+        let served = match tokio::time::timeout(SHUTDOWN_GRACE, &mut server).await {
             Ok(joined) => joined
-                .context("server task failed")?
-                .context("gRPC server failed")?,
+                .context("server task failed")
+                .and_then(|served| served.context("gRPC server failed")),
             Err(_) => {
                 tracing::warn!("gRPC server did not stop in time; dropping its connections");
                 server.abort();
+                Ok(())
             }
-        }
+        };
         self.placements.shutdown();
-        self.signals.shutdown().await?;
-        self.raft.shutdown().await.context("stopping Raft")?;
-        self.storage
+        let signals = self.signals.shutdown().await;
+        let raft = self.raft.shutdown().await.context("stopping Raft");
+        let storage = self
+            .storage
             .close(SHUTDOWN_GRACE)
             .await
-            .context("closing Raft storage")?;
-        Ok(())
+            .context("closing Raft storage");
+        let mut errors = [served, signals, raft, storage]
+            .into_iter()
+            .filter_map(Result::err);
+        let first = errors.next();
+        for error in errors {
+            tracing::warn!(error = %format_args!("{error:#}"), "a further step of shutdown failed");
+        }
+        first.map_or(Ok(()), Err)
     }
 }
 

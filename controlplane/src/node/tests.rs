@@ -752,3 +752,41 @@ async fn a_config_this_build_cannot_read_is_refused_with_the_reason_until_it_can
     node.shutdown().await.unwrap();
 }
 
+/// Raft stopping once it has a write's entry leaves the write's outcome open: the entry may be
+/// durable and commit under the next leader, so the client must read before retrying.
+#[tokio::test]
+async fn a_write_raft_stops_under_is_answered_as_possibly_committed() {
+    let (dir1, dir2) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let leader = start(dir1.path(), 1, false).await;
+    let mut client = admin(leader.local_addr()).await;
+    wait_for_leader(&mut client).await;
+    let follower = start(dir2.path(), 2, true).await;
+    let add = portcullis_proto::v1::AddNodeRequest {
+        node_id: 2,
+        address: follower.local_addr().to_string(),
+    };
+    client.add_node(add).await.unwrap();
+    // Without its one follower, the leader takes the write into its log and cannot commit it.
+    follower.shutdown().await.unwrap();
+
+    let mut metrics = leader.raft.metrics();
+    let proposed = metrics.borrow().last_log_index.map_or(0, |index| index + 1);
+    let write = tokio::spawn(async move {
+        client
+            .apply(apply_request(vec![backend("open", "127.0.0.1:9000")], None))
+            .await
+    });
+    metrics
+        .wait_for(|m| m.last_log_index >= Some(proposed))
+        .await
+        .unwrap();
+    leader.raft.shutdown().await.unwrap();
+    let status = write.await.unwrap().unwrap_err();
+    assert_eq!(status.code(), Code::Unavailable);
+    assert!(
+        status.message().contains("it may have committed"),
+        "{}",
+        status.message()
+    );
+    leader.shutdown().await.unwrap();
+}

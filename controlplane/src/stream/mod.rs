@@ -20,7 +20,7 @@ use tonic::{Request, Response, Status, Streaming};
 use self::fanout::Fanout;
 use crate::metrics::Metrics;
 use crate::node::standing::Standing;
-use crate::registry::ProxyRegistry;
+use crate::registry::{truncated, ProxyRegistry, MAX_REASON_BYTES};
 use crate::types::Raft;
 use crate::view::ConfigView;
 
@@ -44,6 +44,12 @@ const REFUSED_RETRY_MAX: Duration = Duration::from_secs(60);
 /// How long a node may be out of touch with the cluster before its proxies are sent to
 /// other nodes (an election takes a second or two).
 const LEADERLESS_GRACE: Duration = Duration::from_secs(5);
+/// Bounds on what a Hello may carry: the node keeps it for `portcullis status` until the proxy
+/// is forgotten. A shard selector's keys and values are bounded as config labels are: a longer
+/// one could match no object.
+const MAX_HELLO_ID_BYTES: usize = 256;
+const MAX_SHARD_LABELS: usize = 16;
+const MAX_LABEL_BYTES: usize = 63;
 
 pub struct ConfigStreamService {
     raft: Raft,
@@ -196,8 +202,8 @@ impl Session {
                 )))
             }
         };
-        if hello.proxy_id.is_empty() {
-            return self.fail(Status::invalid_argument("Hello.proxy_id is empty"));
+        if let Some(problem) = hello_problem(&hello) {
+            return self.fail(Status::invalid_argument(problem));
         }
         let Hello {
             proxy_id,
@@ -340,7 +346,8 @@ impl Session {
                         self.metrics.ack_received();
                     }
                     Ok(Some(ProxyMessage { message: Some(Message::Nack(nack)) })) => {
-                        tracing::warn!(%proxy_id, version = nack.version, reason = %nack.reason, "proxy rejected config");
+                        let reason = truncated(&nack.reason, MAX_REASON_BYTES);
+                        tracing::warn!(%proxy_id, version = nack.version, %reason, "proxy rejected config");
                         if let Some((version, delta)) = exchange.awaiting.filter(|(version, _)| *version == nack.version) {
                             exchange.awaiting = None;
                             // The proxy keeps what it held. A refused delta is sent again
@@ -360,7 +367,7 @@ impl Session {
                             }
                             tracing::debug!(%proxy_id, version, delta, "version refused");
                         }
-                        self.registry.nack(proxy_id, session, nack.version, &nack.reason);
+                        self.registry.nack(proxy_id, session, nack.version, reason);
                         self.metrics.nack_received();
                     }
                     Ok(Some(ProxyMessage { message: Some(Message::Findings(findings)) })) => {
@@ -378,6 +385,37 @@ impl Session {
             }
         }
     }
+}
+
+/// Why a Hello is refused, if it is.
+fn hello_problem(hello: &Hello) -> Option<String> {
+    if hello.proxy_id.is_empty() {
+        return Some("Hello.proxy_id is empty".into());
+    }
+    for (field, value) in [("proxy_id", &hello.proxy_id), ("instance", &hello.instance)] {
+        if value.len() > MAX_HELLO_ID_BYTES {
+            return Some(format!(
+                "Hello.{field} is {} bytes; at most {MAX_HELLO_ID_BYTES} are accepted",
+                value.len()
+            ));
+        }
+    }
+    if hello.shard.len() > MAX_SHARD_LABELS {
+        return Some(format!(
+            "Hello.shard has {} labels; at most {MAX_SHARD_LABELS} are accepted",
+            hello.shard.len()
+        ));
+    }
+    hello
+        .shard
+        .iter()
+        .find(|(key, value)| key.len() > MAX_LABEL_BYTES || value.len() > MAX_LABEL_BYTES)
+        .map(|(key, _)| {
+            format!(
+                "Hello.shard label {:?}: keys and values are at most {MAX_LABEL_BYTES} bytes, as in config labels",
+                truncated(key, MAX_LABEL_BYTES)
+            )
+        })
 }
 
 #[cfg(test)]

@@ -9,6 +9,7 @@ use tonic::transport::Channel;
 use tonic::{Code, Streaming};
 
 use crate::command::tests::{backend, route};
+use crate::registry::MAX_REASON_BYTES;
 use crate::testutil::*;
 
 async fn next(stream: &mut Streaming<ConfigSnapshot>) -> ConfigSnapshot {
@@ -362,6 +363,80 @@ async fn a_version_refused_whole_is_offered_again() {
         .unwrap();
     let status = wait_status(&mut admin, |s| proxy(s).is_some_and(|p| p.applied_version == 1)).await;
     assert!(proxy(&status).unwrap().healthy);
+    drop(tx);
+    node.shutdown().await.unwrap();
+}
+
+/// What a Hello carries stays in the registry until the proxy is forgotten: a Hello over the
+/// bounds is refused, one at them is served.
+#[tokio::test]
+async fn a_hello_over_the_bounds_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let (node, _admin) = at_version_one(dir.path()).await;
+    let labels = |count: usize, key_bytes: usize, value_bytes: usize| {
+        (0..count)
+            .map(|index| (format!("{index:0>key_bytes$}"), "v".repeat(value_bytes)))
+            .collect()
+    };
+    let edge = |shard| Hello {
+        proxy_id: "edge-1".into(),
+        shard,
+        ..Hello::default()
+    };
+    let refused = [
+        Hello {
+            proxy_id: "p".repeat(257),
+            ..Hello::default()
+        },
+        Hello {
+            instance: "i".repeat(257),
+            ..edge(labels(0, 0, 0))
+        },
+        edge(labels(17, 2, 1)),
+        edge(labels(1, 64, 1)),
+        edge(labels(1, 2, 64)),
+    ];
+    for hello in refused {
+        let (tx, mut stream) = subscribe(node.local_addr()).await;
+        tx.send(proxy_message(Message::Hello(hello))).await.unwrap();
+        let status = stream.message().await.unwrap_err();
+        assert_eq!(status.code(), Code::InvalidArgument, "{}", status.message());
+    }
+    let (tx, mut stream) = subscribe(node.local_addr()).await;
+    let at_bounds = Hello {
+        proxy_id: "p".repeat(256),
+        instance: "i".repeat(256),
+        shard: labels(16, 63, 63),
+        ..Hello::default()
+    };
+    tx.send(proxy_message(Message::Hello(at_bounds))).await.unwrap();
+    assert_eq!(next(&mut stream).await.version, 1);
+    drop(tx);
+    node.shutdown().await.unwrap();
+}
+
+/// A NACK's reason is kept (and logged) cut to a bound, on a character boundary.
+#[tokio::test]
+async fn a_long_nack_reason_is_kept_cut() {
+    let dir = tempfile::tempdir().unwrap();
+    let (node, mut admin) = at_version_one(dir.path()).await;
+    let (tx, mut stream) = subscribe(node.local_addr()).await;
+    let hello = Hello {
+        proxy_id: "edge-1".into(),
+        ..Hello::default()
+    };
+    tx.send(proxy_message(Message::Hello(hello))).await.unwrap();
+    assert_eq!(next(&mut stream).await.version, 1);
+    let nack = Nack {
+        version: 1,
+        reason: format!("x{}", "é".repeat(1 << 20)),
+    };
+    tx.send(proxy_message(Message::Nack(nack))).await.unwrap();
+    let status = wait_status(&mut admin, |s| proxy(s).is_some_and(|p| !p.healthy)).await;
+    let kept = &proxy(&status).unwrap().last_error;
+    let expected = format!("version 1: x{}", "é".repeat((MAX_REASON_BYTES - 1) / 2));
+    assert_eq!(kept.len(), expected.len());
+    assert_eq!(kept, &expected);
     drop(tx);
     node.shutdown().await.unwrap();
 }
