@@ -269,7 +269,9 @@ impl ConfigState {
                     let moving_from = (error.kind() == std::io::ErrorKind::AddrInUse)
                         .then(|| {
                             listeners.running.keys().copied().find(|old| {
-                                old.port() == entry.address.port() && !snapshot.tables.contains_key(old)
+                                old.port() == entry.address.port()
+                                    && !snapshot.tables.contains_key(old)
+                                    && may_conflict(old.ip(), entry.address.ip())
                             })
                         })
                         .flatten();
@@ -512,4 +514,11 @@ fn llm_models(spec: &RouteSpec, targets: &Targets, guardrails: &GuardrailIndex) 
         })
         .collect();
     (!pools.is_empty()).then(|| llm::Models::compile(&pools))
+}
+
+/// Whether sockets on `a` and `b` (same port) can keep each other from binding: a wildcard
+/// takes every address, and `::ffff:a.b.c.d` is `a.b.c.d`. Any other address in use belongs to
+/// someone else, and closing one of ours would not free it.
+fn may_conflict(a: std::net::IpAddr, b: std::net::IpAddr) -> bool {
+    a.is_unspecified() || b.is_unspecified() || a.to_canonical() == b.to_canonical()
 }

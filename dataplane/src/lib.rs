@@ -122,7 +122,9 @@ impl Proxy {
             ),
         }
         let state = Arc::new(ConfigState::new(
-            config.cache_dir.map(ConfigCache::new),
+            config
+                .cache_dir
+                .map(|dir| ConfigCache::new(dir, config.shard.clone())),
             config.drain_grace,
             telemetry,
             outbox,

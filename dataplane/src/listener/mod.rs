@@ -2,6 +2,7 @@
 //! with the listener's limits, each connection watched so a drain lets in-flight requests
 //! and streams finish.
 
+mod flow_control;
 mod workers;
 mod write_timeout;
 
@@ -23,10 +24,11 @@ use portcullis_config::ListenerLimits;
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::runtime::Handle;
-use tokio::sync::{oneshot, watch};
+use tokio::sync::{oneshot, watch, Notify};
 use tokio::task::{JoinHandle, JoinSet};
 
 use crate::body::Body;
+use flow_control::Streams;
 pub(crate) use workers::Workers;
 use write_timeout::WriteTimeout;
 
@@ -241,10 +243,25 @@ impl<H: Handler> Accept<H> {
                         let handler = self.handler.clone();
                         let first_request = Arc::new(AtomicBool::new(false));
                         let seen = first_request.clone();
-                        let service = service_fn(move |request| {
+                        let streams = Streams::new();
+                        let http2 = Arc::new(Notify::new());
+                        let (watched, on_http2) = (streams.clone(), http2.clone());
+                        let service = service_fn(move |request: Request<Incoming>| {
                             let handler = handler.clone();
-                            seen.store(true, Ordering::Relaxed);
-                            async move { Ok::<_, Infallible>(handler.handle(peer, request).await) }
+                            let first = !seen.swap(true, Ordering::Relaxed);
+                            let watched = (request.version() == http::Version::HTTP_2).then(|| {
+                                if first {
+                                    on_http2.notify_one();
+                                }
+                                watched.clone()
+                            });
+                            async move {
+                                let response = handler.handle(peer, request).await;
+                                Ok::<_, Infallible>(match watched {
+                                    Some(streams) => response.map(|body| streams.watch(body)),
+                                    None => response,
+                                })
+                            }
                         });
                         let connection = limits
                             .connection_builder()
@@ -252,20 +269,34 @@ impl<H: Handler> Accept<H> {
                             .into_owned();
                         let connection = graceful.watch(connection);
                         let first_request_within = limits.header_read_timeout;
+                        let write_timeout = limits.write_timeout;
                         connections.spawn(async move {
                             let mut connection = std::pin::pin!(connection);
                             // A connection must start its first request in time, whatever the
                             // protocol: hyper's header timeout starts only once a connection is
                             // known to be HTTP/1.1, so a silent or half-preface connection would
                             // otherwise hold a slot of the connection limit for ever.
-                            let result = tokio::select! {
-                                result = &mut connection => Some(result),
-                                () = tokio::time::sleep(first_request_within) => {
-                                    if first_request.load(Ordering::Relaxed) {
-                                        Some(connection.await)
-                                    } else {
-                                        tracing::debug!(%peer, "no request within the header read timeout, closing");
-                                        None
+                            let mut first_request_by = std::pin::pin!(tokio::time::sleep(first_request_within));
+                            let mut awaiting_first = true;
+                            // An HTTP/2 connection is also watched for responses waiting on the
+                            // client's flow-control window (see `flow_control.rs`), a few times
+                            // per write timeout: a stall is found within 1.25 × `write_timeout`.
+                            let mut watching = false;
+                            let mut checks = tokio::time::interval((write_timeout / 4).max(Duration::from_millis(10)));
+                            let result = loop {
+                                tokio::select! {
+                                    result = &mut connection => break Some(result),
+                                    () = &mut first_request_by, if awaiting_first => {
+                                        if !first_request.load(Ordering::Relaxed) {
+                                            tracing::debug!(%peer, "no request within the header read timeout, closing");
+                                            break None;
+                                        }
+                                        awaiting_first = false;
+                                    }
+                                    () = http2.notified(), if !watching => watching = true,
+                                    _ = checks.tick(), if watching => if streams.stalled(write_timeout) {
+                                        tracing::debug!(%peer, ?write_timeout, "the client granted no flow-control window for the write timeout, closing");
+                                        break None;
                                     }
                                 }
                             };

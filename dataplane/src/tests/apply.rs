@@ -53,6 +53,44 @@ async fn a_taken_port_rejects_the_version_and_the_previous_one_keeps_serving() {
     proxy.shutdown().await.unwrap();
 }
 
+/// A listener moving to an address someone else holds on its port: closing ours would not
+/// free it, so the version is refused without touching the listener's open connections.
+#[tokio::test]
+async fn a_move_to_an_address_another_holds_leaves_the_listener_alone() {
+    let upstream = hello_upstream().await;
+    let squatter = std::net::TcpListener::bind(("127.0.0.2", 0)).unwrap();
+    let port = squatter.local_addr().unwrap().port();
+    let proxy = start_proxy(None, Duration::from_secs(1)).await;
+    proxy
+        .state
+        .apply(1, simple_config(port, upstream, ""))
+        .await
+        .unwrap();
+    let client = http1_client();
+    let ask = || {
+        let request = Request::get(format!("http://127.0.0.1:{port}/"))
+            .body(Full::default())
+            .unwrap();
+        client.request(request)
+    };
+    let (status, _) = status_and_text(ask().await.unwrap()).await;
+    assert_eq!(status, 200);
+
+    let moved = objects(
+        &(format!("apiVersion: portcullis.dev/v1alpha1\nkind: Listener\nmetadata: {{name: web}}\nspec: {{address: 127.0.0.2, port: {port}}}\n---\n")
+            + &backend("up", upstream, false)
+            + &route("all", "web", "up", "")),
+    );
+    let error = proxy.state.apply(2, moved).await.unwrap_err().to_string();
+    assert!(error.contains("cannot listen on 127.0.0.2"), "{error}");
+    // The pooled keep-alive connection is still served: it was not drained.
+    let (status, _) = status_and_text(ask().await.unwrap()).await;
+    assert_eq!(status, 200);
+    assert_eq!(proxy.state.current().version, Some(1));
+    drop(squatter);
+    proxy.shutdown().await.unwrap();
+}
+
 #[tokio::test]
 async fn moved_and_removed_listeners_stop_accepting() {
     let upstream = hello_upstream().await;

@@ -681,6 +681,35 @@ async fn one_listener_split_into_two_on_the_same_port_serves_on_both() {
     proxy.shutdown().await.unwrap();
 }
 
+/// Over HTTP/2 a client stops reading by granting no flow-control window: the socket never
+/// blocks, so only the proxy's watch on what its response bodies wait for can end it.
+#[tokio::test]
+async fn an_http2_client_granting_no_window_is_disconnected_after_the_write_timeout() {
+    let upstream = spawn_upstream(|_request| async { text("hello") }).await;
+    let port = free_port();
+    let listener = format!("apiVersion: portcullis.dev/v1alpha1\nkind: Listener\nmetadata: {{name: web}}\nspec: {{address: 127.0.0.1, port: {port}, limits: {{maxConnections: 1, writeTimeout: 300ms}}}}\n---\n");
+    let config = objects(&(listener + &backend("up", upstream, false) + &route("all", "web", "up", "")));
+    let proxy = start_proxy(None, Duration::from_secs(1)).await;
+    proxy.state.apply(1, config).await.unwrap();
+    let stingy = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .http2_only(true)
+        .http2_initial_stream_window_size(0)
+        .build_http::<http_body_util::Full<bytes::Bytes>>();
+    let request = Request::get(format!("http://127.0.0.1:{port}/stuck"))
+        .body(http_body_util::Full::default())
+        .unwrap();
+    // The headers need no window; the body, held unread, never gets any.
+    let response = stingy.request(request).await.unwrap();
+    assert_eq!(response.status(), 200);
+    // Until the proxy gives up on it, the stingy client holds the only connection slot.
+    eventually("the stingy client's slot given back", || async {
+        try_status(port, "/small").await == Some(200)
+    })
+    .await;
+    drop(response);
+    proxy.shutdown().await.unwrap();
+}
+
 #[tokio::test]
 async fn a_client_that_stops_reading_is_disconnected_after_the_write_timeout() {
     // 32 MiB: far more than the socket buffers between the proxy and a client not reading.
