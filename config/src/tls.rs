@@ -99,17 +99,16 @@ fn certificates<T>(
 ) -> Result<Vec<T>, String> {
     // The PEM reader skips sections of labels it does not know (`ENCRYPTED PRIVATE KEY`,
     // `OPENSSH PRIVATE KEY`, ...), so every label is looked at here first.
-    let labels = pem
+    let mut labels = pem
         .lines()
         .filter_map(|line| line.trim().strip_prefix("-----BEGIN "))
         .map(|rest| rest.trim_end_matches('-'));
-    for (index, label) in labels.enumerate() {
-        if label != "CERTIFICATE" {
-            return Err(format!(
-                "section {}: only certificates belong here, not a {label:?} section",
-                index + 1
-            ));
-        }
+    // The label is not echoed: what was pasted here by mistake is nobody's business.
+    if let Some(index) = labels.position(|label| label != "CERTIFICATE") {
+        return Err(format!(
+            "section {}: only certificates belong here, not another kind of PEM section",
+            index + 1
+        ));
     }
     let mut taken = Vec::new();
     for (index, section) in <(SectionKind, Vec<u8>)>::pem_slice_iter(pem.as_bytes()).enumerate() {
@@ -161,7 +160,7 @@ mod tests {
             let error = trust_anchors(&format!("{ca}{foreign}")).unwrap_err();
             assert_eq!(
                 error,
-                format!("section 2: only certificates belong here, not a {label:?} section")
+                "section 2: only certificates belong here, not another kind of PEM section"
             );
         }
         let garbled = "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n";
@@ -193,7 +192,7 @@ mod tests {
             let error = certificate_chain(&format!("{leaf}{foreign}")).unwrap_err();
             assert_eq!(
                 error,
-                format!("section 2: only certificates belong here, not a {label:?} section")
+                "section 2: only certificates belong here, not another kind of PEM section"
             );
         }
         let garbled = "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n";

@@ -25,7 +25,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::{MetricType, TypedMetric};
 use prometheus_client::registry::{Registry, Unit};
 
-use portcullis_config::{ConfigSet, GuardrailSpec, McpBackendSpec};
+use portcullis_config::{ConfigSet, McpBackendSpec};
 
 use super::{LlmRecord, McpRecord, RequestRecord};
 use crate::policy::guardrail::GuardrailRecord;
@@ -165,8 +165,10 @@ impl<S: Clone + Hash + Eq, M: Default> Pruned<S, M> {
 }
 
 /// Every label value that names something of the config version in force: each object as
-/// `name` and as `Kind/name`, the McpBackends' servers, the guardrails' replicas and every
-/// upstream endpoint (`host:port`). The empty value (no route, no replica, ...) always is.
+/// `name` and as `Kind/name`, the McpBackends' servers and every upstream endpoint
+/// (`host:port`). The empty value (no route, no server, ...) always is. A guardrail's series
+/// go with the guardrail, not with a replica: replicas change with the checker's deployment,
+/// and its decision counts should not.
 pub(crate) struct InForce {
     names: HashSet<String>,
 }
@@ -174,18 +176,12 @@ pub(crate) struct InForce {
 impl InForce {
     pub(crate) fn new<'a>(config: &ConfigSet, endpoints: impl IntoIterator<Item = &'a str>) -> InForce {
         let mut names: HashSet<String> = endpoints.into_iter().map(str::to_owned).collect();
-        names.extend(["", "builtin", super::REMOVED_LISTENER].map(str::to_owned));
+        names.extend(["", super::REMOVED_LISTENER].map(str::to_owned));
         for object in config.objects() {
             names.insert(object.name().to_owned());
             names.insert(object.key().to_string());
             if let Some(spec) = object.spec::<McpBackendSpec>() {
                 names.extend(spec.servers.iter().map(|server| server.name.clone()));
-            }
-            if let Some(service) = object
-                .spec::<GuardrailSpec>()
-                .and_then(|spec| spec.service.as_ref())
-            {
-                names.extend(service.replicas.iter().cloned());
             }
         }
         InForce { names }
@@ -547,8 +543,7 @@ impl Metrics {
             .retain(|l| live.has(&l.target) && live.has(&l.server));
         self.mcp_tool_drift
             .retain(|l| live.has(&l.target) && live.has(&l.server));
-        self.guardrail_checks
-            .retain(|l| live.has(&l.guardrail) && live.has(&l.replica));
+        self.guardrail_checks.retain(|l| live.has(&l.guardrail));
         self.guardrail_check_duration.retain(|l| live.has(&l.guardrail));
     }
 
