@@ -32,6 +32,10 @@ pub struct ApplyArgs {
 pub struct ValidateArgs {
     #[arg(short = 'f', long = "file")]
     pub file: PathBuf,
+    /// Check the file as a whole config with this binary's rules, without a control plane:
+    /// before an upgrade, run the new binary on the config exported with `get all`.
+    #[arg(long)]
+    pub local: bool,
     #[command(flatten)]
     pub connection: Connection,
 }
@@ -45,7 +49,7 @@ pub enum Format {
 #[derive(Args)]
 pub struct GetArgs {
     /// A kind (Route, McpBackend, McpToolPins, …); any case, singular, plural or short name
-    /// (rt, be, mcp, pins, …).
+    /// (rt, be, mcp, pins, …); or `all`, every object of every kind.
     pub kind: String,
     /// Omit to list every object of the kind.
     pub name: Option<String>,
@@ -212,6 +216,18 @@ pub fn print_changes(response: &v1::ApplyResponse) {
 }
 
 pub async fn validate(args: ValidateArgs) -> anyhow::Result<()> {
+    if args.local {
+        let objects = read_objects(&args.file)?
+            .iter()
+            .enumerate()
+            .map(|(index, wire)| Object::from_json_bytes(&wire.json, &format!("object {}", index + 1)))
+            .collect::<Result<Vec<_>, _>>()?;
+        let count = objects.len();
+        portcullis_config::ConfigSet::from_objects(objects)
+            .map_err(|error| anyhow::anyhow!("{}: {error}", args.file.display()))?;
+        println!("valid as a whole config of {count} objects, by the rules of this build");
+        return Ok(());
+    }
     let request = v1::ApplyRequest {
         objects: read_objects(&args.file)?,
         expected_version: None,
@@ -236,14 +252,18 @@ fn parse_kind(text: &str) -> anyhow::Result<Kind> {
 }
 
 pub async fn get(args: GetArgs) -> anyhow::Result<()> {
-    let kind = parse_kind(&args.kind)?;
+    let kind = match args.kind.eq_ignore_ascii_case("all") {
+        true => None,
+        false => Some(parse_kind(&args.kind)?),
+    };
     let admin = Admin::new(&args.connection.controlplane);
     let consistency = match args.local {
         true => v1::ReadConsistency::Local,
         false => v1::ReadConsistency::Linearizable,
     };
-    let (wire, version, served) = match &args.name {
-        Some(name) => {
+    let (wire, version, served) = match (&args.name, kind) {
+        (Some(_), None) => anyhow::bail!("`all` lists objects: name a kind to get one by name"),
+        (Some(name), Some(kind)) => {
             let request = v1::GetRequest {
                 object: Some(v1::ObjectRef {
                     kind: kind.to_string(),
@@ -264,9 +284,9 @@ pub async fn get(args: GetArgs) -> anyhow::Result<()> {
                 served,
             )
         }
-        None => {
+        (None, kind) => {
             let request = v1::ListRequest {
-                kind: kind.to_string(),
+                kind: kind.map(|kind| kind.to_string()).unwrap_or_default(),
                 consistency: consistency.into(),
             };
             let response = admin

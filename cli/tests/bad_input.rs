@@ -116,6 +116,60 @@ fn start(dir: &Path) -> (Process, Process, Process, String, u16) {
     (upstream_proc, cp, proxy, cp_addr, listener)
 }
 
+/// Before an upgrade: the whole config exported, checked by a binary's own rules with no
+/// control plane, the rules across objects included.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_exported_config_is_checked_whole_without_a_control_plane() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_upstream, _cp, _proxy, cp_addr, _listener) = start(dir.path());
+    let exported = cli(&["get", "all", "--controlplane", &cp_addr]);
+    assert!(exported.status.success(), "{}", stderr(&exported));
+    let exported = stdout(&exported);
+    for object in ["kind: Listener", "kind: Backend", "kind: Route"] {
+        assert!(exported.contains(object), "{object} missing from:\n{exported}");
+    }
+    let file = write_file(dir.path(), "exported.yaml", &exported);
+    let nowhere = format!("127.0.0.1:{}", free_port());
+    let checked = cli(&[
+        "validate",
+        "--local",
+        "-f",
+        file.to_str().unwrap(),
+        "--controlplane",
+        &nowhere,
+    ]);
+    assert!(checked.status.success(), "{}", stderr(&checked));
+    assert!(
+        stdout(&checked).contains("valid as a whole config of 3 objects"),
+        "{}",
+        stdout(&checked)
+    );
+
+    // A rule across objects (a route to a backend the file lacks), with no node to ask.
+    let partial = exported
+        .split("---\n")
+        .filter(|document| !document.lines().any(|line| line == "kind: Backend"))
+        .collect::<Vec<_>>()
+        .join("---\n");
+    let file = write_file(dir.path(), "partial.yaml", &partial);
+    let refused = cli(&[
+        "validate",
+        "--local",
+        "-f",
+        file.to_str().unwrap(),
+        "--controlplane",
+        &nowhere,
+    ]);
+    assert!(!refused.status.success(), "accepted:\n{partial}");
+    assert!(
+        stderr(&refused).contains("Backend \"api\" does not exist"),
+        "{}",
+        stderr(&refused)
+    );
+    let named = cli(&["get", "all", "api", "--controlplane", &cp_addr]);
+    assert!(stderr(&named).contains("name a kind"), "{}", stderr(&named));
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn bad_config_is_rejected_and_changes_nothing() {
     let dir = tempfile::tempdir().unwrap();

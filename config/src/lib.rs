@@ -16,6 +16,7 @@ mod document;
 mod duration;
 mod error;
 pub mod guard_patterns;
+pub mod host;
 mod kind;
 pub mod kinds;
 pub mod mcp_rules;

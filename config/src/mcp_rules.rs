@@ -33,7 +33,13 @@ use crate::kinds::MCP_NAME_SEPARATOR;
 #[derive(Debug)]
 pub struct Rule {
     program: Program,
+    /// Kinds of item (`tool`, `prompt`, `resource`) the rule also looks up as an input key
+    /// (`mcp.tool.arguments.resource`, `request.headers["prompt"]`, or any key computed at
+    /// run time): a missing one of these cannot be told from a rule about another kind.
+    inputs_named_like_kinds: Vec<&'static str>,
 }
+
+const ITEM_FIELDS: [&str; 3] = ["tool", "prompt", "resource"];
 
 /// What an item is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -121,9 +127,17 @@ pub enum Verdict {
 
 impl Rule {
     pub fn compile(source: &str) -> Result<Rule, String> {
-        Program::compile(source)
-            .map(|program| Rule { program })
-            .map_err(|errors| errors.to_string())
+        let program = Program::compile(source).map_err(|errors| errors.to_string())?;
+        let mut keys = InputKeys::default();
+        keys.collect(&program.expression().expr);
+        let inputs_named_like_kinds = ITEM_FIELDS
+            .into_iter()
+            .filter(|kind| keys.computed || keys.literal.iter().any(|key| key == kind))
+            .collect();
+        Ok(Rule {
+            program,
+            inputs_named_like_kinds,
+        })
     }
 
     /// Whether the rule reads the caller (`source`, `request`): if not, its verdict on an
@@ -144,8 +158,13 @@ impl Rule {
                 Verdict::NeedsArguments
             }
             // A rule about another kind of item (a tool rule asked about a prompt) does
-            // not apply to this one: it neither allows nor denies it.
-            Err(ExecutionError::NoSuchKey(key)) if self.is_about_another_kind(caller, item, &key) => {
+            // not apply to this one: it neither allows nor denies it. A key that is also an
+            // input's may be a missing argument or header, which fails the rule instead.
+            Err(ExecutionError::NoSuchKey(key))
+                if key.as_str() != item.kind.field()
+                    && ITEM_FIELDS.contains(&key.as_str())
+                    && !self.inputs_named_like_kinds.contains(&key.as_str()) =>
+            {
                 Verdict::False
             }
             Err(error) => Verdict::Error(error.to_string()),
@@ -155,30 +174,78 @@ impl Rule {
 
 impl Rule {
     fn execute(&self, caller: &Caller, item: Item<'_>) -> Result<Value, ExecutionError> {
-        self.execute_on(caller, mcp_value(item, None))
-    }
-
-    fn execute_on(&self, caller: &Caller, mcp: Value) -> Result<Value, ExecutionError> {
         let mut context = Context::default();
-        context.add_variable_from_value("mcp", mcp);
+        context.add_variable_from_value("mcp", mcp_value(item));
         context.add_variable_from_value("source", caller.source.clone());
         context.add_variable_from_value("request", caller.request.clone());
         self.program.execute(&context)
     }
+}
 
-    /// Whether `key`, missing when the rule ran on `item`, was another kind of item
-    /// (`mcp.prompt` in a rule asked about a tool) rather than an argument or a header of
-    /// that name (`mcp.tool.arguments.resource`), which must fail the rule: with an empty
-    /// `mcp.<key>` added, that lookup no longer fails.
-    fn is_about_another_kind(&self, caller: &Caller, item: Item<'_>, key: &str) -> bool {
-        let other_kind = [ItemKind::Tool, ItemKind::Prompt, ItemKind::Resource]
-            .into_iter()
-            .find(|kind| *kind != item.kind && kind.field() == key);
-        let Some(other_kind) = other_kind else {
-            return false;
-        };
-        let again = self.execute_on(caller, mcp_value(item, Some(other_kind)));
-        !matches!(again, Err(ExecutionError::NoSuchKey(missing)) if missing.as_str() == key)
+/// The keys a rule looks up on anything but `mcp` itself.
+#[derive(Default)]
+struct InputKeys {
+    literal: Vec<String>,
+    /// A key computed at run time (`arguments[name]`): it may be any.
+    computed: bool,
+}
+
+impl InputKeys {
+    fn collect(&mut self, expr: &Expr) {
+        match expr {
+            Expr::Select(select) => {
+                if !matches!(&select.operand.expr, Expr::Ident(name) if name == "mcp") {
+                    self.literal.push(select.field.clone());
+                }
+                self.collect(&select.operand.expr);
+            }
+            Expr::Call(call) => {
+                if call.func_name.starts_with("_[") && call.args.len() == 2 {
+                    match string_literal(&call.args[1].expr) {
+                        Some(key) => self.literal.push(key.to_string()),
+                        None => self.computed = true,
+                    }
+                }
+                for part in call.target.iter().map(|target| &**target).chain(&call.args) {
+                    self.collect(&part.expr);
+                }
+            }
+            Expr::Comprehension(comprehension) => {
+                for part in [
+                    &comprehension.iter_range,
+                    &comprehension.accu_init,
+                    &comprehension.loop_cond,
+                    &comprehension.loop_step,
+                    &comprehension.result,
+                ] {
+                    self.collect(&part.expr);
+                }
+            }
+            Expr::List(list) => {
+                for element in &list.elements {
+                    self.collect(&element.expr);
+                }
+            }
+            Expr::Map(map) => {
+                for entry in &map.entries {
+                    match &entry.expr {
+                        EntryExpr::MapEntry(entry) => {
+                            self.collect(&entry.key.expr);
+                            self.collect(&entry.value.expr);
+                        }
+                        EntryExpr::StructField(field) => self.collect(&field.value.expr),
+                    }
+                }
+            }
+            Expr::Struct(structure) => {
+                for entry in &structure.entries {
+                    if let EntryExpr::StructField(field) = &entry.expr {
+                        self.collect(&field.value.expr);
+                    }
+                }
+            }
+            Expr::Ident(_) | Expr::Literal(_) | Expr::Unspecified => {}
+        }
     }
 }
 
@@ -190,29 +257,18 @@ fn map<const N: usize>(entries: [(&str, Value); N]) -> Value {
     Value::Map(Map { map: Arc::new(map) })
 }
 
-/// What a rule sees as `mcp` for `item`; with `empty`, that kind of item is there too, empty.
-fn mcp_value(item: Item<'_>, empty: Option<ItemKind>) -> Value {
+fn mcp_value(item: Item<'_>) -> Value {
     let text = |text: &str| Value::String(Arc::new(text.to_string()));
     let object = match (item.kind, item.arguments) {
         (ItemKind::Resource, _) => map([("uri", text(item.name))]),
         (_, Some(arguments)) => map([("name", text(item.name)), ("arguments", json_value(arguments))]),
         (_, None) => map([("name", text(item.name))]),
     };
-    let mcp = map([
+    map([
         ("method", text(item.kind.method())),
         ("server", text(item.server)),
         (item.kind.field(), object),
-    ]);
-    match (empty, mcp) {
-        (Some(kind), Value::Map(Map { map: fields })) => {
-            let mut fields = Arc::unwrap_or_clone(fields);
-            fields.insert(Key::String(Arc::new(kind.field().to_string())), map([]));
-            Value::Map(Map {
-                map: Arc::new(fields),
-            })
-        }
-        (_, mcp) => mcp,
-    }
+    ])
 }
 
 /// JSON to CEL: whole numbers become `int` (so `arguments.a == 1` means what it says),
@@ -500,9 +556,18 @@ mod tests {
             verdict(r#"mcp.prompt.name == "query""#, "query", None),
             Verdict::False
         );
-        let either = r#"mcp.resource.uri == "file:///x" || mcp.tool.arguments.prompt == "p""#;
-        let missing = verdict(either, "query", Some(serde_json::json!({})));
-        assert!(matches!(missing, Verdict::Error(_)), "{missing:?}");
+        // Whichever side of an `||` reports the missing key.
+        for either in [
+            r#"mcp.resource.uri == "file:///x" || mcp.tool.arguments.prompt == "p""#,
+            r#"(mcp.tool.name == "query" && mcp.tool.arguments.resource != "public") || mcp.resource.uri.startsWith("file:///private")"#,
+            r#"mcp.tool.arguments[mcp.tool.name] == "x""#,
+        ] {
+            let missing = verdict(either, "query", Some(serde_json::json!({})));
+            assert!(matches!(missing, Verdict::Error(_)), "{either}: {missing:?}");
+        }
+        let other_kind = r#"mcp.tool.arguments.table == "t" || mcp.resource.uri == "file:///x""#;
+        let verdict_of_other = verdict(other_kind, "query", Some(serde_json::json!({"table": "u"})));
+        assert_eq!(verdict_of_other, Verdict::False, "only the resource half failed");
     }
 
     #[test]

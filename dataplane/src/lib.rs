@@ -106,6 +106,15 @@ impl Proxy {
     /// Returns once the admin server is bound and any cached config is serving; the
     /// control-plane config arrives asynchronously.
     pub async fn start(config: ProxyConfig) -> anyhow::Result<Proxy> {
+        // Every node would refuse it, and the proxy would wait for ever: say so at once.
+        let identity = portcullis_proto::v1::Hello {
+            proxy_id: config.proxy_id.clone(),
+            shard: config.shard.clone().into_iter().collect(),
+            ..Default::default()
+        };
+        if let Some(problem) = portcullis_proto::hello_problem(&identity) {
+            anyhow::bail!("the control plane would refuse this proxy's id or shard: {problem}");
+        }
         let controlplanes = Arc::new(ControlPlanes::new(&config.controlplanes)?);
         let telemetry = Arc::new(Telemetry::new(config.telemetry)?);
         let (outbox, placements) = placements::outbox();

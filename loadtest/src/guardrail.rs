@@ -42,6 +42,8 @@ pub enum Behaviour {
     InvalidMutation,
     /// Answer every check with a 20 MB mutation.
     OversizedMutation,
+    /// Answer every check with a 40 MB mutation, more than proxies decode.
+    HugeMutation,
     /// Report NOT_SERVING on the health service (checks are still answered correctly).
     NotServing,
 }
@@ -112,8 +114,13 @@ impl Checker {
                     reason: String::new(),
                 })),
             }),
-            Behaviour::OversizedMutation => {
-                let big = Value::String("x".repeat(20 << 20));
+            Behaviour::OversizedMutation | Behaviour::HugeMutation => {
+                let megabytes = if self.behaviour == Behaviour::HugeMutation {
+                    40
+                } else {
+                    20
+                };
+                let big = Value::String("x".repeat(megabytes << 20));
                 Some(mutate(&serde_json::json!({ "a": big }), "oversized"))
             }
         }

@@ -202,6 +202,14 @@ impl Picker {
         }
     }
 
+    /// A request this picker did not pick runs at `endpoint` from `now` on: counted in flight
+    /// there (one a pool's earlier version picked, that moved to an endpoint this one kept).
+    pub fn counted(&mut self, endpoint: usize, now: Duration) {
+        if let Some(state) = self.endpoints.get_mut(endpoint) {
+            state.started(now);
+        }
+    }
+
     /// The request picked for `from` went to `to` instead (`from` refused the connection):
     /// moves its in-flight count and its prefix credit.
     pub fn moved(&mut self, from: usize, to: usize, now: Duration, prompt_hashes: &[u64]) {

@@ -90,8 +90,7 @@ fn check_edits(checker: &mut Checker<'_>, field: &str, edits: &HeaderEdits, requ
             }
         }
         for (index, header) in edits.set.iter().enumerate() {
-            let authority = header.value.parse::<http::uri::Authority>();
-            if host(&header.name) && (authority.is_err() || header.value.contains('@')) {
+            if host(&header.name) && !crate::host::is_host_with_port(&header.value) {
                 checker.fail(
                     format!("{field}.set[{index}].value"),
                     format!("{:?} is not a host with an optional port", header.value),

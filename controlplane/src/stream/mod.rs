@@ -44,12 +44,6 @@ const REFUSED_RETRY_MAX: Duration = Duration::from_secs(60);
 /// How long a node may be out of touch with the cluster before its proxies are sent to
 /// other nodes (an election takes a second or two).
 const LEADERLESS_GRACE: Duration = Duration::from_secs(5);
-/// Bounds on what a Hello may carry: the node keeps it for `portcullis status` until the proxy
-/// is forgotten. A shard selector's keys and values are bounded as config labels are: a longer
-/// one could match no object.
-const MAX_HELLO_ID_BYTES: usize = 256;
-const MAX_SHARD_LABELS: usize = 16;
-const MAX_LABEL_BYTES: usize = 63;
 
 pub struct ConfigStreamService {
     raft: Raft,
@@ -202,7 +196,7 @@ impl Session {
                 )))
             }
         };
-        if let Some(problem) = hello_problem(&hello) {
+        if let Some(problem) = portcullis_proto::hello_problem(&hello) {
             return self.fail(Status::invalid_argument(problem));
         }
         let Hello {
@@ -385,37 +379,6 @@ impl Session {
             }
         }
     }
-}
-
-/// Why a Hello is refused, if it is.
-fn hello_problem(hello: &Hello) -> Option<String> {
-    if hello.proxy_id.is_empty() {
-        return Some("Hello.proxy_id is empty".into());
-    }
-    for (field, value) in [("proxy_id", &hello.proxy_id), ("instance", &hello.instance)] {
-        if value.len() > MAX_HELLO_ID_BYTES {
-            return Some(format!(
-                "Hello.{field} is {} bytes; at most {MAX_HELLO_ID_BYTES} are accepted",
-                value.len()
-            ));
-        }
-    }
-    if hello.shard.len() > MAX_SHARD_LABELS {
-        return Some(format!(
-            "Hello.shard has {} labels; at most {MAX_SHARD_LABELS} are accepted",
-            hello.shard.len()
-        ));
-    }
-    hello
-        .shard
-        .iter()
-        .find(|(key, value)| key.len() > MAX_LABEL_BYTES || value.len() > MAX_LABEL_BYTES)
-        .map(|(key, _)| {
-            format!(
-                "Hello.shard label {:?}: keys and values are at most {MAX_LABEL_BYTES} bytes, as in config labels",
-                truncated(key, MAX_LABEL_BYTES)
-            )
-        })
 }
 
 #[cfg(test)]

@@ -9,7 +9,7 @@
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
-use std::task::{Context, Poll};
+use std::task::{ready, Context, Poll};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -17,12 +17,33 @@ use http_body::{Body as HttpBody, Frame, SizeHint};
 
 use crate::body::{Body, BoxError};
 
+/// Most bytes handed to hyper at once. hyper comes back for more only once the client made
+/// room for all it holds, so the clock measures the time to take one chunk: at most a frame's
+/// worth (RFC 9113's default frame size), a client is cut only when it takes less than that
+/// per write timeout, not when an upstream read of hundreds of KiB outlasts it.
+const MAX_HANDED_BYTES: usize = 16 * 1024;
+
 /// The response bodies of one connection.
 pub(super) struct Streams {
     opened: Instant,
+    bodies: Mutex<Bodies>,
+}
+
+#[derive(Default)]
+struct Bodies {
     /// Per body: 0 while hyper is not holding one of its chunks, else 1 + the milliseconds
     /// from `opened` to when it was handed over.
-    bodies: Mutex<Vec<Weak<AtomicU64>>>,
+    handed: Vec<Weak<AtomicU64>>,
+    /// How many were left at the last sweep of finished bodies: the next comes once as many
+    /// again have been added, so a busy connection's list stays within twice its live bodies.
+    after_sweep: usize,
+}
+
+impl Bodies {
+    fn sweep(&mut self) {
+        self.handed.retain(|body| body.strong_count() > 0);
+        self.after_sweep = self.handed.len();
+    }
 }
 
 impl Streams {
@@ -35,12 +56,15 @@ impl Streams {
 
     pub(super) fn watch(&self, body: Body) -> Body {
         let handed = Arc::new(AtomicU64::new(0));
-        self.bodies
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .push(Arc::downgrade(&handed));
+        let mut bodies = self.bodies.lock().unwrap_or_else(PoisonError::into_inner);
+        if bodies.handed.len() >= (2 * bodies.after_sweep).max(64) {
+            bodies.sweep();
+        }
+        bodies.handed.push(Arc::downgrade(&handed));
+        drop(bodies);
         crate::body::boxed(Watched {
             inner: body,
+            rest: None,
             handed,
             opened: self.opened,
         })
@@ -52,8 +76,8 @@ impl Streams {
         let now = millis_since(self.opened);
         let timeout = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
         let mut bodies = self.bodies.lock().unwrap_or_else(PoisonError::into_inner);
-        bodies.retain(|body| body.strong_count() > 0);
-        bodies.iter().filter_map(Weak::upgrade).any(|handed| {
+        bodies.sweep();
+        bodies.handed.iter().filter_map(Weak::upgrade).any(|handed| {
             let handed = handed.load(Ordering::Relaxed);
             handed != 0 && now.saturating_sub(handed - 1) >= timeout
         })
@@ -66,6 +90,8 @@ fn millis_since(opened: Instant) -> u64 {
 
 struct Watched {
     inner: Body,
+    /// What is left of a chunk larger than [`MAX_HANDED_BYTES`].
+    rest: Option<Bytes>,
     handed: Arc<AtomicU64>,
     opened: Instant,
 }
@@ -78,24 +104,45 @@ impl HttpBody for Watched {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = &mut *self;
         // Polled again: hyper has sent what it held.
-        self.handed.store(0, Ordering::Relaxed);
-        let polled = Pin::new(&mut self.inner).poll_frame(cx);
-        if let Poll::Ready(Some(Ok(frame))) = &polled {
-            if frame.is_data() {
-                let at = millis_since(self.opened) + 1;
-                self.handed.store(at, Ordering::Relaxed);
+        this.handed.store(0, Ordering::Relaxed);
+        let frame = match this.rest.take() {
+            Some(rest) => Frame::data(rest),
+            None => match ready!(Pin::new(&mut this.inner).poll_frame(cx)) {
+                Some(Ok(frame)) => frame,
+                other => return Poll::Ready(other),
+            },
+        };
+        let frame = match frame.into_data() {
+            Ok(mut data) => {
+                if data.len() > MAX_HANDED_BYTES {
+                    this.rest = Some(data.split_off(MAX_HANDED_BYTES));
+                }
+                if !data.is_empty() {
+                    this.handed
+                        .store(millis_since(this.opened) + 1, Ordering::Relaxed);
+                }
+                Frame::data(data)
             }
-        }
-        polled
+            Err(frame) => frame,
+        };
+        Poll::Ready(Some(Ok(frame)))
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
+        self.rest.is_none() && self.inner.is_end_stream()
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
+        let held = self.rest.as_ref().map_or(0, |rest| rest.len() as u64);
+        let inner = self.inner.size_hint();
+        let mut hint = SizeHint::new();
+        hint.set_lower(inner.lower() + held);
+        if let Some(upper) = inner.upper() {
+            hint.set_upper(upper + held);
+        }
+        hint
     }
 }
 
@@ -125,11 +172,17 @@ mod tests {
         // Polled again and waiting for the upstream: not the client's doing.
         assert!(futures::poll!(std::pin::pin!(body.frame())).is_pending());
         assert!(!streams.stalled(Duration::ZERO));
-        upstream
-            .send(Ok(Frame::data(Bytes::from_static(b"b"))))
-            .await
-            .unwrap();
-        assert!(body.frame().await.is_some());
+        // A large read reaches hyper a frame's worth at a time.
+        let large = Bytes::from(vec![b'b'; MAX_HANDED_BYTES + 1]);
+        upstream.send(Ok(Frame::data(large))).await.unwrap();
+        let first = body.frame().await.unwrap().unwrap().into_data().unwrap();
+        assert_eq!(first.len(), MAX_HANDED_BYTES);
+        assert!(
+            streams.stalled(Duration::ZERO),
+            "the rest waits for room for the first"
+        );
+        let second = body.frame().await.unwrap().unwrap().into_data().unwrap();
+        assert_eq!(second.len(), 1);
         drop(body);
         assert!(!streams.stalled(Duration::ZERO), "a body gone is not watched");
     }

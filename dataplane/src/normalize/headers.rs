@@ -63,27 +63,7 @@ pub(crate) fn checked_host(headers: &HeaderMap) -> Result<Option<HeaderValue>, S
     }
     let authority = Authority::try_from(host.as_bytes())
         .map_err(|_| "the Host header is not a valid authority".to_string())?;
-    let text = authority.as_str();
-    // `name[:port]` or `[v6][:port]`, nothing else, the port all digits when present.
-    let (name_ok, rest) = match text.strip_prefix('[') {
-        Some(bracketed) => match bracketed.split_once(']') {
-            Some((v6, rest)) => (v6.parse::<std::net::Ipv6Addr>().is_ok(), rest),
-            None => (false, ""),
-        },
-        None => {
-            let (name, rest) = text.find(':').map_or((text, ""), |colon| text.split_at(colon));
-            let name_ok = !name.is_empty()
-                && name
-                    .bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_'));
-            (name_ok, rest)
-        }
-    };
-    let port_ok = rest.is_empty()
-        || rest
-            .strip_prefix(':')
-            .is_some_and(|port| !port.is_empty() && port.bytes().all(|b| b.is_ascii_digit()));
-    if !(name_ok && port_ok) {
+    if !portcullis_config::host::is_host_with_port(authority.as_str()) {
         return Err("the Host header must be a host name or address, with an optional port".to_string());
     }
     Ok(Some(host.clone()))

@@ -182,3 +182,33 @@ async fn acks_applied_versions_nacks_bad_ones_and_resubscribes_after_a_disconnec
     assert_eq!(get(port, "/").await.0, 200);
     proxy.shutdown().await.unwrap();
 }
+
+/// Every node would refuse such a Hello: the proxy says so instead of starting to wait.
+#[tokio::test]
+async fn an_id_or_shard_the_control_plane_would_refuse_stops_the_start() {
+    let config = |proxy_id: String, shard: Vec<(String, String)>| ProxyConfig {
+        proxy_id,
+        controlplanes: vec![format!("http://127.0.0.1:{}", free_port())],
+        shard: shard.into_iter().collect(),
+        admin_listen: "127.0.0.1:0".parse().unwrap(),
+        cache_dir: None,
+        drain_grace: Duration::from_secs(1),
+        workers: 1,
+        peer_address: None,
+        telemetry: quiet_telemetry(),
+    };
+    for (proxy_id, shard, expected) in [
+        ("p".repeat(257), vec![], "Hello.proxy_id is 257 bytes"),
+        (
+            "edge".to_string(),
+            vec![("zone".to_string(), "z".repeat(64))],
+            "Hello.shard label \"zone\"",
+        ),
+    ] {
+        let error = match Proxy::start(config(proxy_id, shard)).await {
+            Ok(_) => panic!("started"),
+            Err(error) => format!("{error:#}"),
+        };
+        assert!(error.contains(expected), "{error}");
+    }
+}

@@ -307,8 +307,15 @@ async fn a_result_may_be_mutated_past_the_routes_request_limit() {
 
 #[tokio::test]
 async fn an_oversized_mutation_is_denied_even_under_fail_open() {
-    // Answers every check with a 20 MiB mutation: over a request's limit and a result's.
-    let big = checker(Behaviour::OversizedMutation).await;
+    // Answers every check with a 20 MiB mutation (over a request's limit and a result's), or a
+    // 40 MiB one (over what the proxy decodes at all).
+    for behaviour in [Behaviour::OversizedMutation, Behaviour::HugeMutation] {
+        oversized_is_denied(behaviour).await;
+    }
+}
+
+async fn oversized_is_denied(behaviour: Behaviour) {
+    let big = checker(behaviour).await;
     let good = checker(Behaviour::Correct).await;
     let guard = guard(service(
         &[big.addr, good.addr],

@@ -659,8 +659,7 @@ impl PoolState {
 
     /// The request counted at `from` went to `to` instead: moved here and in every later
     /// version that copied its count. A version that has `to` but not `from` never counted
-    /// it, and is one short at `to` once it ends, until that endpoint's requests all end
-    /// (a count stops at zero).
+    /// it: it is counted at `to` there, since its end is given back there.
     fn moved(self: &Arc<Self>, from: usize, to: usize, prompt_hashes: &[u64], issued: u64) {
         let (mut pool, mut from, mut to, mut issued) = (self.clone(), from, to, issued);
         loop {
@@ -675,8 +674,24 @@ impl PoolState {
                 }
                 // Counted there at an endpoint the request no longer holds here.
                 (Some((next, from_there)), None) => return next.finished(from_there, 0),
-                _ => return,
+                (None, Some((next, to_there))) => return next.counted(to_there),
+                (None, None) => return,
             }
+        }
+    }
+
+    /// A request runs at `endpoint` that this version and the later ones that copied its
+    /// counts never counted: counted in each, as its end will be given back in each.
+    fn counted(self: &Arc<Self>, endpoint: usize) {
+        let (mut pool, mut endpoint) = (self.clone(), endpoint);
+        loop {
+            let next = {
+                let mut picker = pool.picker();
+                picker.counted(endpoint, pool.epoch.elapsed());
+                pool.successor(endpoint, 0)
+            };
+            let Some((next, there)) = next else { return };
+            (pool, endpoint) = (next, there);
         }
     }
 
