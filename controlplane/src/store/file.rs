@@ -8,7 +8,9 @@
 //! after the last completed append, none of which was acknowledged: at open, a bad record is cut
 //! away with what follows it when no whole record does (a torn last append). A bad record with a
 //! whole record after it is damage to acknowledged entries, and the open fails rather than drop
-//! them.
+//! them. (A power loss can also leave a later page of an unacknowledged append on disk without
+//! an earlier one; records carry nothing that tells that apart, so it fails the open too, and
+//! the node is restored from its peers.)
 //!
 //! Purged entries stay in the file until they outweigh the entries held; the file is then
 //! rewritten with the held ones only (a new file renamed over the old), which keeps the disk

@@ -394,9 +394,17 @@ fn uri_without_secrets(uri: &str) -> Cow<'_, str> {
         None => ("", uri),
     };
     // The authority is taken to run to the first '/', not also to '?' or '#' as RFC 3986
-    // has it: a password written with those unescaped is cut whole all the same.
+    // has it: a password written with those unescaped is cut whole all the same. One written
+    // with a '/' (`user:p/w@db`) shows as `user:` before the first '/': then everything up to
+    // the last '@' goes, even at the cost of a path holding an '@' after a port.
     let authority = &rest[..rest.find('/').unwrap_or(rest.len())];
-    let rest = match authority.rfind('@') {
+    let before_query = &rest[..rest.find(['?', '#']).unwrap_or(rest.len())];
+    let userinfo_end = match authority.rfind('@') {
+        Some(at) => Some(at),
+        None if authority.contains(':') => before_query.rfind('@'),
+        None => None,
+    };
+    let rest = match userinfo_end {
         Some(at) => &rest[at + 1..],
         None => rest,
     };
@@ -578,6 +586,7 @@ mod tests {
             ("urn:isbn:123?token=abc", "urn:isbn:123"),
             ("file:///etc/hosts", "file:///etc/hosts"),
             ("https://h/users/@me", "https://h/users/@me"),
+            ("postgres://user:p/w@db/x", "postgres://db/x"),
         ] {
             assert_eq!(recorded(read, uri).as_deref(), Some(kept), "{uri}");
         }
