@@ -33,13 +33,10 @@ use crate::kinds::MCP_NAME_SEPARATOR;
 #[derive(Debug)]
 pub struct Rule {
     program: Program,
-    /// Kinds of item (`tool`, `prompt`, `resource`) the rule also looks up as an input key
-    /// (`mcp.tool.arguments.resource`, `request.headers["prompt"]`, or any key computed at
-    /// run time): a missing one of these cannot be told from a rule about another kind.
-    inputs_named_like_kinds: Vec<&'static str>,
+    /// The one kind of item the rule is about (`mcp.tool`, `mcp.prompt` or `mcp.resource`),
+    /// if it names one: it neither allows nor denies an item of another kind.
+    about: Option<ItemKind>,
 }
-
-const ITEM_FIELDS: [&str; 3] = ["tool", "prompt", "resource"];
 
 /// What an item is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -128,16 +125,25 @@ pub enum Verdict {
 impl Rule {
     pub fn compile(source: &str) -> Result<Rule, String> {
         let program = Program::compile(source).map_err(|errors| errors.to_string())?;
-        let mut keys = InputKeys::default();
-        keys.collect(&program.expression().expr);
-        let inputs_named_like_kinds = ITEM_FIELDS
-            .into_iter()
-            .filter(|kind| keys.computed || keys.literal.iter().any(|key| key == kind))
-            .collect();
-        Ok(Rule {
-            program,
-            inputs_named_like_kinds,
-        })
+        let mut kinds = Vec::new();
+        kinds_named(&program.expression().expr, &mut kinds)?;
+        kinds.sort_unstable_by_key(|kind| kind.field());
+        kinds.dedup();
+        let about = match kinds[..] {
+            [] => None,
+            [kind] => Some(kind),
+            _ => {
+                return Err(format!(
+                    "names {}: a rule is about one kind of item, so write one rule per kind",
+                    kinds
+                        .iter()
+                        .map(|kind| format!("mcp.{}", kind.field()))
+                        .collect::<Vec<_>>()
+                        .join(" and ")
+                ))
+            }
+        };
+        Ok(Rule { program, about })
     }
 
     /// Whether the rule reads the caller (`source`, `request`): if not, its verdict on an
@@ -148,6 +154,12 @@ impl Rule {
     }
 
     pub fn evaluate(&self, caller: &Caller, item: Item<'_>) -> Verdict {
+        // A rule about another kind of item (a tool rule asked about a prompt) does not apply
+        // to this one. Decided from the rule, not from a failed lookup: an argument or a
+        // header named `resource` that is missing must fail the rule, not pass it.
+        if self.about.is_some_and(|kind| kind != item.kind) {
+            return Verdict::False;
+        }
         match self.execute(caller, item) {
             Ok(Value::Bool(true)) => Verdict::True,
             Ok(Value::Bool(false)) => Verdict::False,
@@ -156,16 +168,6 @@ impl Rule {
                 if item.arguments.is_none() && key.as_str() == "arguments" =>
             {
                 Verdict::NeedsArguments
-            }
-            // A rule about another kind of item (a tool rule asked about a prompt) does
-            // not apply to this one: it neither allows nor denies it. A key that is also an
-            // input's may be a missing argument or header, which fails the rule instead.
-            Err(ExecutionError::NoSuchKey(key))
-                if key.as_str() != item.kind.field()
-                    && ITEM_FIELDS.contains(&key.as_str())
-                    && !self.inputs_named_like_kinds.contains(&key.as_str()) =>
-            {
-                Verdict::False
             }
             Err(error) => Verdict::Error(error.to_string()),
         }
@@ -182,70 +184,72 @@ impl Rule {
     }
 }
 
-/// The keys a rule looks up on anything but `mcp` itself.
-#[derive(Default)]
-struct InputKeys {
-    literal: Vec<String>,
-    /// A key computed at run time (`arguments[name]`): it may be any.
-    computed: bool,
-}
-
-impl InputKeys {
-    fn collect(&mut self, expr: &Expr) {
-        match expr {
-            Expr::Select(select) => {
-                if !matches!(&select.operand.expr, Expr::Ident(name) if name == "mcp") {
-                    self.literal.push(select.field.clone());
-                }
-                self.collect(&select.operand.expr);
+/// The kinds of item `expr` names (`mcp.tool`, …). Variables a comprehension binds may not be
+/// called like the rule's own (`mcp`, `source`, `request`): a lookup on such a variable would
+/// be taken for what it shadows.
+fn kinds_named(expr: &Expr, kinds: &mut Vec<ItemKind>) -> Result<(), String> {
+    fn each(exprs: &[&Expr], kinds: &mut Vec<ItemKind>) -> Result<(), String> {
+        exprs.iter().try_for_each(|expr| kinds_named(expr, kinds))
+    }
+    match expr {
+        Expr::Select(select) => {
+            if matches!(&select.operand.expr, Expr::Ident(name) if name == "mcp") {
+                let named = [ItemKind::Tool, ItemKind::Prompt, ItemKind::Resource]
+                    .into_iter()
+                    .find(|kind| kind.field() == select.field);
+                kinds.extend(named);
             }
-            Expr::Call(call) => {
-                if call.func_name.starts_with("_[") && call.args.len() == 2 {
-                    match string_literal(&call.args[1].expr) {
-                        Some(key) => self.literal.push(key.to_string()),
-                        None => self.computed = true,
-                    }
-                }
-                for part in call.target.iter().map(|target| &**target).chain(&call.args) {
-                    self.collect(&part.expr);
-                }
-            }
-            Expr::Comprehension(comprehension) => {
-                for part in [
-                    &comprehension.iter_range,
-                    &comprehension.accu_init,
-                    &comprehension.loop_cond,
-                    &comprehension.loop_step,
-                    &comprehension.result,
-                ] {
-                    self.collect(&part.expr);
-                }
-            }
-            Expr::List(list) => {
-                for element in &list.elements {
-                    self.collect(&element.expr);
-                }
-            }
-            Expr::Map(map) => {
-                for entry in &map.entries {
-                    match &entry.expr {
-                        EntryExpr::MapEntry(entry) => {
-                            self.collect(&entry.key.expr);
-                            self.collect(&entry.value.expr);
-                        }
-                        EntryExpr::StructField(field) => self.collect(&field.value.expr),
-                    }
-                }
-            }
-            Expr::Struct(structure) => {
-                for entry in &structure.entries {
-                    if let EntryExpr::StructField(field) = &entry.expr {
-                        self.collect(&field.value.expr);
-                    }
-                }
-            }
-            Expr::Ident(_) | Expr::Literal(_) | Expr::Unspecified => {}
+            each(&[&select.operand.expr], kinds)
         }
+        Expr::Call(call) => {
+            let parts: Vec<&Expr> = call
+                .target
+                .iter()
+                .map(|target| &target.expr)
+                .chain(call.args.iter().map(|argument| &argument.expr))
+                .collect();
+            each(&parts, kinds)
+        }
+        Expr::Comprehension(comprehension) => {
+            let bound = [Some(&comprehension.iter_var), comprehension.iter_var2.as_ref()];
+            if let Some(name) = bound
+                .into_iter()
+                .flatten()
+                .find(|name| ["mcp", "source", "request"].contains(&name.as_str()))
+            {
+                return Err(format!("a variable named {name} would hide the rule's own"));
+            }
+            each(
+                &[
+                    &comprehension.iter_range.expr,
+                    &comprehension.accu_init.expr,
+                    &comprehension.loop_cond.expr,
+                    &comprehension.loop_step.expr,
+                    &comprehension.result.expr,
+                ],
+                kinds,
+            )
+        }
+        Expr::List(list) => each(
+            &list
+                .elements
+                .iter()
+                .map(|element| &element.expr)
+                .collect::<Vec<_>>(),
+            kinds,
+        ),
+        Expr::Map(map) => map.entries.iter().try_for_each(|entry| match &entry.expr {
+            EntryExpr::MapEntry(entry) => {
+                kinds_named(&entry.key.expr, kinds)?;
+                kinds_named(&entry.value.expr, kinds)
+            }
+            EntryExpr::StructField(field) => kinds_named(&field.value.expr, kinds),
+        }),
+        Expr::Struct(structure) => structure.entries.iter().try_for_each(|entry| match &entry.expr {
+            EntryExpr::StructField(field) => kinds_named(&field.value.expr, kinds),
+            EntryExpr::MapEntry(_) => Ok(()),
+        }),
+        Expr::Ident(_) | Expr::Literal(_) | Expr::Unspecified => Ok(()),
     }
 }
 
@@ -556,18 +560,45 @@ mod tests {
             verdict(r#"mcp.prompt.name == "query""#, "query", None),
             Verdict::False
         );
-        // Whichever side of an `||` reports the missing key.
-        for either in [
-            r#"mcp.resource.uri == "file:///x" || mcp.tool.arguments.prompt == "p""#,
-            r#"(mcp.tool.name == "query" && mcp.tool.arguments.resource != "public") || mcp.resource.uri.startsWith("file:///private")"#,
-            r#"mcp.tool.arguments[mcp.tool.name] == "x""#,
+        let indexed = r#"mcp.tool.arguments[mcp.tool.name] == "x""#;
+        let missing = verdict(indexed, "query", Some(serde_json::json!({})));
+        assert!(matches!(missing, Verdict::Error(_)), "{missing:?}");
+    }
+
+    /// A rule is about one kind of item, which the rule itself says: asked about another kind
+    /// it does not apply, whatever else is missing; rules naming two kinds are refused.
+    #[test]
+    fn a_rule_is_about_one_kind_of_item() {
+        let prompt = |rule: &str| {
+            Rule::compile(rule).unwrap().evaluate(
+                &Caller::new(IpAddr::from([10, 0, 0, 7]), []),
+                Item {
+                    kind: ItemKind::Prompt,
+                    server: "math",
+                    name: "p",
+                    arguments: Some(&serde_json::json!({})),
+                },
+            )
+        };
+        let about_tools = r#"mcp.tool.name == "query" && mcp.tool.arguments.resource != "public""#;
+        assert_eq!(prompt(about_tools), Verdict::False);
+        assert!(matches!(
+            prompt(r#"mcp.prompt.arguments.tool == "x""#),
+            Verdict::Error(_)
+        ));
+        for (rule, expected) in [
+            (
+                r#"(mcp.tool.name == "query" && mcp.tool.arguments.resource != "public") || mcp.resource.uri.startsWith("file:///private")"#,
+                "names mcp.resource and mcp.tool: a rule is about one kind of item",
+            ),
+            (
+                r#"mcp.tool.arguments.files.exists(mcp, mcp.resource.startsWith("/etc"))"#,
+                "a variable named mcp would hide the rule's own",
+            ),
         ] {
-            let missing = verdict(either, "query", Some(serde_json::json!({})));
-            assert!(matches!(missing, Verdict::Error(_)), "{either}: {missing:?}");
+            let error = Rule::compile(rule).unwrap_err();
+            assert!(error.contains(expected), "{rule}: {error}");
         }
-        let other_kind = r#"mcp.tool.arguments.table == "t" || mcp.resource.uri == "file:///x""#;
-        let verdict_of_other = verdict(other_kind, "query", Some(serde_json::json!({"table": "u"})));
-        assert_eq!(verdict_of_other, Verdict::False, "only the resource half failed");
     }
 
     #[test]

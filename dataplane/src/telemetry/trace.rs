@@ -394,25 +394,29 @@ fn uri_without_secrets(uri: &str) -> Cow<'_, str> {
         None => ("", uri),
     };
     // The authority is taken to run to the first '/', not also to '?' or '#' as RFC 3986
-    // has it: a password written with those unescaped is cut whole all the same. One written
-    // with a '/' (`user:p/w@db`) shows as `user:` before the first '/': then everything up to
-    // the last '@' goes, even at the cost of a path holding an '@' after a port.
+    // has it: a password written with those unescaped is cut whole all the same.
     let authority = &rest[..rest.find('/').unwrap_or(rest.len())];
-    let before_query = &rest[..rest.find(['?', '#']).unwrap_or(rest.len())];
-    let userinfo_end = match authority.rfind('@') {
-        Some(at) => Some(at),
-        None if authority.contains(':') => before_query.rfind('@'),
-        None => None,
-    };
-    let rest = match userinfo_end {
-        Some(at) => &rest[at + 1..],
-        None => rest,
-    };
-    let rest = &rest[..rest.find(['?', '#']).unwrap_or(rest.len())];
-    if scheme.len() + rest.len() == uri.len() {
+    if let Some(at) = authority.rfind('@') {
+        let rest = &rest[at + 1..];
+        return Cow::Owned(format!(
+            "{scheme}{}",
+            &rest[..rest.find(['?', '#']).unwrap_or(rest.len())]
+        ));
+    }
+    // An '@' further on may end a user info written with a '/' in it (`user:p/w@db`), or
+    // be part of a path: either way what comes before it is left out, and marked so.
+    if let Some(at) = rest.rfind('@') {
+        let rest = &rest[at + 1..];
+        return Cow::Owned(format!(
+            "{scheme}…@{}",
+            &rest[..rest.find(['?', '#']).unwrap_or(rest.len())]
+        ));
+    }
+    let kept = &rest[..rest.find(['?', '#']).unwrap_or(rest.len())];
+    if kept.len() == rest.len() {
         Cow::Borrowed(uri)
     } else {
-        Cow::Owned(format!("{scheme}{rest}"))
+        Cow::Owned(format!("{scheme}{kept}"))
     }
 }
 
@@ -585,8 +589,10 @@ mod tests {
             ("https://u:p?w#d@h/x?t=1", "https://h/x"),
             ("urn:isbn:123?token=abc", "urn:isbn:123"),
             ("file:///etc/hosts", "file:///etc/hosts"),
-            ("https://h/users/@me", "https://h/users/@me"),
-            ("postgres://user:p/w@db/x", "postgres://db/x"),
+            ("https://h/users/@me", "https://…@me"),
+            ("postgres://user:p/w@db/x", "postgres://…@db/x"),
+            ("postgres://u:p/w?x@db/x", "postgres://…@db/x"),
+            ("https://dG9r/ZW4@h/x", "https://…@h/x"),
         ] {
             assert_eq!(recorded(read, uri).as_deref(), Some(kept), "{uri}");
         }

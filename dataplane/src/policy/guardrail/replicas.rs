@@ -227,13 +227,19 @@ impl Replicas {
                 "no verdict within {}",
                 humantime::format_duration(self.timeout)
             )),
-            // A verdict over what the client decodes (tonic answers OUT_OF_RANGE) can only be
-            // a mutation far over any phase's limit: the checker answered, and the original
-            // must not pass, whatever the failure mode.
-            Ok(Err(status)) if status.code() == tonic::Code::OutOfRange => Ok(Decision::Oversized {
-                bytes: MAX_VERDICT_BYTES as u64 + 1,
-                limit: expected.max_bytes,
-            }),
+            // A verdict over what the client decodes can only be a mutation far over any
+            // phase's limit: the checker answered, and the original must not pass, whatever
+            // the failure mode. Told by tonic's own status for it, not by the code alone,
+            // which a checker may answer with for reasons of its own.
+            Ok(Err(status))
+                if status.code() == tonic::Code::OutOfRange
+                    && status.message().contains("decoded message length too large") =>
+            {
+                Ok(Decision::Oversized {
+                    bytes: MAX_VERDICT_BYTES as u64 + 1,
+                    limit: expected.max_bytes,
+                })
+            }
             Ok(Err(status)) => Err(format!("{:?}: {}", status.code(), status.message())),
             // A mutation too large for this request is a verdict too: requests must not be
             // able to take replicas out.

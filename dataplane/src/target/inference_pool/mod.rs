@@ -895,3 +895,44 @@ impl HttpBody for Release {
         self.inner.size_hint()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::telemetry::Telemetry;
+
+    fn compiled(
+        endpoints: &[&str],
+        upstream: &Upstream,
+        previous: Option<&InferencePoolTarget>,
+    ) -> InferencePoolTarget {
+        let spec: InferencePoolSpec =
+            serde_json::from_value(serde_json::json!({"endpoints": endpoints, "models": [{"name": "m"}]}))
+                .unwrap();
+        InferencePoolTarget::compile("qwen", &spec, upstream, previous).unwrap()
+    }
+
+    /// A request picked for a pod the pool's next version dropped, that went to a pod it kept:
+    /// the next version counts it there, and gives it back when it ends.
+    #[tokio::test]
+    async fn a_request_moved_to_a_pod_the_next_version_kept_is_counted_there() {
+        let telemetry = Arc::new(Telemetry::new(crate::tests::support::quiet_telemetry()).unwrap());
+        let upstream = Upstream::new(telemetry, crate::placements::outbox().0, None);
+        let (dropped, kept) = ("127.0.0.1:1", "127.0.0.1:2");
+        let first = compiled(&[dropped, kept], &upstream, None);
+        let (from, to) = (first.by_address[dropped], first.by_address[kept]);
+        // Picked for `dropped` before the next version was compiled.
+        first.pool.picker().counted(from, first.pool.epoch.elapsed());
+        let issued = first.pool.handover().count;
+        let next = compiled(&[kept], &upstream, Some(&first));
+        let there = next.by_address[kept];
+        assert_eq!(next.pool.picker().in_flight(there), 0);
+
+        // `dropped` refused the connection; the request went to `kept`.
+        first.pool.moved(from, to, &[], issued);
+        assert_eq!(next.pool.picker().in_flight(there), 1);
+        first.pool.finished(to, issued);
+        assert_eq!(next.pool.picker().in_flight(there), 0);
+        assert_eq!(first.pool.picker().in_flight(to), 0);
+    }
+}
