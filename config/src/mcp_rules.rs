@@ -191,15 +191,34 @@ fn kinds_named(expr: &Expr, kinds: &mut Vec<ItemKind>) -> Result<(), String> {
     fn each(exprs: &[&Expr], kinds: &mut Vec<ItemKind>) -> Result<(), String> {
         exprs.iter().try_for_each(|expr| kinds_named(expr, kinds))
     }
+    let is_mcp = |expr: &Expr| matches!(expr, Expr::Ident(name) if name == "mcp");
+    let kind_of = |field: &str| {
+        [ItemKind::Tool, ItemKind::Prompt, ItemKind::Resource]
+            .into_iter()
+            .find(|kind| kind.field() == field)
+    };
     match expr {
-        Expr::Select(select) => {
-            if matches!(&select.operand.expr, Expr::Ident(name) if name == "mcp") {
-                let named = [ItemKind::Tool, ItemKind::Prompt, ItemKind::Resource]
-                    .into_iter()
-                    .find(|kind| kind.field() == select.field);
-                kinds.extend(named);
+        // `has(mcp.tool)` asks which kind an item is; it is not about one.
+        Expr::Select(select) if is_mcp(&select.operand.expr) => {
+            if !select.test {
+                kinds.extend(kind_of(&select.field));
             }
-            each(&[&select.operand.expr], kinds)
+            Ok(())
+        }
+        Expr::Select(select) => each(&[&select.operand.expr], kinds),
+        Expr::Call(call)
+            if call.func_name == "_[_]" && call.args.len() == 2 && is_mcp(&call.args[0].expr) =>
+        {
+            match string_literal(&call.args[1].expr) {
+                Some(field) => {
+                    kinds.extend(kind_of(field));
+                    Ok(())
+                }
+                None => Err("index mcp with a literal name (mcp.tool, mcp[\"tool\"])".into()),
+            }
+        }
+        Expr::Ident(name) if name == "mcp" => {
+            Err("use mcp only to read its fields (mcp.tool, mcp.server, …)".into())
         }
         Expr::Call(call) => {
             let parts: Vec<&Expr> = call
@@ -335,8 +354,12 @@ pub fn check(source: &str, servers: &[&str]) -> Result<(), String> {
     let caller = Caller::new(IpAddr::from([127, 0, 0, 1]), []);
     let empty = serde_json::Value::Object(Default::default());
     let mut outcomes = Vec::new();
+    let kinds = match rule.about {
+        Some(kind) => vec![kind],
+        None => vec![ItemKind::Tool, ItemKind::Prompt, ItemKind::Resource],
+    };
     for server in servers {
-        for kind in [ItemKind::Tool, ItemKind::Prompt, ItemKind::Resource] {
+        for &kind in &kinds {
             for arguments in [None, Some(&empty)] {
                 let item = Item {
                     kind,
@@ -348,11 +371,11 @@ pub fn check(source: &str, servers: &[&str]) -> Result<(), String> {
             }
         }
     }
-    // A missing key is a matter of input (an argument, a header) unless it is the item
-    // itself: a tool rule evaluated for a prompt.
+    // Asked only about its own kind of item, a missing key is a matter of input (an
+    // argument, a header).
     let evaluable = |outcome: &Result<Value, ExecutionError>| match outcome {
         Ok(value) => matches!(value, Value::Bool(_)),
-        Err(ExecutionError::NoSuchKey(key)) => !["tool", "prompt", "resource"].contains(&key.as_str()),
+        Err(ExecutionError::NoSuchKey(_)) => true,
         Err(_) => false,
     };
     if !outcomes.iter().any(evaluable) {
@@ -582,6 +605,16 @@ mod tests {
         };
         let about_tools = r#"mcp.tool.name == "query" && mcp.tool.arguments.resource != "public""#;
         assert_eq!(prompt(about_tools), Verdict::False);
+        assert_eq!(
+            prompt(r#"mcp["tool"].name == "rm""#),
+            Verdict::False,
+            "indexed, still about tools"
+        );
+        // `has` asks the kind, so the rule is about every item.
+        assert_eq!(
+            prompt(r#"!has(mcp.tool) && source.address == "10.0.0.7""#),
+            Verdict::True
+        );
         assert!(matches!(
             prompt(r#"mcp.prompt.arguments.tool == "x""#),
             Verdict::Error(_)
@@ -594,6 +627,14 @@ mod tests {
             (
                 r#"mcp.tool.arguments.files.exists(mcp, mcp.resource.startsWith("/etc"))"#,
                 "a variable named mcp would hide the rule's own",
+            ),
+            (
+                r#"[mcp].exists(m, m.tool.name == "rm")"#,
+                "use mcp only to read its fields",
+            ),
+            (
+                r#"(true ? mcp : mcp).tool.name == "rm""#,
+                "use mcp only to read its fields",
             ),
         ] {
             let error = Rule::compile(rule).unwrap_err();

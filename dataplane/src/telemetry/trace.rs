@@ -395,7 +395,11 @@ fn uri_without_secrets(uri: &str) -> Cow<'_, str> {
     };
     // The authority is taken to run to the first '/', not also to '?' or '#' as RFC 3986
     // has it: a password written with those unescaped is cut whole all the same.
-    let authority = &rest[..rest.find('/').unwrap_or(rest.len())];
+    // Without `//` there is no authority (`urn:isbn:…`, `mailto:…`).
+    let authority = match scheme.is_empty() {
+        true => "",
+        false => &rest[..rest.find('/').unwrap_or(rest.len())],
+    };
     if let Some(at) = authority.rfind('@') {
         let rest = &rest[at + 1..];
         return Cow::Owned(format!(
@@ -403,16 +407,23 @@ fn uri_without_secrets(uri: &str) -> Cow<'_, str> {
             &rest[..rest.find(['?', '#']).unwrap_or(rest.len())]
         ));
     }
-    // An '@' further on may end a user info written with a '/' in it (`user:p/w@db`), or
-    // be part of a path: either way what comes before it is left out, and marked so.
-    if let Some(at) = rest.rfind('@') {
-        let rest = &rest[at + 1..];
-        return Cow::Owned(format!(
-            "{scheme}…@{}",
-            &rest[..rest.find(['?', '#']).unwrap_or(rest.len())]
-        ));
+    // `user:p/w@db`: a password written with a '/' leaves `user:p` for an authority, which
+    // no host with a port reads as. Nothing of it is kept.
+    let after_host = match authority.strip_prefix('[') {
+        Some(bracketed) => bracketed.split_once(']').map_or("", |(_, after)| after),
+        None => authority.find(':').map_or("", |colon| &authority[colon..]),
+    };
+    let port = after_host.strip_prefix(':').unwrap_or(after_host);
+    if !port.bytes().all(|b| b.is_ascii_digit()) {
+        return Cow::Owned(format!("{scheme}…"));
     }
     let kept = &rest[..rest.find(['?', '#']).unwrap_or(rest.len())];
+    // An '@' further on, before the query, may end a user info written with a '/' in it
+    // (`dG9r/ZW4@host`, a token), or be part of a path: either way what comes before it is
+    // left out, and marked so.
+    if let Some(at) = kept.rfind('@') {
+        return Cow::Owned(format!("{scheme}…@{}", &kept[at + 1..]));
+    }
     if kept.len() == rest.len() {
         Cow::Borrowed(uri)
     } else {
@@ -590,9 +601,16 @@ mod tests {
             ("urn:isbn:123?token=abc", "urn:isbn:123"),
             ("file:///etc/hosts", "file:///etc/hosts"),
             ("https://h/users/@me", "https://…@me"),
-            ("postgres://user:p/w@db/x", "postgres://…@db/x"),
-            ("postgres://u:p/w?x@db/x", "postgres://…@db/x"),
+            ("postgres://user:p/w@db/x", "postgres://…"),
+            ("postgres://u:p/w?x@db/x", "postgres://…"),
             ("https://dG9r/ZW4@h/x", "https://…@h/x"),
+            ("https://api/doc?user=a@b.com&api_key=SECRET", "https://api/doc"),
+            ("https://[::1]:8443/doc", "https://[::1]:8443/doc"),
+            ("https://[::1]/doc", "https://[::1]/doc"),
+            ("urn:isbn:123", "urn:isbn:123"),
+            ("https://h:8443/doc?k=v", "https://h:8443/doc"),
+            ("", ""),
+            ("https://h/x@", "https://…@"),
         ] {
             assert_eq!(recorded(read, uri).as_deref(), Some(kept), "{uri}");
         }

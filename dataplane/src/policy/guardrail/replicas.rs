@@ -229,11 +229,15 @@ impl Replicas {
             )),
             // A verdict over what the client decodes can only be a mutation far over any
             // phase's limit: the checker answered, and the original must not pass, whatever
-            // the failure mode. Told by tonic's own status for it, not by the code alone,
-            // which a checker may answer with for reasons of its own.
+            // the failure mode. Told by tonic's own status for it and this client's limit, not
+            // by the code alone, which a checker may answer with for reasons of its own (its
+            // tonic refusing a request over its own limit, say).
             Ok(Err(status))
                 if status.code() == tonic::Code::OutOfRange
-                    && status.message().contains("decoded message length too large") =>
+                    && status.message().contains("decoded message length too large")
+                    && status
+                        .message()
+                        .contains(&format!("the limit is: {MAX_VERDICT_BYTES} bytes")) =>
             {
                 Ok(Decision::Oversized {
                     bytes: MAX_VERDICT_BYTES as u64 + 1,
