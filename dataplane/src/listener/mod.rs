@@ -24,12 +24,13 @@ use portcullis_config::ListenerLimits;
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::runtime::Handle;
-use tokio::sync::{oneshot, watch, Notify};
+use tokio::sync::{mpsc, oneshot, watch, Notify};
 use tokio::task::{JoinHandle, JoinSet};
 
 use crate::body::Body;
 use flow_control::Streams;
 pub(crate) use workers::Workers;
+use workers::{WorkerLoad, WorkerSlot};
 use write_timeout::WriteTimeout;
 
 /// What a served port does with each request.
@@ -96,11 +97,13 @@ const OVER_CAPACITY_BODY: &str =
 /// A listening socket, bound before the version that needs it is committed, with one
 /// handle of it per worker thread: the same socket, in each worker's epoll. A new
 /// connection wakes the idle workers and the first to `accept` takes it (the others find
-/// nothing); one `SO_REUSEPORT` socket per worker would avoid those wake-ups, but a socket
-/// closed on drain would reset the connections queued on it.
+/// nothing), then hands it to the least loaded worker (`workers.rs`); one `SO_REUSEPORT`
+/// socket per worker would avoid those wake-ups, but a socket closed on drain would reset
+/// the connections queued on it.
 pub(crate) struct BoundSocket {
     local: SocketAddr,
     per_worker: Vec<(Handle, std::net::TcpListener)>,
+    load: Arc<WorkerLoad>,
 }
 
 impl BoundSocket {
@@ -111,7 +114,11 @@ impl BoundSocket {
         for handle in workers.handles() {
             per_worker.push((handle.clone(), socket.try_clone()?));
         }
-        Ok(BoundSocket { local, per_worker })
+        Ok(BoundSocket {
+            local,
+            per_worker,
+            load: workers.load().clone(),
+        })
     }
 
     pub(crate) fn local_addr(&self) -> SocketAddr {
@@ -142,7 +149,13 @@ impl RunningListener {
         let open = Arc::new(AtomicUsize::new(0));
         let mut sockets_closed = Vec::with_capacity(socket.per_worker.len());
         let mut accept_loops = Vec::with_capacity(socket.per_worker.len());
-        for (worker, listener) in socket.per_worker {
+        let (inboxes, handed): (Vec<_>, Vec<_>) = socket
+            .per_worker
+            .iter()
+            .map(|_| mpsc::unbounded_channel())
+            .unzip();
+        let inboxes: Arc<[mpsc::UnboundedSender<Handoff>]> = inboxes.into();
+        for (index, ((worker, listener), handed)) in socket.per_worker.into_iter().zip(handed).enumerate() {
             let (closed, socket_closed) = oneshot::channel();
             sockets_closed.push(socket_closed);
             let accept = Accept {
@@ -150,12 +163,15 @@ impl RunningListener {
                 limits: limits.clone(),
                 open: open.clone(),
                 local: socket.local,
+                worker: index,
+                load: socket.load.clone(),
+                inboxes: inboxes.clone(),
             };
             let stopped = stopped.clone();
             accept_loops.push(worker.spawn(async move {
                 // Registering with the reactor needs the worker's own runtime.
                 match TcpListener::from_std(listener) {
-                    Ok(listener) => accept.serve(listener, stopped, closed, drain_grace).await,
+                    Ok(listener) => accept.serve(listener, handed, stopped, closed, drain_grace).await,
                     Err(error) => tracing::error!(local = %accept.local, %error, "a worker cannot accept on the listener"),
                 }
             }));
@@ -213,12 +229,27 @@ struct Accept<H> {
     /// Connections open on this listener across all workers.
     open: Arc<AtomicUsize>,
     local: SocketAddr,
+    /// This loop's worker, an index into `load` and `inboxes`.
+    worker: usize,
+    load: Arc<WorkerLoad>,
+    /// Each worker's loop of this listener takes the connections handed to it here.
+    inboxes: Arc<[mpsc::UnboundedSender<Handoff>]>,
+}
+
+/// An accepted connection on its way to the worker that serves it, already counted
+/// against the listener's limit and on that worker. A connection handed to a loop that has
+/// stopped is closed unanswered, as one still in the accept queue is on a drain.
+struct Handoff {
+    stream: std::net::TcpStream,
+    peer: SocketAddr,
+    slots: (ConnectionSlot, WorkerSlot),
 }
 
 impl<H: Handler> Accept<H> {
     async fn serve(
         self,
         listener: TcpListener,
+        mut handed: mpsc::UnboundedReceiver<Handoff>,
         mut stopped: watch::Receiver<bool>,
         socket_closed: oneshot::Sender<()>,
         drain_grace: Duration,
@@ -232,85 +263,38 @@ impl<H: Handler> Accept<H> {
                 _ = stopped.changed() => break,
                 accepted = listener.accept() => match accepted {
                     Ok((stream, peer)) => {
-                        let limits = self.limits.load_full();
-                        let Some(slot) = ConnectionSlot::take(&self.open, limits.max_connections) else {
+                        let Some(slot) = ConnectionSlot::take(&self.open, self.limits.load().max_connections) else {
                             tracing::debug!(%local, %peer, "connection limit reached, refusing");
                             connections.spawn(refuse(stream));
                             continue;
                         };
-                        // Small writes such as single SSE events must not wait for Nagle.
-                        let _ = stream.set_nodelay(true);
-                        let handler = self.handler.clone();
-                        let first_request = Arc::new(AtomicBool::new(false));
-                        let seen = first_request.clone();
-                        let streams = Streams::new();
-                        let http2 = Arc::new(Notify::new());
-                        let (watched, on_http2) = (streams.clone(), http2.clone());
-                        let service = service_fn(move |request: Request<Incoming>| {
-                            let handler = handler.clone();
-                            let first = !seen.swap(true, Ordering::Relaxed);
-                            let watched = (request.version() == http::Version::HTTP_2).then(|| {
-                                if first {
-                                    on_http2.notify_one();
+                        let slots = (slot, self.load.assign(self.worker));
+                        let worker = slots.1.worker();
+                        if worker == self.worker {
+                            self.serve_connection(stream, peer, slots, &graceful, &mut connections);
+                            continue;
+                        }
+                        // Taken out of this worker's reactor; the receiving loop registers it
+                        // with its own.
+                        match (stream.into_std(), self.inboxes.get(worker)) {
+                            (Ok(stream), Some(inbox)) => {
+                                if inbox.send(Handoff { stream, peer, slots }).is_err() {
+                                    tracing::debug!(%peer, worker, "the worker's accept loop has stopped, closing");
                                 }
-                                watched.clone()
-                            });
-                            async move {
-                                let response = handler.handle(peer, request).await;
-                                Ok::<_, Infallible>(match watched {
-                                    Some(streams) => response.map(|body| streams.watch(body)),
-                                    None => response,
-                                })
                             }
-                        });
-                        let connection = limits
-                            .connection_builder()
-                            .serve_connection(TokioIo::new(WriteTimeout::new(stream, limits.write_timeout)), service)
-                            .into_owned();
-                        let connection = graceful.watch(connection);
-                        let first_request_within = limits.header_read_timeout;
-                        let write_timeout = limits.write_timeout;
-                        connections.spawn(async move {
-                            let mut connection = std::pin::pin!(connection);
-                            // A connection must start its first request in time, whatever the
-                            // protocol: hyper's header timeout starts only once a connection is
-                            // known to be HTTP/1.1, so a silent or half-preface connection would
-                            // otherwise hold a slot of the connection limit for ever.
-                            let mut first_request_by = std::pin::pin!(tokio::time::sleep(first_request_within));
-                            let mut awaiting_first = true;
-                            // An HTTP/2 connection is also watched for responses waiting on the
-                            // client's flow-control window (see `flow_control.rs`), a few times
-                            // per write timeout: a stall is found within 1.25 × `write_timeout`.
-                            let mut watching = false;
-                            let mut checks = tokio::time::interval((write_timeout / 4).max(Duration::from_millis(10)));
-                            let result = loop {
-                                tokio::select! {
-                                    result = &mut connection => break Some(result),
-                                    () = &mut first_request_by, if awaiting_first => {
-                                        if !first_request.load(Ordering::Relaxed) {
-                                            tracing::debug!(%peer, "no request within the header read timeout, closing");
-                                            break None;
-                                        }
-                                        awaiting_first = false;
-                                    }
-                                    () = http2.notified(), if !watching => watching = true,
-                                    _ = checks.tick(), if watching => if streams.stalled(write_timeout) {
-                                        tracing::debug!(%peer, ?write_timeout, "the client granted no flow-control window for the write timeout, closing");
-                                        break None;
-                                    }
-                                }
-                            };
-                            if let Some(Err(error)) = result {
-                                tracing::debug!(%peer, %error, "connection ended with an error");
-                            }
-                            drop(slot);
-                        });
+                            (Err(error), _) => tracing::debug!(%peer, %error, "cannot hand the connection to another worker"),
+                            (Ok(_), None) => tracing::error!(worker, "no accept loop for the worker the connection was counted on"),
+                        }
                     }
                     Err(error) => {
                         // Usually out of file descriptors: back off instead of spinning.
                         tracing::warn!(%local, %error, "accept failed");
                         tokio::time::sleep(Duration::from_millis(50)).await;
                     }
+                },
+                Some(handoff) = handed.recv() => match TcpStream::from_std(handoff.stream) {
+                    Ok(stream) => self.serve_connection(stream, handoff.peer, handoff.slots, &graceful, &mut connections),
+                    Err(error) => tracing::debug!(peer = %handoff.peer, %error, "cannot take a connection another worker accepted"),
                 },
                 Some(_) = connections.join_next(), if !connections.is_empty() => {}
             }
@@ -325,6 +309,89 @@ impl<H: Handler> Accept<H> {
             tracing::warn!(%local, open, "drain grace elapsed, closing remaining connections");
         }
         connections.shutdown().await;
+    }
+
+    /// Serves one connection on this worker until it closes, the drain ends it, or a watch
+    /// below closes it; `slots` are given back when it ends.
+    fn serve_connection(
+        &self,
+        stream: TcpStream,
+        peer: SocketAddr,
+        slots: (ConnectionSlot, WorkerSlot),
+        graceful: &GracefulShutdown,
+        connections: &mut JoinSet<()>,
+    ) {
+        let limits = self.limits.load_full();
+        // Small writes such as single SSE events must not wait for Nagle.
+        let _ = stream.set_nodelay(true);
+        let handler = self.handler.clone();
+        let first_request = Arc::new(AtomicBool::new(false));
+        let seen = first_request.clone();
+        let streams = Streams::new();
+        let http2 = Arc::new(Notify::new());
+        let (watched, on_http2) = (streams.clone(), http2.clone());
+        let service = service_fn(move |request: Request<Incoming>| {
+            let handler = handler.clone();
+            let first = !seen.swap(true, Ordering::Relaxed);
+            let watched = (request.version() == http::Version::HTTP_2).then(|| {
+                if first {
+                    on_http2.notify_one();
+                }
+                watched.clone()
+            });
+            async move {
+                let response = handler.handle(peer, request).await;
+                Ok::<_, Infallible>(match watched {
+                    Some(streams) => response.map(|body| streams.watch(body)),
+                    None => response,
+                })
+            }
+        });
+        let connection = limits
+            .connection_builder()
+            .serve_connection(
+                TokioIo::new(WriteTimeout::new(stream, limits.write_timeout)),
+                service,
+            )
+            .into_owned();
+        let connection = graceful.watch(connection);
+        let first_request_within = limits.header_read_timeout;
+        let write_timeout = limits.write_timeout;
+        connections.spawn(async move {
+                let mut connection = std::pin::pin!(connection);
+                // A connection must start its first request in time, whatever the
+                // protocol: hyper's header timeout starts only once a connection is
+                // known to be HTTP/1.1, so a silent or half-preface connection would
+                // otherwise hold a slot of the connection limit for ever.
+                let mut first_request_by = std::pin::pin!(tokio::time::sleep(first_request_within));
+                let mut awaiting_first = true;
+                // An HTTP/2 connection is also watched for responses waiting on the
+                // client's flow-control window (see `flow_control.rs`), a few times
+                // per write timeout: a stall is found within 1.25 × `write_timeout`.
+                let mut watching = false;
+                let mut checks = tokio::time::interval((write_timeout / 4).max(Duration::from_millis(10)));
+                let result = loop {
+                    tokio::select! {
+                        result = &mut connection => break Some(result),
+                        () = &mut first_request_by, if awaiting_first => {
+                            if !first_request.load(Ordering::Relaxed) {
+                                tracing::debug!(%peer, "no request within the header read timeout, closing");
+                                break None;
+                            }
+                            awaiting_first = false;
+                        }
+                        () = http2.notified(), if !watching => watching = true,
+                        _ = checks.tick(), if watching => if streams.stalled(write_timeout) {
+                            tracing::debug!(%peer, ?write_timeout, "the client granted no flow-control window for the write timeout, closing");
+                            break None;
+                        }
+                    }
+                };
+                if let Some(Err(error)) = result {
+                    tracing::debug!(%peer, %error, "connection ended with an error");
+                }
+                drop(slots);
+            });
     }
 }
 
@@ -360,4 +427,78 @@ async fn refuse(mut stream: TcpStream) {
         stream.shutdown().await
     };
     let _ = tokio::time::timeout(Duration::from_secs(1), write).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use tokio::io::AsyncReadExt;
+
+    use super::*;
+
+    /// Answers with the name of the worker thread that serves the connection.
+    #[derive(Clone)]
+    struct ThreadName;
+
+    impl Handler for ThreadName {
+        async fn handle(&self, _: SocketAddr, _: Request<Incoming>) -> Response<Body> {
+            let name = std::thread::current().name().unwrap_or("unnamed").to_string();
+            Response::new(crate::body::full(name))
+        }
+    }
+
+    async fn served_by(connection: &mut TcpStream) -> String {
+        connection
+            .write_all(b"GET / HTTP/1.1\r\nhost: test\r\n\r\n")
+            .await
+            .unwrap();
+        let mut answer = Vec::new();
+        let mut buffer = [0; 1024];
+        while !answer
+            .windows(b"portcullis-worker-".len())
+            .any(|window| window == b"portcullis-worker-")
+            || !answer.last().is_some_and(u8::is_ascii_digit)
+        {
+            let read = connection.read(&mut buffer).await.unwrap();
+            assert!(
+                read > 0,
+                "closed before answering: {}",
+                String::from_utf8_lossy(&answer)
+            );
+            answer.extend_from_slice(&buffer[..read]);
+        }
+        let answer = String::from_utf8(answer).unwrap();
+        answer.rsplit("\r\n\r\n").next().unwrap().to_string()
+    }
+
+    #[tokio::test]
+    async fn a_burst_of_connections_is_spread_over_the_workers() {
+        let mut workers = Workers::start(2).unwrap();
+        let socket = BoundSocket::bind("127.0.0.1:0".parse().unwrap(), &workers)
+            .await
+            .unwrap();
+        let address = socket.local_addr();
+        let listener = RunningListener::spawn(socket, ThreadName, Limits::admin(), Duration::from_secs(1));
+
+        // All connected before any is served, as a load generator or a client pool does:
+        // whichever worker wakes first accepts them all.
+        let mut connections = Vec::new();
+        for _ in 0..8 {
+            connections.push(TcpStream::connect(address).await.unwrap());
+        }
+        let mut per_worker = std::collections::BTreeMap::<String, usize>::new();
+        for connection in &mut connections {
+            *per_worker.entry(served_by(connection).await).or_default() += 1;
+        }
+        assert_eq!(
+            per_worker.into_iter().collect::<Vec<_>>(),
+            [
+                ("portcullis-worker-0".to_string(), 4),
+                ("portcullis-worker-1".to_string(), 4)
+            ]
+        );
+
+        drop(connections);
+        listener.close().await.await.unwrap();
+        workers.stop().await;
+    }
 }

@@ -9,9 +9,15 @@
 //! stay on one core. What it gives up: an HTTP/2 client's streams all run on the thread that
 //! accepted its connection, and HTTP/2 upstream connections, shared by all threads, are
 //! driven by the thread that opened them.
+//!
+//! Which worker accepts a connection is up to the kernel's wake-ups: a burst of connects
+//! (a load generator's, a client pool's) often lands whole on the first worker to wake,
+//! leaving the others idle for the connections' whole life. So the accepting worker hands
+//! each connection to the worker with the fewest open ([`WorkerLoad`]); the hand-off costs
+//! one cross-thread message per connection, not per request.
 
 use std::num::NonZeroUsize;
-use std::sync::mpsc;
+use std::sync::{mpsc, Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -24,6 +30,7 @@ const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(1);
 /// The serving threads; listeners spawn one accept loop on each.
 pub(crate) struct Workers {
     handles: Vec<Handle>,
+    load: Arc<WorkerLoad>,
     /// Empty for [`Workers::current`], which owns no threads.
     threads: Vec<Thread>,
 }
@@ -44,6 +51,7 @@ impl Workers {
         };
         let mut workers = Workers {
             handles: Vec::with_capacity(count),
+            load: Arc::new(WorkerLoad::new(count)),
             threads: Vec::with_capacity(count),
         };
         for index in 0..count {
@@ -86,12 +94,17 @@ impl Workers {
     pub(crate) fn current() -> Workers {
         Workers {
             handles: vec![Handle::current()],
+            load: Arc::new(WorkerLoad::new(1)),
             threads: Vec::new(),
         }
     }
 
     pub(crate) fn handles(&self) -> &[Handle] {
         &self.handles
+    }
+
+    pub(crate) fn load(&self) -> &Arc<WorkerLoad> {
+        &self.load
     }
 
     /// Ends the threads, dropping whatever tasks they still run (streams a drain left open,
@@ -114,6 +127,66 @@ impl Workers {
     }
 }
 
+/// Open connections per worker, over all listeners.
+#[derive(Debug)]
+pub(crate) struct WorkerLoad {
+    /// A lock, not atomics: choosing the least loaded worker and counting the connection on
+    /// it must be one step, or two workers accepting at once both choose the same one. It
+    /// is taken once per connection.
+    open: Mutex<Vec<usize>>,
+}
+
+impl WorkerLoad {
+    fn new(workers: usize) -> WorkerLoad {
+        WorkerLoad {
+            open: Mutex::new(vec![0; workers]),
+        }
+    }
+
+    /// Counts a new connection on the worker with the fewest open, `accepting` (the worker
+    /// that accepted it) when it is among them, so an even load needs no hand-off.
+    pub(crate) fn assign(self: &Arc<Self>, accepting: usize) -> WorkerSlot {
+        let mut open = self.open.lock().unwrap_or_else(PoisonError::into_inner);
+        let fewest = open.iter().copied().min().unwrap_or(0);
+        let worker = match open.get(accepting) {
+            Some(&count) if count == fewest => accepting,
+            _ => open
+                .iter()
+                .position(|&count| count == fewest)
+                .unwrap_or(accepting),
+        };
+        if let Some(count) = open.get_mut(worker) {
+            *count += 1;
+        }
+        WorkerSlot {
+            load: self.clone(),
+            worker,
+        }
+    }
+}
+
+/// A connection counted on one worker; uncounted when dropped.
+#[derive(Debug)]
+pub(crate) struct WorkerSlot {
+    load: Arc<WorkerLoad>,
+    worker: usize,
+}
+
+impl WorkerSlot {
+    pub(crate) fn worker(&self) -> usize {
+        self.worker
+    }
+}
+
+impl Drop for WorkerSlot {
+    fn drop(&mut self) {
+        let mut open = self.load.open.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(count) = open.get_mut(self.worker) {
+            *count = count.saturating_sub(1);
+        }
+    }
+}
+
 impl Drop for Workers {
     /// Stops threads that [`Workers::stop`] did not (a proxy dropped without a shutdown).
     fn drop(&mut self) {
@@ -128,5 +201,28 @@ impl Drop for Workers {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn connections_go_to_the_least_loaded_worker_and_stay_on_the_acceptor_when_even() {
+        let load = Arc::new(WorkerLoad::new(3));
+        // Worker 1 accepts everything, as after one wake-up of a burst.
+        let slots: Vec<WorkerSlot> = (0..6).map(|_| load.assign(1)).collect();
+        let workers: Vec<usize> = slots.iter().map(WorkerSlot::worker).collect();
+        assert_eq!(workers, [1, 0, 2, 1, 0, 2]);
+        // Closing two of worker 0's connections makes it the one to fill next.
+        let mut slots = slots;
+        slots.remove(4);
+        slots.remove(1);
+        assert_eq!(load.assign(2).worker(), 0);
+        assert_eq!(load.assign(2).worker(), 0, "the slot above was dropped at once");
+        let kept: Vec<WorkerSlot> = (0..2).map(|_| load.assign(2)).collect();
+        assert_eq!(kept.iter().map(WorkerSlot::worker).collect::<Vec<_>>(), [0, 0]);
+        assert_eq!(load.assign(2).worker(), 2, "even again: the acceptor keeps it");
     }
 }
