@@ -283,6 +283,50 @@ fn authorization_lists_what_may_be_called_and_decides_calls_on_their_arguments()
 }
 
 #[test]
+fn a_guardrail_on_prompt_arguments_also_checks_what_a_completion_sends() {
+    let dir = tempfile::tempdir().unwrap();
+    let runtime = runtime();
+    let math = runtime.block_on(serve("math", true));
+    let port = free_port();
+    // Default methods: every one it can check, completion/complete among them.
+    let guardrail = format!(
+        "---\n{HEADER}\nkind: Guardrail\nmetadata: {{name: secrets}}\nspec:\n  targetRefs: [{{kind: McpBackend, name: tools}}]\n  phases: [McpRequest]\n  builtin: {{deny: [{{pattern: 'secret-[0-9]+', reason: no secrets}}]}}\n"
+    );
+    let _gateway = start_gateway(dir.path(), &mcp_config(port, &[("math", math)], &guardrail));
+    let wire = Wire::initialize(port);
+    let complete = |value: &str, context: Value| {
+        wire.post(
+            &json!({"jsonrpc": "2.0", "id": 21, "method": "completion/complete", "params": {
+            "ref": {"type": "ref/prompt", "name": "salaries"},
+            "argument": {"name": "emp", "value": value},
+            "context": {"arguments": context}}}),
+        )
+    };
+    let (status, passed) = complete("e", json!({"me": "e7"}));
+    assert_eq!(status, 200);
+    assert_eq!(
+        passed["result"]["completion"]["values"],
+        json!(["e7", "e70", "x1"]),
+        "{passed}"
+    );
+    // What the client typed, or chose before, would reach the server as a prompts/get's
+    // arguments would: the guard sees both.
+    for (value, context) in [("secret-1", json!({})), ("e", json!({"me": "secret-2"}))] {
+        let (status, denied) = complete(value, context);
+        assert_eq!(status, 200);
+        assert_eq!(denied["id"], 21, "{denied}");
+        assert_eq!(denied["error"]["code"], -32012, "{denied}");
+        assert_eq!(denied["error"]["data"]["reason"], "no secrets", "{denied}");
+    }
+    // A guarded completion must say what was typed.
+    let (_, unreadable) = wire.post(
+        &json!({"jsonrpc": "2.0", "id": 22, "method": "completion/complete",
+        "params": {"ref": {"type": "ref/prompt", "name": "salaries"}, "argument": {"name": "emp"}}}),
+    );
+    assert_eq!(unreadable["error"]["code"], -32602, "{unreadable}");
+}
+
+#[test]
 fn rules_that_cannot_work_are_refused_at_apply_with_the_reason() {
     let dir = tempfile::tempdir().unwrap();
     let runtime = runtime();

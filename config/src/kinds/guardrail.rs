@@ -156,8 +156,11 @@ pub const DEFAULT_HEALTH_INTERVAL: Duration = Duration::from_secs(1);
 pub const DEFAULT_BREAKER_FAILURES: u32 = 3;
 pub const DEFAULT_BREAKER_OPEN_FOR: Duration = Duration::from_secs(5);
 pub const DEFAULT_BUILTIN_MAX_BYTES: u64 = 1 << 20;
-/// The MCP methods that name an item, the only ones a guardrail can check.
-pub const GUARDED_MCP_METHODS: &[&str] = &["tools/call", "prompts/get", "resources/read"];
+/// The MCP methods a guardrail can check: those that use an item, and `completion/complete`,
+/// which sends a server the argument values a client has typed for one (its request only).
+pub const GUARDED_MCP_METHODS: &[&str] = &["tools/call", "prompts/get", "resources/read", COMPLETION];
+/// Checked in the McpRequest phase only: its suggestions are not a result a guard sees.
+const COMPLETION: &str = "completion/complete";
 const MAX_REPLICAS: usize = 16;
 const MAX_TIMEOUT: Duration = Duration::from_secs(60);
 const MAX_PATTERNS: usize = 256;
@@ -188,9 +191,11 @@ impl GuardrailSpec {
                 .any(|target| target.kind == InferencePoolSpec::INFO.name && target.name == pool)
     }
 
-    /// Whether an MCP request with `method` on the item `name` is checked.
-    pub fn selects(&self, method: &str, name: &str) -> bool {
-        let method_selected = if self.methods.is_empty() {
+    /// Whether an MCP request with `method` on the item `name` is checked in `phase`.
+    pub fn selects(&self, phase: GuardrailPhase, method: &str, name: &str) -> bool {
+        let method_selected = if phase == GuardrailPhase::McpResponse && method == COMPLETION {
+            false
+        } else if self.methods.is_empty() {
             GUARDED_MCP_METHODS.contains(&method)
         } else {
             self.methods.iter().any(|selected| selected == method)
@@ -255,6 +260,13 @@ impl KindSpec for GuardrailSpec {
                         "{method:?} names no item; a guardrail checks {}",
                         GUARDED_MCP_METHODS.join(", ")
                     ),
+                );
+            } else if method == COMPLETION && self.phases.contains(&GuardrailPhase::McpResponse) {
+                checker.fail(
+                    format!("spec.methods[{index}]"),
+                    "completion/complete is checked in the McpRequest phase only (the values \
+                     a client typed), never its suggestions: give it a Guardrail of its own \
+                     without McpResponse",
                 );
             }
         }
@@ -446,6 +458,10 @@ spec: {endpoints: ['127.0.0.1:8000'], models: [{name: m}]}
         let pool = "targetRefs: [{kind: InferencePool, name: qwen}]";
         assert_eq!(refusal(&format!("{{{mcp}, phases: [McpRequest, McpResponse], {service}}}")), None);
         assert_eq!(refusal(&format!("{{{pool}, phases: [LlmRequest, LlmResponse], {service}}}")), None);
+        assert_eq!(
+            refusal(&format!("{{{mcp}, phases: [McpRequest], methods: [completion/complete], {service}}}")),
+            None
+        );
         for (spec, expected) in [
             (
                 format!("{{{mcp}, phases: [LlmRequest], {service}}}"),
@@ -478,6 +494,10 @@ spec: {endpoints: ['127.0.0.1:8000'], models: [{name: m}]}
             (
                 format!("{{{mcp}, phases: [McpRequest], methods: [tools/list], {service}}}"),
                 "spec.methods[0]: \"tools/list\" names no item",
+            ),
+            (
+                format!("{{{mcp}, phases: [McpRequest, McpResponse], methods: [tools/call, completion/complete], {service}}}"),
+                "spec.methods[1]: completion/complete is checked in the McpRequest phase only",
             ),
             (
                 format!("{{{mcp}, phases: [McpRequest]}}"),

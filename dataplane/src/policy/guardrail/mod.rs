@@ -257,9 +257,9 @@ impl Guards {
         self.0.is_empty()
     }
 
-    /// Whether any guard checks an MCP request with `method` on the item `name`.
-    pub(crate) fn select(&self, method: &str, name: &str) -> bool {
-        self.0.iter().any(|guard| guard.spec.selects(method, name))
+    /// Whether any guard checks `phase` of an MCP request with `method` on the item `name`.
+    pub(crate) fn select(&self, phase: GuardrailPhase, method: &str, name: &str) -> bool {
+        self.0.iter().any(|guard| guard.spec.selects(phase, method, name))
     }
 
     /// Runs each guard in turn on `payload`.
@@ -327,7 +327,7 @@ impl Guards {
         );
         self.0
             .iter()
-            .filter(move |guard| !mcp || guard.spec.selects(subject.method, subject.name))
+            .filter(move |guard| !mcp || guard.spec.selects(subject.phase, subject.method, subject.name))
     }
 }
 

@@ -401,7 +401,18 @@ fn selection_follows_methods_and_name_patterns() {
         "builtin": {"deny": [{"pattern": "x"}]},
     }))
     .unwrap();
-    assert!(spec.selects("tools/call", "get-sum"));
-    assert!(!spec.selects("tools/call", "echo"));
-    assert!(!spec.selects("prompts/get", "get-sum"));
+    assert!(spec.selects(GuardrailPhase::McpRequest, "tools/call", "get-sum"));
+    assert!(!spec.selects(GuardrailPhase::McpRequest, "tools/call", "echo"));
+    assert!(!spec.selects(GuardrailPhase::McpRequest, "prompts/get", "get-sum"));
+
+    // By default every method it can check: a completion's request, never its suggestions.
+    let every_method: GuardrailSpec = serde_json::from_value(json!({
+        "targetRefs": [{"kind": "McpBackend", "name": "tools"}],
+        "phases": ["McpRequest", "McpResponse"],
+        "builtin": {"deny": [{"pattern": "x"}]},
+    }))
+    .unwrap();
+    assert!(every_method.selects(GuardrailPhase::McpRequest, "completion/complete", "salaries"));
+    assert!(!every_method.selects(GuardrailPhase::McpResponse, "completion/complete", "salaries"));
+    assert!(every_method.selects(GuardrailPhase::McpResponse, "prompts/get", "salaries"));
 }

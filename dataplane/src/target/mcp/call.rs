@@ -4,6 +4,7 @@
 
 use http::{Response, StatusCode};
 use portcullis_config::mcp_rules::{Item, ItemKind};
+use portcullis_config::GuardrailPhase;
 use serde_json::{json, Map, Value};
 
 use super::authz::Judgement;
@@ -76,9 +77,13 @@ impl McpTarget {
             name: own.to_string(),
             public: public.clone(),
         };
-        let asker = (guards.request.select(method, own) || guards.response.select(method, own))
-            .then(|| Asker::new(exchange.ctx, &self.name, &exchange.headers));
-        if let (Some(asker), true) = (&asker, guards.request.select(method, own)) {
+        let asker = (guards.request.select(GuardrailPhase::McpRequest, method, own)
+            || guards.response.select(GuardrailPhase::McpResponse, method, own))
+        .then(|| Asker::new(exchange.ctx, &self.name, &exchange.headers));
+        if let (Some(asker), true) = (
+            &asker,
+            guards.request.select(GuardrailPhase::McpRequest, method, own),
+        ) {
             let arguments = arguments.clone();
             match guarded::check_request(&guards.request, asker, &checked, id, arguments).await {
                 Ok(Some(arguments)) => {
@@ -103,7 +108,7 @@ impl McpTarget {
         let message = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
         let answer = self.forward(exchange, downstream, index, message).await;
         match asker {
-            Some(asker) if guards.response.select(method, own) => {
+            Some(asker) if guards.response.select(GuardrailPhase::McpResponse, method, own) => {
                 guarded::check_response(answer, guards.response.clone(), asker, checked, id.clone()).await
             }
             _ => answer,
@@ -213,6 +218,12 @@ impl McpTarget {
             .and_then(|argument| argument.get("name"))
             .and_then(Value::as_str)
             .map(str::to_string);
+        if let Some(refused) = self
+            .check_typed(exchange, id, index, own, public, &chosen, &params)
+            .await
+        {
+            return refused;
+        }
         let mut reference = reference.clone();
         reference[field] = Value::from(own);
         params.insert("ref".into(), reference);
@@ -235,6 +246,55 @@ impl McpTarget {
         };
         self.complete_by_suggestion(exchange, downstream, index, id, message, suggestion)
             .await
+    }
+
+    /// Holds what a completion sends the server (the value typed so far and the arguments
+    /// already chosen, as one arguments object) to the McpRequest guards that select
+    /// `completion/complete` on the item: `Some` answer when they refuse it. Those values
+    /// reach the server as a `prompts/get` or `resources/read` with them would.
+    #[allow(clippy::too_many_arguments)]
+    async fn check_typed(
+        &self,
+        exchange: &mut Exchange<'_>,
+        id: &Value,
+        index: usize,
+        own: &str,
+        public: &str,
+        chosen: &Map<String, Value>,
+        params: &Map<String, Value>,
+    ) -> Option<Response<Body>> {
+        const METHOD: &str = "completion/complete";
+        let guards = &self.guards[index].request;
+        if !guards.select(GuardrailPhase::McpRequest, METHOD, own) {
+            return None;
+        }
+        let argument = params.get("argument");
+        let (Some(name), Some(value)) = (
+            argument
+                .and_then(|argument| argument.get("name"))
+                .and_then(Value::as_str),
+            argument
+                .and_then(|argument| argument.get("value"))
+                .filter(|value| value.is_string()),
+        ) else {
+            return Some(invalid_params(
+                id,
+                "Invalid params: completion/complete needs argument.name and a string argument.value".into(),
+            ));
+        };
+        let mut typed = chosen.clone();
+        typed.insert(name.to_string(), value.clone());
+        let asker = Asker::new(exchange.ctx, &self.name, &exchange.headers);
+        let item = guarded::Item {
+            server: self.servers[index].name.to_string(),
+            method: METHOD.to_string(),
+            name: own.to_string(),
+            public: public.to_string(),
+        };
+        // Not mutable (`guarded::Item::subject`), so a pass never carries a replacement.
+        guarded::check_request(guards, &asker, &item, id, Value::Object(typed))
+            .await
+            .err()
     }
 
     /// Asks the server for its suggestions and answers with those a use with them could pass

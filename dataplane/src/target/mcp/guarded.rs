@@ -44,8 +44,10 @@ impl Item {
             server: &self.server,
             method: &self.method,
             name: &self.name,
-            // A resource read has no arguments a mutation could replace.
-            mutable: !(phase == GuardrailPhase::McpRequest && self.method == "resources/read"),
+            // A resource read has no arguments a mutation could replace, and a completion's
+            // typed values are not the call's arguments either.
+            mutable: !(phase == GuardrailPhase::McpRequest
+                && matches!(self.method.as_str(), "resources/read" | "completion/complete")),
         }
     }
 }

@@ -334,7 +334,9 @@ mod tests {
         let new = key_file(&dir, "new", &STANDARD.encode([7u8; 32]));
         let target: Arc<str> = Arc::from("McpBackend/tools");
         let before = Sealer::load(&target, std::slice::from_ref(&old), DAY).unwrap();
-        let sealed = before.seal(&session());
+        // One session: each call of `session()` reads the clock, and a second may pass.
+        let session = session();
+        let sealed = before.seal(&session);
         assert!(
             sealed.bytes().all(|byte| (0x21..=0x7e).contains(&byte)),
             "visible ASCII"
@@ -342,8 +344,8 @@ mod tests {
         assert!(!sealed.contains("upstream-1"), "the upstream id is not readable");
 
         let rotating = Sealer::load(&target, &[new.clone(), old], DAY).unwrap();
-        assert_eq!(rotating.open(&sealed), Some(session()));
-        let resealed = rotating.seal(&session());
+        assert_eq!(rotating.open(&sealed), Some(session.clone()));
+        let resealed = rotating.seal(&session);
         assert_eq!(before.open(&resealed), None, "new sessions use the new key");
 
         let retired = Sealer::load(&target, std::slice::from_ref(&new), DAY).unwrap();
