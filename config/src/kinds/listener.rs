@@ -50,12 +50,18 @@ pub struct ListenerLimits {
     /// reading is disconnected after it. Default 60s.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub write_timeout: Option<HumanDuration>,
+    /// Longest an HTTP/2 connection may go without an open stream; then the proxy sends
+    /// GOAWAY and closes it. Default 5m. (An idle HTTP/1.1 connection is bounded by
+    /// `header_read_timeout`.)
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub http2_idle_timeout: Option<HumanDuration>,
 }
 
 pub const DEFAULT_MAX_CONNECTIONS: u32 = 10_000;
 pub const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 pub const DEFAULT_MAX_HEADER_BYTES: u32 = 64 * 1024;
 pub const DEFAULT_WRITE_TIMEOUT: Duration = Duration::from_secs(60);
+pub const DEFAULT_HTTP2_IDLE_TIMEOUT: Duration = Duration::from_secs(5 * 60);
 /// Below this hyper cannot parse an ordinary request line.
 const MIN_HEADER_BYTES: u32 = 8 * 1024;
 const MAX_HEADER_BYTES: u32 = 1024 * 1024;
@@ -80,6 +86,11 @@ impl ListenerLimits {
 
     pub fn write_timeout(&self) -> Duration {
         self.write_timeout.map_or(DEFAULT_WRITE_TIMEOUT, |timeout| timeout.0)
+    }
+
+    pub fn http2_idle_timeout(&self) -> Duration {
+        self.http2_idle_timeout
+            .map_or(DEFAULT_HTTP2_IDLE_TIMEOUT, |timeout| timeout.0)
     }
 }
 
@@ -125,6 +136,12 @@ impl KindSpec for ListenerSpec {
         }
         if limits.write_timeout.is_some_and(|duration| duration.0.is_zero()) {
             checker.fail("spec.limits.writeTimeout", "must be above 0");
+        }
+        if limits
+            .http2_idle_timeout
+            .is_some_and(|duration| duration.0.is_zero())
+        {
+            checker.fail("spec.limits.http2IdleTimeout", "must be above 0");
         }
     }
 

@@ -5,9 +5,11 @@
 //! open for as long as the client likes. Each response body of an HTTP/2 connection records
 //! when it handed hyper a chunk that hyper has not come back for; a chunk waiting longer than
 //! the write timeout closes the connection, as a socket that takes no bytes does.
+//!
+//! The same records tell when the connection last had an open stream, for its idle timeout.
 
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::task::{ready, Context, Poll};
 use std::time::{Duration, Instant};
@@ -23,10 +25,14 @@ use crate::body::{Body, BoxError};
 /// per write timeout, not when an upstream read of hundreds of KiB outlasts it.
 const MAX_HANDED_BYTES: usize = 16 * 1024;
 
-/// The response bodies of one connection.
+/// The streams of one connection and their response bodies.
 pub(super) struct Streams {
     opened: Instant,
     bodies: Mutex<Bodies>,
+    /// Streams from their request to their response body's end (or drop).
+    open: AtomicUsize,
+    /// Milliseconds from `opened` to when the last open stream ended.
+    last_ended: AtomicU64,
 }
 
 #[derive(Default)]
@@ -51,10 +57,28 @@ impl Streams {
         Arc::new(Streams {
             opened: Instant::now(),
             bodies: Mutex::default(),
+            open: AtomicUsize::new(0),
+            last_ended: AtomicU64::new(0),
         })
     }
 
-    pub(super) fn watch(&self, body: Body) -> Body {
+    /// Counts a stream open from its request on; it ends when the returned [`OpenStream`]
+    /// (or the response body it goes into) is dropped.
+    pub(super) fn open(self: &Arc<Self>) -> OpenStream {
+        self.open.fetch_add(1, Ordering::Relaxed);
+        OpenStream(self.clone())
+    }
+
+    /// How long the connection has had no open stream; `None` while it has one.
+    pub(super) fn idle_for(&self) -> Option<Duration> {
+        if self.open.load(Ordering::Acquire) != 0 {
+            return None;
+        }
+        let since = millis_since(self.opened).saturating_sub(self.last_ended.load(Ordering::Relaxed));
+        Some(Duration::from_millis(since))
+    }
+
+    fn watch(&self, body: Body, stream: OpenStream) -> Body {
         let handed = Arc::new(AtomicU64::new(0));
         let mut bodies = self.bodies.lock().unwrap_or_else(PoisonError::into_inner);
         if bodies.handed.len() >= (2 * bodies.after_sweep).max(64) {
@@ -67,6 +91,7 @@ impl Streams {
             rest: None,
             handed,
             opened: self.opened,
+            _stream: stream,
         })
     }
 
@@ -84,6 +109,28 @@ impl Streams {
     }
 }
 
+/// One open stream of a connection: its request, then its response body.
+pub(super) struct OpenStream(Arc<Streams>);
+
+impl OpenStream {
+    /// Hands the stream to its response body, watched for the client's window.
+    pub(super) fn watch(self, body: Body) -> Body {
+        let streams = self.0.clone();
+        streams.watch(body, self)
+    }
+}
+
+impl Drop for OpenStream {
+    fn drop(&mut self) {
+        let streams = &self.0;
+        // Written before the count drops, so an idle connection never reads a stale end.
+        streams
+            .last_ended
+            .store(millis_since(streams.opened), Ordering::Relaxed);
+        streams.open.fetch_sub(1, Ordering::Release);
+    }
+}
+
 fn millis_since(opened: Instant) -> u64 {
     u64::try_from(opened.elapsed().as_millis()).unwrap_or(u64::MAX - 1)
 }
@@ -94,6 +141,7 @@ struct Watched {
     rest: Option<Bytes>,
     handed: Arc<AtomicU64>,
     opened: Instant,
+    _stream: OpenStream,
 }
 
 impl HttpBody for Watched {
@@ -157,7 +205,7 @@ mod tests {
     async fn a_chunk_hyper_holds_counts_until_it_comes_back() {
         let streams = Streams::new();
         let (mut upstream, chunks) = futures::channel::mpsc::channel::<Result<Frame<Bytes>, BoxError>>(1);
-        let mut body = streams.watch(crate::body::boxed(StreamBody::new(chunks)));
+        let mut body = streams.open().watch(crate::body::boxed(StreamBody::new(chunks)));
         let timeout = Duration::from_secs(60);
         assert!(!streams.stalled(Duration::ZERO), "nothing handed yet");
 
@@ -183,7 +231,9 @@ mod tests {
         );
         let second = body.frame().await.unwrap().unwrap().into_data().unwrap();
         assert_eq!(second.len(), 1);
+        assert_eq!(streams.idle_for(), None, "its stream is open while its body is");
         drop(body);
         assert!(!streams.stalled(Duration::ZERO), "a body gone is not watched");
+        assert!(streams.idle_for().is_some(), "and its stream is closed");
     }
 }

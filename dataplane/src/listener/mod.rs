@@ -19,7 +19,6 @@ use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
 use portcullis_config::ListenerLimits;
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
@@ -53,6 +52,7 @@ pub(crate) struct Limits {
     pub(crate) header_read_timeout: Duration,
     pub(crate) max_header_bytes: u32,
     pub(crate) write_timeout: Duration,
+    pub(crate) http2_idle_timeout: Duration,
 }
 
 impl Limits {
@@ -62,6 +62,7 @@ impl Limits {
             header_read_timeout: limits.header_read_timeout(),
             max_header_bytes: limits.max_header_bytes(),
             write_timeout: limits.write_timeout(),
+            http2_idle_timeout: limits.http2_idle_timeout(),
         }
     }
 
@@ -77,8 +78,8 @@ impl Limits {
             .timer(TokioTimer::new())
             .header_read_timeout(self.header_read_timeout)
             .max_buf_size(self.max_header_bytes as usize);
-        // Pings find HTTP/2 peers that vanished without closing; an idle but live HTTP/2
-        // connection stays open until the client closes it (bounded by maxConnections).
+        // Pings find HTTP/2 peers that vanished without closing; one that answers them but
+        // opens no stream is closed by the idle timeout (`serve_connection`).
         builder
             .http2()
             .timer(TokioTimer::new())
@@ -254,7 +255,8 @@ impl<H: Handler> Accept<H> {
         socket_closed: oneshot::Sender<()>,
         drain_grace: Duration,
     ) {
-        let graceful = GracefulShutdown::new();
+        // Tells this loop's connections to finish what they serve and close.
+        let (drain, draining) = watch::channel(());
         let mut connections = JoinSet::new();
         let local = self.local;
         loop {
@@ -271,7 +273,7 @@ impl<H: Handler> Accept<H> {
                         let slots = (slot, self.load.assign(self.worker));
                         let worker = slots.1.worker();
                         if worker == self.worker {
-                            self.serve_connection(stream, peer, slots, &graceful, &mut connections);
+                            self.serve_connection(stream, peer, slots, &draining, &mut connections);
                             continue;
                         }
                         // Taken out of this worker's reactor; the receiving loop registers it
@@ -293,7 +295,7 @@ impl<H: Handler> Accept<H> {
                     }
                 },
                 Some(handoff) = handed.recv() => match TcpStream::from_std(handoff.stream) {
-                    Ok(stream) => self.serve_connection(stream, handoff.peer, handoff.slots, &graceful, &mut connections),
+                    Ok(stream) => self.serve_connection(stream, handoff.peer, handoff.slots, &draining, &mut connections),
                     Err(error) => tracing::debug!(peer = %handoff.peer, %error, "cannot take a connection another worker accepted"),
                 },
                 Some(_) = connections.join_next(), if !connections.is_empty() => {}
@@ -302,10 +304,9 @@ impl<H: Handler> Accept<H> {
         drop(listener);
         let _ = socket_closed.send(());
         let open = connections.len();
-        if tokio::time::timeout(drain_grace, graceful.shutdown())
-            .await
-            .is_err()
-        {
+        let _ = drain.send(());
+        let finished = async { while connections.join_next().await.is_some() {} };
+        if tokio::time::timeout(drain_grace, finished).await.is_err() {
             tracing::warn!(%local, open, "drain grace elapsed, closing remaining connections");
         }
         connections.shutdown().await;
@@ -318,7 +319,7 @@ impl<H: Handler> Accept<H> {
         stream: TcpStream,
         peer: SocketAddr,
         slots: (ConnectionSlot, WorkerSlot),
-        graceful: &GracefulShutdown,
+        draining: &watch::Receiver<()>,
         connections: &mut JoinSet<()>,
     ) {
         let limits = self.limits.load_full();
@@ -333,16 +334,16 @@ impl<H: Handler> Accept<H> {
         let service = service_fn(move |request: Request<Incoming>| {
             let handler = handler.clone();
             let first = !seen.swap(true, Ordering::Relaxed);
-            let watched = (request.version() == http::Version::HTTP_2).then(|| {
+            let stream = (request.version() == http::Version::HTTP_2).then(|| {
                 if first {
                     on_http2.notify_one();
                 }
-                watched.clone()
+                watched.open()
             });
             async move {
                 let response = handler.handle(peer, request).await;
-                Ok::<_, Infallible>(match watched {
-                    Some(streams) => response.map(|body| streams.watch(body)),
+                Ok::<_, Infallible>(match stream {
+                    Some(stream) => response.map(|body| stream.watch(body)),
                     None => response,
                 })
             }
@@ -354,44 +355,58 @@ impl<H: Handler> Accept<H> {
                 service,
             )
             .into_owned();
-        let connection = graceful.watch(connection);
-        let first_request_within = limits.header_read_timeout;
-        let write_timeout = limits.write_timeout;
+        let mut draining = draining.clone();
         connections.spawn(async move {
-                let mut connection = std::pin::pin!(connection);
-                // A connection must start its first request in time, whatever the
-                // protocol: hyper's header timeout starts only once a connection is
-                // known to be HTTP/1.1, so a silent or half-preface connection would
-                // otherwise hold a slot of the connection limit for ever.
-                let mut first_request_by = std::pin::pin!(tokio::time::sleep(first_request_within));
-                let mut awaiting_first = true;
-                // An HTTP/2 connection is also watched for responses waiting on the
-                // client's flow-control window (see `flow_control.rs`), a few times
-                // per write timeout: a stall is found within 1.25 × `write_timeout`.
-                let mut watching = false;
-                let mut checks = tokio::time::interval((write_timeout / 4).max(Duration::from_millis(10)));
-                let result = loop {
-                    tokio::select! {
-                        result = &mut connection => break Some(result),
-                        () = &mut first_request_by, if awaiting_first => {
-                            if !first_request.load(Ordering::Relaxed) {
-                                tracing::debug!(%peer, "no request within the header read timeout, closing");
-                                break None;
-                            }
-                            awaiting_first = false;
-                        }
-                        () = http2.notified(), if !watching => watching = true,
-                        _ = checks.tick(), if watching => if streams.stalled(write_timeout) {
-                            tracing::debug!(%peer, ?write_timeout, "the client granted no flow-control window for the write timeout, closing");
+            let mut connection = std::pin::pin!(connection);
+            // A connection must start its first request in time, whatever the protocol:
+            // hyper's header timeout starts only once a connection is known to be HTTP/1.1,
+            // so a silent or half-preface connection would otherwise hold a slot of the
+            // connection limit for ever.
+            let mut first_request_by = std::pin::pin!(tokio::time::sleep(limits.header_read_timeout));
+            let mut awaiting_first = true;
+            // An HTTP/2 connection is also watched, a few times per timeout, for responses
+            // waiting on the client's flow-control window (see `flow_control.rs`; a stall is
+            // found within 1.25 × `write_timeout`) and for going without a stream for
+            // `http2_idle_timeout` (likewise within 1.25 × it).
+            let mut watching = false;
+            let every = limits.write_timeout.min(limits.http2_idle_timeout) / 4;
+            let mut checks = tokio::time::interval(every.max(Duration::from_millis(10)));
+            // Once told to close (drain or idle), hyper finishes what is under way: HTTP/2
+            // sends GOAWAY, HTTP/1.1 closes after the response in flight.
+            let mut closing = false;
+            let result = loop {
+                tokio::select! {
+                    result = connection.as_mut() => break Some(result),
+                    _ = draining.changed(), if !closing => {
+                        connection.as_mut().graceful_shutdown();
+                        closing = true;
+                    }
+                    () = &mut first_request_by, if awaiting_first => {
+                        if !first_request.load(Ordering::Relaxed) {
+                            tracing::debug!(%peer, "no request within the header read timeout, closing");
                             break None;
                         }
+                        awaiting_first = false;
                     }
-                };
-                if let Some(Err(error)) = result {
-                    tracing::debug!(%peer, %error, "connection ended with an error");
+                    () = http2.notified(), if !watching => watching = true,
+                    _ = checks.tick(), if watching => {
+                        if streams.stalled(limits.write_timeout) {
+                            tracing::debug!(%peer, write_timeout = ?limits.write_timeout, "the client granted no flow-control window for the write timeout, closing");
+                            break None;
+                        }
+                        if !closing && streams.idle_for().is_some_and(|idle| idle >= limits.http2_idle_timeout) {
+                            tracing::debug!(%peer, idle_timeout = ?limits.http2_idle_timeout, "no stream for the HTTP/2 idle timeout, closing");
+                            connection.as_mut().graceful_shutdown();
+                            closing = true;
+                        }
+                    }
                 }
-                drop(slots);
-            });
+            };
+            if let Some(Err(error)) = result {
+                tracing::debug!(%peer, %error, "connection ended with an error");
+            }
+            drop(slots);
+        });
     }
 }
 

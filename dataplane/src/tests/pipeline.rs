@@ -710,6 +710,49 @@ async fn an_http2_client_granting_no_window_is_disconnected_after_the_write_time
     proxy.shutdown().await.unwrap();
 }
 
+/// An idle HTTP/2 connection whose client answers pings would otherwise hold its connection
+/// slot for ever; one with a stream open, however long, is not idle.
+#[tokio::test]
+async fn an_http2_connection_without_streams_is_closed_after_the_idle_timeout() {
+    let upstream = spawn_upstream(|request: Request<hyper::body::Incoming>| async move {
+        if request.uri().path() == "/slow" {
+            tokio::time::sleep(Duration::from_millis(1_000)).await;
+        }
+        text("done")
+    })
+    .await;
+    let port = free_port();
+    let listener = format!("apiVersion: portcullis.dev/v1alpha1\nkind: Listener\nmetadata: {{name: web}}\nspec: {{address: 127.0.0.1, port: {port}, limits: {{maxConnections: 1, http2IdleTimeout: 300ms}}}}\n---\n");
+    let config = objects(&(listener + &backend("up", upstream, false) + &route("all", "web", "up", "")));
+    let proxy = start_proxy(None, Duration::from_secs(1)).await;
+    proxy.state.apply(1, config).await.unwrap();
+    let stream = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+    let (mut sender, connection) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(stream),
+    )
+    .await
+    .unwrap();
+    let connection = tokio::spawn(connection);
+    let request = Request::get(format!("http://127.0.0.1:{port}/slow"))
+        .version(http::Version::HTTP_2)
+        .body(http_body_util::Full::<bytes::Bytes>::default())
+        .unwrap();
+    // Open for three idle timeouts: answered, not cut.
+    let response = sender.send_request(request).await.unwrap();
+    assert_eq!(response.status(), 200);
+    let body = http_body_util::BodyExt::collect(response.into_body())
+        .await
+        .unwrap();
+    assert_eq!(body.to_bytes(), "done");
+    // Then idle: the proxy sends GOAWAY and closes, which ends the client's connection
+    // cleanly and gives the only slot back.
+    let ended = tokio::time::timeout(Duration::from_secs(10), connection).await;
+    assert!(matches!(ended, Ok(Ok(Ok(())))), "{ended:?}");
+    assert_eq!(try_status(port, "/fast").await, Some(200));
+    proxy.shutdown().await.unwrap();
+}
+
 #[tokio::test]
 async fn a_client_that_stops_reading_is_disconnected_after_the_write_timeout() {
     // 32 MiB: far more than the socket buffers between the proxy and a client not reading.
