@@ -50,12 +50,35 @@ pub(super) struct Session {
     pub(super) caller: Option<String>,
 }
 
-/// Who sends a request, as far as sessions are concerned: a digest of its `Authorization`
-/// header (none without one). MCP's security best practices ask to bind session ids to the
-/// user; the credential is what identifies the user here. The digest is kept, not the
-/// credential: the sealed id is encrypted, but a credential has no business in it.
+/// The request headers that say who the caller is: a bearer token or one of the API-key
+/// headers MCP and LLM clients send. Not cookies, which a browser changes under a session
+/// (analytics, refreshed consent) without the user changing.
+const CALLER_HEADERS: &[&str] = &["authorization", "x-api-key", "api-key", "x-goog-api-key"];
+
+/// Who sends a request, as far as sessions are concerned: a digest of its credentials
+/// ([`CALLER_HEADERS`]; none without any). MCP's security best practices ask to bind session
+/// ids to the user; the credential is what identifies the user here. The digest is kept,
+/// not the credential: the sealed id is encrypted, but a credential has no business in it.
 pub(super) fn caller_digest(headers: &http::HeaderMap) -> Option<String> {
-    Some(digest(headers.get(http::header::AUTHORIZATION)?.as_bytes()))
+    let mut present = CALLER_HEADERS
+        .iter()
+        .flat_map(|name| headers.get_all(*name).iter().map(move |value| (*name, value)))
+        .peekable();
+    let (first, value) = present.next()?;
+    if first == "authorization" && present.peek().is_none() {
+        // As builds that bound sessions to `Authorization` alone digest it, so the sessions
+        // they sealed keep opening. The form below always holds a NUL, which no header
+        // value does, so the two never meet.
+        return Some(digest(value.as_bytes()));
+    }
+    let mut credentials = Vec::new();
+    for (name, value) in std::iter::once((first, value)).chain(present) {
+        credentials.extend_from_slice(name.as_bytes());
+        credentials.push(0);
+        credentials.extend_from_slice(value.as_bytes());
+        credentials.push(0);
+    }
+    Some(digest(&credentials))
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -352,6 +375,39 @@ mod tests {
         assert_eq!(retired.open(&sealed), None, "the retired key's sessions are gone");
         let elsewhere = Sealer::load(&Arc::from("McpBackend/other"), &[new], DAY).unwrap();
         assert_eq!(elsewhere.open(&resealed), None);
+    }
+
+    #[test]
+    fn a_session_is_bound_to_every_credential_the_caller_sends() {
+        let headers = |pairs: &[(&'static str, &'static str)]| {
+            let mut map = http::HeaderMap::new();
+            for (name, value) in pairs {
+                map.append(*name, http::HeaderValue::from_static(value));
+            }
+            map
+        };
+        assert_eq!(caller_digest(&headers(&[])), None);
+        assert_eq!(caller_digest(&headers(&[("cookie", "a=1")])), None);
+        // A bearer token alone digests as older builds did: their sessions keep opening.
+        assert_eq!(
+            caller_digest(&headers(&[("authorization", "Bearer alice")])),
+            Some(digest(b"Bearer alice"))
+        );
+        let alice = caller_digest(&headers(&[("x-api-key", "alice")]));
+        assert!(alice.is_some(), "an API key identifies the caller");
+        for other in [
+            headers(&[("x-api-key", "mallory")]),
+            headers(&[("api-key", "alice")]),
+            headers(&[("x-api-key", "alice"), ("x-api-key", "more")]),
+            headers(&[("x-api-key", "alice"), ("authorization", "Bearer mallory")]),
+        ] {
+            assert_ne!(caller_digest(&other), alice, "{other:?}");
+        }
+        assert_eq!(
+            caller_digest(&headers(&[("x-api-key", "alice"), ("cookie", "changed=1")])),
+            alice,
+            "cookies are not the caller"
+        );
     }
 
     #[test]
