@@ -244,6 +244,7 @@ impl Admin for AdminService {
         let view = readable_view(&self.view)?;
         let planned = command::plan_apply(&view.config, view.version, &objects, request.expected_version)
             .map_err(wire::rejection)?;
+        writes::entry_size(&planned.write)?;
         Ok(Response::new(wire::apply_response(
             planned.write.applied(view.version),
         )))

@@ -321,11 +321,16 @@ fn outcome_unknown() -> Status {
     )
 }
 
-fn too_large(bytes: usize) -> Status {
-    Status::invalid_argument(format!(
-        "the write would make a Raft entry of {bytes} bytes, over the {} MiB one entry may hold; nothing changed: apply the objects in parts",
-        ENTRY_BYTES >> 20
-    ))
+/// The size of the entry `write` makes, or the refusal of one over [`ENTRY_BYTES`]: Apply
+/// gives it, and Validate says so beforehand.
+pub(crate) fn entry_size(write: &Write) -> Result<usize, Status> {
+    match write.entry_bytes() {
+        bytes if bytes > ENTRY_BYTES => Err(Status::invalid_argument(format!(
+            "the write would make a Raft entry of {bytes} bytes, over the {} MiB one entry may hold; nothing changed: apply the objects in parts",
+            ENTRY_BYTES >> 20
+        ))),
+        bytes => Ok(bytes),
+    }
 }
 
 fn shutting_down() -> Status {
@@ -528,10 +533,9 @@ impl Committer {
         let Ok(planned) = (first.plan)(&view.config, view.version) else {
             return Err(first);
         };
-        let bytes = planned.write.entry_bytes();
-        if bytes > ENTRY_BYTES {
+        let Ok(bytes) = entry_size(&planned.write) else {
             return Err(first);
-        }
+        };
         Ok(first.claim().then(|| {
             (
                 Batch::new(view.version, first, planned.write, bytes),
@@ -552,10 +556,8 @@ impl Committer {
             })),
             Ok(Ok(_)) => readable_view(&self.view).and_then(|view| {
                 let planned = (first.plan)(&view.config, view.version).map_err(wire::rejection)?;
-                match planned.write.entry_bytes() {
-                    bytes if bytes > ENTRY_BYTES => Err(too_large(bytes)),
-                    bytes => Ok((view.version, planned, bytes)),
-                }
+                let bytes = entry_size(&planned.write)?;
+                Ok((view.version, planned, bytes))
             }),
         };
         match planned {
@@ -850,16 +852,27 @@ mod tests {
         };
         client.add_node(add).await.unwrap();
 
+        // Validate says so beforehand, as Apply does.
+        let judged = client
+            .validate(apply_request(heavy_backends(over), None))
+            .await
+            .unwrap_err();
         let refused = client
             .apply(apply_request(heavy_backends(over), None))
             .await
             .unwrap_err();
-        assert_eq!(refused.code(), Code::InvalidArgument, "{}", refused.message());
-        assert!(
-            refused.message().contains("apply the objects in parts"),
-            "{}",
-            refused.message()
-        );
+        for refused in [judged, refused] {
+            assert_eq!(refused.code(), Code::InvalidArgument, "{}", refused.message());
+            assert!(
+                refused.message().contains("apply the objects in parts"),
+                "{}",
+                refused.message()
+            );
+        }
+        client
+            .validate(apply_request(heavy_backends(over - 1), None))
+            .await
+            .unwrap();
         let applied = client
             .apply(apply_request(heavy_backends(over - 1), None))
             .await
