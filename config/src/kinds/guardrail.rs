@@ -103,6 +103,29 @@ pub struct GuardrailService {
     pub health_interval: Option<HumanDuration>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub circuit_breaker: Option<CircuitBreakerSpec>,
+    /// The caller's request headers sent with each check (an identity a trusted front sets,
+    /// say); none by default, so nothing the client sent reaches a checker unasked. Headers
+    /// that carry credentials are refused ([`is_credential_header`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub caller_headers: Vec<String>,
+}
+
+/// Whether a request header, by its (lowercase) name, carries a credential or a session:
+/// such headers never leave the gateway for a checker.
+pub fn is_credential_header(name: &str) -> bool {
+    const NAMES: &[&str] = &["authorization", "proxy-authorization", "cookie"];
+    const PARTS: &[&str] = &[
+        "token",
+        "secret",
+        "password",
+        "passwd",
+        "api-key",
+        "apikey",
+        "credential",
+        "session",
+        "signature",
+    ];
+    NAMES.contains(&name) || PARTS.iter().any(|part| name.contains(part))
 }
 
 /// A replica that fails this many checks in a row is taken out for `openFor`, then one
@@ -382,6 +405,24 @@ impl GuardrailService {
         if self.health_interval.is_some_and(|interval| interval.0 < Duration::from_millis(100)) {
             checker.fail("spec.service.healthInterval", "must be at least 100ms");
         }
+        for (index, name) in self.caller_headers.iter().enumerate() {
+            let field = format!("spec.service.callerHeaders[{index}]");
+            match http::HeaderName::from_bytes(name.as_bytes()) {
+                Err(_) => checker.fail(&field, format!("invalid header name {name:?}")),
+                Ok(header) if is_credential_header(header.as_str()) => checker.fail(
+                    &field,
+                    format!("{name:?} carries credentials, which are never sent to a checker"),
+                ),
+                Ok(header)
+                    if self.caller_headers[..index]
+                        .iter()
+                        .any(|earlier| earlier.eq_ignore_ascii_case(header.as_str())) =>
+                {
+                    checker.fail(&field, format!("{name:?} is listed twice"))
+                }
+                Ok(_) => {}
+            }
+        }
         if let Some(breaker) = &self.circuit_breaker {
             if breaker.consecutive_failures == Some(0) {
                 checker.fail("spec.service.circuitBreaker.consecutiveFailures", "must be at least 1");
@@ -462,6 +503,10 @@ spec: {endpoints: ['127.0.0.1:8000'], models: [{name: m}]}
             refusal(&format!("{{{mcp}, phases: [McpRequest], methods: [completion/complete], {service}}}")),
             None
         );
+        assert_eq!(
+            refusal(&format!("{{{mcp}, phases: [McpRequest], service: {{replicas: ['127.0.0.1:9100'], callerHeaders: [X-Authenticated-User, user-agent]}}}}")),
+            None
+        );
         for (spec, expected) in [
             (
                 format!("{{{mcp}, phases: [LlmRequest], {service}}}"),
@@ -502,6 +547,22 @@ spec: {endpoints: ['127.0.0.1:8000'], models: [{name: m}]}
             (
                 format!("{{{mcp}, phases: [McpRequest]}}"),
                 "spec: give exactly one of service (a checking service) or builtin",
+            ),
+            (
+                format!("{{{mcp}, phases: [McpRequest], service: {{replicas: ['127.0.0.1:9100'], callerHeaders: [x-user, X-Api-Key]}}}}"),
+                "spec.service.callerHeaders[1]: \"X-Api-Key\" carries credentials, which are never sent to a checker",
+            ),
+            (
+                format!("{{{mcp}, phases: [McpRequest], service: {{replicas: ['127.0.0.1:9100'], callerHeaders: [authorization]}}}}"),
+                "spec.service.callerHeaders[0]: \"authorization\" carries credentials",
+            ),
+            (
+                format!("{{{mcp}, phases: [McpRequest], service: {{replicas: ['127.0.0.1:9100'], callerHeaders: [x-user, X-User]}}}}"),
+                "spec.service.callerHeaders[1]: \"X-User\" is listed twice",
+            ),
+            (
+                format!("{{{mcp}, phases: [McpRequest], service: {{replicas: ['127.0.0.1:9100'], callerHeaders: ['x user']}}}}"),
+                "spec.service.callerHeaders[0]: invalid header name",
             ),
             (
                 format!("{{{mcp}, phases: [McpRequest], service: {{replicas: ['127.0.0.1:9100', '127.0.0.1:9100']}}}}"),

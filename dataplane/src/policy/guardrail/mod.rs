@@ -17,7 +17,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use http::HeaderMap;
+use http::{HeaderMap, HeaderName};
 use portcullis_config::guard_patterns::{PatternGuard, PatternVerdict};
 use portcullis_config::{ConfigSet, GuardrailFailureMode, GuardrailPhase, GuardrailSpec, KindSpec};
 use portcullis_proto::guardrail::v1 as wire;
@@ -30,18 +30,6 @@ use super::RequestContext;
 use crate::body::MAX_HELD_ANSWER_BYTES;
 use crate::telemetry::LogThrottle;
 
-/// Headers never sent to a checker: credentials (an MCP session id seals the client's
-/// upstream sessions) stay between the client and the gateway.
-const WITHHELD_HEADERS: &[&str] = &[
-    "authorization",
-    "proxy-authorization",
-    "cookie",
-    "x-api-key",
-    "api-key",
-    "x-goog-api-key",
-    "mcp-session-id",
-];
-
 /// How often one guard's failed checks are logged at most: with every replica down, each
 /// request fails its check, and under FailOpen nothing else slows them.
 const FAILURE_WARN_INTERVAL: Duration = Duration::from_secs(10);
@@ -51,6 +39,9 @@ pub(crate) struct Guard {
     name: Arc<str>,
     spec: GuardrailSpec,
     checker: Checker,
+    /// The caller's headers its checks carry (`service.callerHeaders`, which apply keeps
+    /// free of credentials); none for the built-in guard, which reads no context.
+    caller_headers: Vec<HeaderName>,
     failure_warnings: LogThrottle,
 }
 
@@ -117,10 +108,20 @@ impl Guard {
             }
             (None, None) => return Err(format!("{label}: neither service nor builtin")),
         };
+        let caller_headers = spec
+            .service
+            .iter()
+            .flat_map(|service| &service.caller_headers)
+            .map(|name| {
+                HeaderName::from_bytes(name.as_bytes())
+                    .map_err(|_| format!("{label}: invalid header name {name:?}"))
+            })
+            .collect::<Result<_, _>>()?;
         Ok(Guard {
             name: Arc::from(label),
             spec: spec.clone(),
             checker,
+            caller_headers,
             failure_warnings: LogThrottle::new(FAILURE_WARN_INTERVAL),
         })
     }
@@ -132,7 +133,9 @@ pub(crate) struct Asker {
     request_id: String,
     route: String,
     target: String,
-    caller: wire::Caller,
+    address: String,
+    /// The request's headers, of which each guard's checks carry those it lists.
+    headers: Arc<HeaderMap>,
     /// A mutation of a request may not be larger than the route lets a request body be.
     max_request_bytes: u64,
     log: GuardrailLog,
@@ -141,28 +144,12 @@ pub(crate) struct Asker {
 impl Asker {
     /// `target` is the `Kind/name` the request goes to.
     pub(crate) fn new(ctx: &RequestContext, target: &str, headers: &HeaderMap) -> Asker {
-        let mut caller_headers: HashMap<String, String> = HashMap::new();
-        for (name, value) in headers {
-            if WITHHELD_HEADERS.contains(&name.as_str()) {
-                continue;
-            }
-            let value = String::from_utf8_lossy(value.as_bytes());
-            caller_headers
-                .entry(name.as_str().to_string())
-                .and_modify(|joined| {
-                    joined.push_str(", ");
-                    joined.push_str(&value);
-                })
-                .or_insert_with(|| value.into_owned());
-        }
         Asker {
             request_id: ctx.trace.request_id(),
             route: format!("Route/{}", ctx.route),
             target: target.to_string(),
-            caller: wire::Caller {
-                address: ctx.client_ip.to_string(),
-                headers: caller_headers,
-            },
+            address: ctx.client_ip.to_string(),
+            headers: Arc::new(headers.clone()),
             max_request_bytes: ctx.max_body_bytes,
             log: ctx.guardrails.clone(),
         }
@@ -175,7 +162,29 @@ impl Asker {
             route: self.route.clone(),
             target: self.target.clone(),
             server: server.to_string(),
-            caller: Some(self.caller.clone()),
+            caller: Some(self.caller(guard)),
+        }
+    }
+
+    /// The caller as `guard` sees it: its address, and the headers the guard lists (the
+    /// values of a repeated one joined with ", ").
+    fn caller(&self, guard: &Guard) -> wire::Caller {
+        let headers = guard
+            .caller_headers
+            .iter()
+            .filter_map(|name| {
+                let values: Vec<_> = self
+                    .headers
+                    .get_all(name)
+                    .iter()
+                    .map(|value| String::from_utf8_lossy(value.as_bytes()))
+                    .collect();
+                (!values.is_empty()).then(|| (name.as_str().to_string(), values.join(", ")))
+            })
+            .collect();
+        wire::Caller {
+            address: self.address.clone(),
+            headers,
         }
     }
 

@@ -55,7 +55,7 @@ fn service(replicas: &[SocketAddr], extra: serde_json::Value) -> serde_json::Val
     if let (Some(spec), serde_json::Value::Object(extra)) = (spec.as_object_mut(), extra) {
         for (key, value) in extra {
             match (key.as_str(), spec.get_mut("service")) {
-                ("hedgeAfter" | "healthInterval" | "circuitBreaker", Some(service)) => {
+                ("hedgeAfter" | "healthInterval" | "circuitBreaker" | "callerHeaders", Some(service)) => {
                     service[key.as_str()] = value;
                 }
                 _ => {
@@ -77,7 +77,8 @@ fn asker_limited(max_request_bytes: u64) -> Asker {
         request_id: "r".into(),
         route: "Route/mcp".into(),
         target: "McpBackend/tools".into(),
-        caller: wire::Caller::default(),
+        address: "127.0.0.1".into(),
+        headers: Arc::default(),
         max_request_bytes,
         log: GuardrailLog::default(),
     }
@@ -415,4 +416,40 @@ fn selection_follows_methods_and_name_patterns() {
     assert!(every_method.selects(GuardrailPhase::McpRequest, "completion/complete", "salaries"));
     assert!(!every_method.selects(GuardrailPhase::McpResponse, "completion/complete", "salaries"));
     assert!(every_method.selects(GuardrailPhase::McpResponse, "prompts/get", "salaries"));
+}
+
+/// A checker hears of the caller's headers only those its Guardrail lists.
+#[tokio::test]
+async fn checks_carry_only_the_caller_headers_a_guardrail_lists() {
+    let mut headers = http::HeaderMap::new();
+    for (name, value) in [
+        ("authorization", "Bearer alice"),
+        ("x-user", "alice"),
+        ("x-user", "admin"),
+        ("user-agent", "client/1"),
+        ("x-team", "blue"),
+    ] {
+        headers.append(name, http::HeaderValue::from_static(value));
+    }
+    let asker = Asker {
+        headers: Arc::new(headers),
+        ..asker()
+    };
+    let listing = guard(service(
+        &[closed_port()],
+        json!({"callerHeaders": ["X-User", "user-agent", "x-absent"]}),
+    ));
+    let caller = asker.caller(&listing);
+    assert_eq!(caller.address, "127.0.0.1");
+    let mut heard: Vec<_> = caller.headers.into_iter().collect();
+    heard.sort();
+    assert_eq!(
+        heard,
+        [
+            ("user-agent".to_string(), "client/1".to_string()),
+            ("x-user".to_string(), "alice, admin".to_string()),
+        ]
+    );
+    let silent = guard(service(&[closed_port()], json!({})));
+    assert!(asker.caller(&silent).headers.is_empty(), "none unless listed");
 }
