@@ -311,18 +311,26 @@ fn a_guardrail_on_prompt_arguments_also_checks_what_a_completion_sends() {
     );
     // What the client typed, or chose before, would reach the server as a prompts/get's
     // arguments would: the guard sees both.
-    for (value, context) in [("secret-1", json!({})), ("e", json!({"me": "secret-2"}))] {
+    // The server receives context.arguments as sent, also when it names the argument
+    // being completed: that value is checked too.
+    for (value, context) in [
+        ("secret-1", json!({})),
+        ("e", json!({"me": "secret-2"})),
+        ("e", json!({"emp": "secret-3"})),
+    ] {
         let (status, denied) = complete(value, context);
         assert_eq!(status, 200);
         assert_eq!(denied["id"], 21, "{denied}");
         assert_eq!(denied["error"]["code"], -32012, "{denied}");
         assert_eq!(denied["error"]["data"]["reason"], "no secrets", "{denied}");
     }
-    // A guarded completion must say what was typed.
+    // A guarded completion must say what was typed, and hold what was chosen in an object.
     let (_, unreadable) = wire.post(
         &json!({"jsonrpc": "2.0", "id": 22, "method": "completion/complete",
         "params": {"ref": {"type": "ref/prompt", "name": "salaries"}, "argument": {"name": "emp"}}}),
     );
+    assert_eq!(unreadable["error"]["code"], -32602, "{unreadable}");
+    let (_, unreadable) = complete("e", json!("secret-4"));
     assert_eq!(unreadable["error"]["code"], -32602, "{unreadable}");
 }
 

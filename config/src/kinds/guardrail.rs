@@ -110,8 +110,10 @@ pub struct GuardrailService {
     pub caller_headers: Vec<String>,
 }
 
-/// Whether a request header, by its (lowercase) name, carries a credential or a session:
-/// such headers never leave the gateway for a checker.
+/// Whether a request header, by its (lowercase) name, usually carries a credential or a
+/// session (`x-api-key`, `cf-access-jwt-assertion`, `mcp-session-id`, …): such headers
+/// cannot be listed for a checker. By name only, so it errs on the side of refusing
+/// (`x-idempotency-key` too).
 pub fn is_credential_header(name: &str) -> bool {
     const NAMES: &[&str] = &["authorization", "proxy-authorization", "cookie"];
     const PARTS: &[&str] = &[
@@ -119,11 +121,12 @@ pub fn is_credential_header(name: &str) -> bool {
         "secret",
         "password",
         "passwd",
-        "api-key",
-        "apikey",
+        "key",
         "credential",
         "session",
         "signature",
+        "jwt",
+        "assertion",
     ];
     NAMES.contains(&name) || PARTS.iter().any(|part| name.contains(part))
 }
@@ -183,7 +186,7 @@ pub const DEFAULT_BUILTIN_MAX_BYTES: u64 = 1 << 20;
 /// which sends a server the argument values a client has typed for one (its request only).
 pub const GUARDED_MCP_METHODS: &[&str] = &["tools/call", "prompts/get", "resources/read", COMPLETION];
 /// Checked in the McpRequest phase only: its suggestions are not a result a guard sees.
-const COMPLETION: &str = "completion/complete";
+pub const COMPLETION: &str = "completion/complete";
 const MAX_REPLICAS: usize = 16;
 const MAX_TIMEOUT: Duration = Duration::from_secs(60);
 const MAX_PATTERNS: usize = 256;
@@ -411,7 +414,7 @@ impl GuardrailService {
                 Err(_) => checker.fail(&field, format!("invalid header name {name:?}")),
                 Ok(header) if is_credential_header(header.as_str()) => checker.fail(
                     &field,
-                    format!("{name:?} carries credentials, which are never sent to a checker"),
+                    format!("{name:?} carries credentials, which are never sent to a checker (judged by the name)"),
                 ),
                 Ok(header)
                     if self.caller_headers[..index]
@@ -555,6 +558,10 @@ spec: {endpoints: ['127.0.0.1:8000'], models: [{name: m}]}
             (
                 format!("{{{mcp}, phases: [McpRequest], service: {{replicas: ['127.0.0.1:9100'], callerHeaders: [authorization]}}}}"),
                 "spec.service.callerHeaders[0]: \"authorization\" carries credentials",
+            ),
+            (
+                format!("{{{mcp}, phases: [McpRequest], service: {{replicas: ['127.0.0.1:9100'], callerHeaders: [cf-access-jwt-assertion, ocp-apim-subscription-key]}}}}"),
+                "spec.service.callerHeaders[0]: \"cf-access-jwt-assertion\" carries credentials",
             ),
             (
                 format!("{{{mcp}, phases: [McpRequest], service: {{replicas: ['127.0.0.1:9100'], callerHeaders: [x-user, X-User]}}}}"),

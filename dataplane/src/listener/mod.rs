@@ -280,8 +280,10 @@ impl<H: Handler> Accept<H> {
                         // with its own.
                         match (stream.into_std(), self.inboxes.get(worker)) {
                             (Ok(stream), Some(inbox)) => {
-                                if inbox.send(Handoff { stream, peer, slots }).is_err() {
-                                    tracing::debug!(%peer, worker, "the worker's accept loop has stopped, closing");
+                                // That loop has stopped (its worker could not take the socket, or
+                                // the listener drains): the connection is served here instead.
+                                if let Err(mpsc::error::SendError(handoff)) = inbox.send(Handoff { stream, peer, slots }) {
+                                    self.take_handoff(handoff, &draining, &mut connections);
                                 }
                             }
                             (Err(error), _) => tracing::debug!(%peer, %error, "cannot hand the connection to another worker"),
@@ -294,14 +296,17 @@ impl<H: Handler> Accept<H> {
                         tokio::time::sleep(Duration::from_millis(50)).await;
                     }
                 },
-                Some(handoff) = handed.recv() => match TcpStream::from_std(handoff.stream) {
-                    Ok(stream) => self.serve_connection(stream, handoff.peer, handoff.slots, &draining, &mut connections),
-                    Err(error) => tracing::debug!(peer = %handoff.peer, %error, "cannot take a connection another worker accepted"),
-                },
+                Some(handoff) = handed.recv() => self.take_handoff(handoff, &draining, &mut connections),
                 Some(_) = connections.join_next(), if !connections.is_empty() => {}
             }
         }
         drop(listener);
+        // Connections other workers handed over before they stopped too are served (and
+        // drained) like this loop's own; later ones stay with their acceptor.
+        handed.close();
+        while let Ok(handoff) = handed.try_recv() {
+            self.take_handoff(handoff, &draining, &mut connections);
+        }
         let _ = socket_closed.send(());
         let open = connections.len();
         let _ = drain.send(());
@@ -310,6 +315,19 @@ impl<H: Handler> Accept<H> {
             tracing::warn!(%local, open, "drain grace elapsed, closing remaining connections");
         }
         connections.shutdown().await;
+    }
+
+    /// Serves a connection accepted by another worker, counted on this one.
+    fn take_handoff(&self, handoff: Handoff, draining: &watch::Receiver<()>, connections: &mut JoinSet<()>) {
+        let Handoff { stream, peer, slots } = handoff;
+        let slots = match slots.1.worker() == self.worker {
+            true => slots,
+            false => (slots.0, self.load.count_on(self.worker)),
+        };
+        match TcpStream::from_std(stream) {
+            Ok(stream) => self.serve_connection(stream, peer, slots, draining, connections),
+            Err(error) => tracing::debug!(%peer, %error, "cannot take a connection another worker accepted"),
+        }
     }
 
     /// Serves one connection on this worker until it closes, the drain ends it, or a watch

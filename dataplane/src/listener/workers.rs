@@ -163,6 +163,19 @@ impl WorkerLoad {
             worker,
         }
     }
+
+    /// Counts a connection on `worker`, whatever the others hold: one that could not be
+    /// handed to the worker [`assign`](Self::assign) chose stays where it was accepted.
+    pub(crate) fn count_on(self: &Arc<Self>, worker: usize) -> WorkerSlot {
+        let mut open = self.open.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(count) = open.get_mut(worker) {
+            *count += 1;
+        }
+        WorkerSlot {
+            load: self.clone(),
+            worker,
+        }
+    }
 }
 
 /// A connection counted on one worker; uncounted when dropped.

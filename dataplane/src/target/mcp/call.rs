@@ -4,7 +4,7 @@
 
 use http::{Response, StatusCode};
 use portcullis_config::mcp_rules::{Item, ItemKind};
-use portcullis_config::GuardrailPhase;
+use portcullis_config::{GuardrailPhase, COMPLETION};
 use serde_json::{json, Map, Value};
 
 use super::authz::Judgement;
@@ -207,12 +207,17 @@ impl McpTarget {
                 return denied;
             }
         }
-        let chosen = params
-            .get("context")
-            .and_then(|context| context.get("arguments"))
-            .and_then(Value::as_object)
-            .cloned()
-            .unwrap_or_default();
+        let chosen = match params.get("context").and_then(|context| context.get("arguments")) {
+            None => Map::new(),
+            Some(Value::Object(chosen)) => chosen.clone(),
+            // Else what a server reads there is what no rule or guard judged.
+            Some(_) => {
+                return invalid_params(
+                    id,
+                    "Invalid params: completion/complete takes context.arguments as an object".into(),
+                )
+            }
+        };
         let completed = params
             .get("argument")
             .and_then(|argument| argument.get("name"))
@@ -229,7 +234,7 @@ impl McpTarget {
         params.insert("ref".into(), reference);
         let mut params = Value::Object(params);
         inject_trace(&mut params, exchange);
-        let message = json!({"jsonrpc": "2.0", "id": id, "method": "completion/complete", "params": params});
+        let message = json!({"jsonrpc": "2.0", "id": id, "method": COMPLETION, "params": params});
         if !by_suggestion {
             return self.forward(exchange, downstream, index, message).await;
         }
@@ -252,6 +257,9 @@ impl McpTarget {
     /// already chosen, as one arguments object) to the McpRequest guards that select
     /// `completion/complete` on the item: `Some` answer when they refuse it. Those values
     /// reach the server as a `prompts/get` or `resources/read` with them would.
+    ///
+    /// A `context.arguments` that also names the argument being completed, with another
+    /// value, is checked as it is too: the server receives both.
     #[allow(clippy::too_many_arguments)]
     async fn check_typed(
         &self,
@@ -263,9 +271,8 @@ impl McpTarget {
         chosen: &Map<String, Value>,
         params: &Map<String, Value>,
     ) -> Option<Response<Body>> {
-        const METHOD: &str = "completion/complete";
         let guards = &self.guards[index].request;
-        if !guards.select(GuardrailPhase::McpRequest, METHOD, own) {
+        if !guards.select(GuardrailPhase::McpRequest, COMPLETION, own) {
             return None;
         }
         let argument = params.get("argument");
@@ -282,19 +289,26 @@ impl McpTarget {
                 "Invalid params: completion/complete needs argument.name and a string argument.value".into(),
             ));
         };
-        let mut typed = chosen.clone();
-        typed.insert(name.to_string(), value.clone());
+        let mut checked = vec![with_value(chosen, name, value.clone())];
+        if chosen.get(name).is_some_and(|chosen| chosen != value) {
+            checked.push(chosen.clone());
+        }
         let asker = Asker::new(exchange.ctx, &self.name, &exchange.headers);
         let item = guarded::Item {
             server: self.servers[index].name.to_string(),
-            method: METHOD.to_string(),
+            method: COMPLETION.to_string(),
             name: own.to_string(),
             public: public.to_string(),
         };
-        // Not mutable (`guarded::Item::subject`), so a pass never carries a replacement.
-        guarded::check_request(guards, &asker, &item, id, Value::Object(typed))
-            .await
-            .err()
+        for arguments in checked {
+            // Not mutable (`guarded::Item::subject`), so a pass never carries a replacement.
+            if let Err(refused) =
+                guarded::check_request(guards, &asker, &item, id, Value::Object(arguments)).await
+            {
+                return Some(refused);
+            }
+        }
+        None
     }
 
     /// Asks the server for its suggestions and answers with those a use with them could pass
@@ -348,9 +362,11 @@ impl McpTarget {
             .take(MAX_COMPLETION_VALUES)
             .filter_map(Value::as_str)
             .filter(|value| {
-                let mut arguments = suggestion.chosen.clone();
-                arguments.insert(suggestion.completed.clone(), Value::from(*value));
-                let arguments = Value::Object(arguments);
+                let arguments = Value::Object(with_value(
+                    &suggestion.chosen,
+                    &suggestion.completed,
+                    Value::from(*value),
+                ));
                 let item = Item {
                     arguments: Some(&arguments),
                     ..suggestion.listing
@@ -554,6 +570,13 @@ async fn answer_json(
         }
     }
     Response::from_parts(parts, body::full(bytes))
+}
+
+/// The arguments a completion would use: those chosen before, with `name` set to `value`.
+fn with_value(chosen: &Map<String, Value>, name: &str, value: Value) -> Map<String, Value> {
+    let mut arguments = chosen.clone();
+    arguments.insert(name.to_string(), value);
+    arguments
 }
 
 #[cfg(test)]

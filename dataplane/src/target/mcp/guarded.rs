@@ -9,7 +9,7 @@ use bytes::Bytes;
 use http::{Response, StatusCode};
 use http_body::Frame;
 use http_body_util::{BodyExt, StreamBody};
-use portcullis_config::GuardrailPhase;
+use portcullis_config::{GuardrailPhase, COMPLETION};
 use serde_json::{json, Value};
 
 use super::jsonrpc;
@@ -47,7 +47,7 @@ impl Item {
             // A resource read has no arguments a mutation could replace, and a completion's
             // typed values are not the call's arguments either.
             mutable: !(phase == GuardrailPhase::McpRequest
-                && matches!(self.method.as_str(), "resources/read" | "completion/complete")),
+                && (self.method == "resources/read" || self.method == COMPLETION)),
         }
     }
 }
