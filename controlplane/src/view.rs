@@ -1,6 +1,13 @@
 use std::sync::Arc;
+use std::time::Duration;
 
 use portcullis_config::ConfigSet;
+use tokio::sync::watch;
+
+/// How late the proxy streams see a new version: long enough for the write that made it to
+/// be answered first (the writer waits on it; proxies can take a few milliseconds more),
+/// short against the fan-out's budget.
+pub const STREAMED_LATE_BY: Duration = Duration::from_millis(2);
 
 /// The config as this node's build reads it, as the state machine publishes it. Readers
 /// (admin reads, proxy streams) clone the `Arc`, so they never see a half-applied write.
@@ -14,4 +21,29 @@ pub struct ConfigView {
     /// cannot read (it was accepted by a build with other validation rules): `version` and
     /// `config` are then the last version it could read, and this says why it stopped.
     pub unreadable: Option<Arc<str>>,
+}
+
+impl ConfigView {
+    /// `view`, followed [`STREAMED_LATE_BY`] late: what the proxy streams (config, signals,
+    /// placements) watch. The write that made a version is answered on this node's runtime;
+    /// were the thousand streams of a large fleet woken by the apply itself, their sends
+    /// would hold its answer back. One task waits instead, then wakes them all.
+    pub fn streamed(
+        mut view: watch::Receiver<ConfigView>,
+        mut shutdown: watch::Receiver<bool>,
+    ) -> watch::Receiver<ConfigView> {
+        let (late, streamed) = watch::channel(view.borrow_and_update().clone());
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    changed = view.changed() => if changed.is_err() { return },
+                    _ = shutdown.changed() => return,
+                    () = late.closed() => return,
+                }
+                tokio::time::sleep(STREAMED_LATE_BY).await;
+                late.send_replace(view.borrow_and_update().clone());
+            }
+        });
+        streamed
+    }
 }

@@ -31,6 +31,7 @@ use crate::signals::{SignalStreamService, Signals, VOTE_EMBARGO};
 use crate::store::{LogStore, StateMachineStore, Storage};
 use crate::stream::ConfigStreamService;
 use crate::types::Raft;
+use crate::view::ConfigView;
 
 pub(crate) mod standing;
 
@@ -73,7 +74,7 @@ pub struct ControlPlane {
     metrics: Option<MetricsServer>,
     /// This node's config, for tests that drive its parts directly.
     #[cfg(test)]
-    view: watch::Receiver<crate::view::ConfigView>,
+    view: watch::Receiver<ConfigView>,
 }
 
 fn raft_config() -> anyhow::Result<Arc<openraft::Config>> {
@@ -143,6 +144,7 @@ impl ControlPlane {
         reporter.set_service_status("", ServingStatus::NotServing).await;
         let (standing, sampler) = standing::watch(raft.clone());
         let health = tokio::spawn(report_health(standing.clone(), reporter));
+        let streamed = ConfigView::streamed(view.clone(), shutdown_rx.clone());
 
         let server = tonic::transport::Server::builder()
             // A proxy (or node) that vanished without closing its connection is noticed, so
@@ -163,7 +165,7 @@ impl ControlPlane {
             .add_service(
                 ConfigStreamServer::new(ConfigStreamService::new(
                     raft.clone(),
-                    view.clone(),
+                    streamed.clone(),
                     standing,
                     registry.clone(),
                     shutdown_rx.clone(),
@@ -177,7 +179,7 @@ impl ControlPlane {
                 // the same limit.
                 SignalStreamServer::new(SignalStreamService::new(
                     signals.subscribe(),
-                    view.clone(),
+                    streamed.clone(),
                     shutdown_rx.clone(),
                     metrics.clone(),
                 ))
@@ -186,7 +188,7 @@ impl ControlPlane {
             )
             .add_service(
                 PlacementExchangeServer::new(placements.service(
-                    view.clone(),
+                    streamed,
                     shutdown_rx.clone(),
                     metrics.clone(),
                 ))

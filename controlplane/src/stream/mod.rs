@@ -27,10 +27,6 @@ use crate::view::ConfigView;
 /// How long a new stream may take to send its Hello; a client that never does would
 /// otherwise hold a task and a connection forever.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
-/// How long a stream waits after a new version before sending it: long enough for the
-/// write that made it to be answered first (the writer waits on it; proxies can take a few
-/// milliseconds more), short against the fan-out's budget.
-const FANOUT_DEFER: Duration = Duration::from_millis(2);
 /// How long a proxy holding a newer version than this node waits for it to catch up.
 const CATCH_UP_GRACE: Duration = Duration::from_secs(10);
 /// How long the leader may take to confirm, with a quorum, that it is behind a version a proxy
@@ -238,10 +234,6 @@ impl Session {
         // has it: a control plane rebuilt from empty storage reuses version numbers.
         self.view.mark_changed();
         let mut pending = false;
-        // A new version goes out FANOUT_DEFER after it applied; what the stream starts with
-        // goes at once.
-        let mut send_after: Option<tokio::time::Instant> = None;
-        let mut started = false;
         let mut exchange = Exchange::default();
         // A proxy that moved here from another node may hold a version this node has not
         // applied yet: it waits for this node to catch up rather than go back. If this node
@@ -291,22 +283,13 @@ impl Session {
                     if changed.is_err() {
                         return;
                     }
-                    // The write that made this version is answered on this node's runtime
-                    // too: a thousand streams sending at once would hold its answer back.
-                    if started {
-                        send_after.get_or_insert_with(|| tokio::time::Instant::now() + FANOUT_DEFER);
-                    }
                     pending = true;
-                }
-                () = tokio::time::sleep_until(send_after.unwrap_or_else(tokio::time::Instant::now)), if send_after.is_some() => {
-                    send_after = None;
                 }
                 // Sending only once the last version is answered means a slow proxy skips
                 // versions instead of queueing them, and a delta's base is what it holds.
-                permit = self.outbound.reserve(), if pending && exchange.awaiting.is_none() && send_after.is_none() => {
+                permit = self.outbound.reserve(), if pending && exchange.awaiting.is_none() => {
                     let Ok(permit) = permit else { return };
                     pending = false;
-                    started = true;
                     let view = self.view.borrow_and_update().clone();
                     // This build cannot read what the cluster holds: the proxy keeps what it
                     // has and looks for a node that can serve the current version.
