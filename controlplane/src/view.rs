@@ -6,8 +6,11 @@ use tokio::sync::watch;
 
 /// How late the proxy streams see a new version: long enough for the write that made it to
 /// be answered first (the writer waits on it; proxies can take a few milliseconds more),
-/// short against the fan-out's budget.
+/// short against the fan-out's budget. Longer in tests, so a test can act inside the window.
+#[cfg(not(test))]
 pub const STREAMED_LATE_BY: Duration = Duration::from_millis(2);
+#[cfg(test)]
+pub const STREAMED_LATE_BY: Duration = Duration::from_millis(100);
 
 /// The config as this node's build reads it, as the state machine publishes it. Readers
 /// (admin reads, proxy streams) clone the `Arc`, so they never see a half-applied write.

@@ -332,6 +332,12 @@ fn a_guardrail_on_prompt_arguments_also_checks_what_a_completion_sends() {
     assert_eq!(unreadable["error"]["code"], -32602, "{unreadable}");
     let (_, unreadable) = complete("e", json!("secret-4"));
     assert_eq!(unreadable["error"]["code"], -32602, "{unreadable}");
+    let (_, none_chosen) = complete("e", Value::Null);
+    assert_eq!(
+        none_chosen["result"]["completion"]["values"],
+        json!(["e7", "e70", "x1"]),
+        "{none_chosen}"
+    );
 }
 
 #[test]

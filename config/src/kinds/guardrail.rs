@@ -127,6 +127,9 @@ pub fn is_credential_header(name: &str) -> bool {
         "signature",
         "jwt",
         "assertion",
+        "authorization",
+        "authentication",
+        "oidc",
     ];
     NAMES.contains(&name) || PARTS.iter().any(|part| name.contains(part))
 }
@@ -562,6 +565,10 @@ spec: {endpoints: ['127.0.0.1:8000'], models: [{name: m}]}
             (
                 format!("{{{mcp}, phases: [McpRequest], service: {{replicas: ['127.0.0.1:9100'], callerHeaders: [cf-access-jwt-assertion, ocp-apim-subscription-key]}}}}"),
                 "spec.service.callerHeaders[0]: \"cf-access-jwt-assertion\" carries credentials",
+            ),
+            (
+                format!("{{{mcp}, phases: [McpRequest], service: {{replicas: ['127.0.0.1:9100'], callerHeaders: [x-user, x-amzn-oidc-data]}}}}"),
+                "spec.service.callerHeaders[1]: \"x-amzn-oidc-data\" carries credentials",
             ),
             (
                 format!("{{{mcp}, phases: [McpRequest], service: {{replicas: ['127.0.0.1:9100'], callerHeaders: [x-user, X-User]}}}}"),

@@ -165,6 +165,7 @@ impl ControlPlane {
             .add_service(
                 ConfigStreamServer::new(ConfigStreamService::new(
                     raft.clone(),
+                    view.clone(),
                     streamed.clone(),
                     standing,
                     registry.clone(),

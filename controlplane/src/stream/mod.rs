@@ -43,7 +43,10 @@ const LEADERLESS_GRACE: Duration = Duration::from_secs(5);
 
 pub struct ConfigStreamService {
     raft: Raft,
+    /// The applied config, to compare a proxy's version with.
     view: watch::Receiver<ConfigView>,
+    /// The same, 2 ms late ([`ConfigView::streamed`]): what is sent, and when.
+    streamed: watch::Receiver<ConfigView>,
     /// This node's standing in the cluster: whether its proxies should go elsewhere.
     cluster: watch::Receiver<Standing>,
     registry: ProxyRegistry,
@@ -57,6 +60,7 @@ impl ConfigStreamService {
     pub fn new(
         raft: Raft,
         view: watch::Receiver<ConfigView>,
+        streamed: watch::Receiver<ConfigView>,
         cluster: watch::Receiver<Standing>,
         registry: ProxyRegistry,
         shutdown: watch::Receiver<bool>,
@@ -65,6 +69,7 @@ impl ConfigStreamService {
         Self {
             raft,
             view,
+            streamed,
             cluster,
             registry,
             shutdown,
@@ -90,6 +95,7 @@ impl ConfigStream for ConfigStreamService {
             outbound: tx,
             raft: self.raft.clone(),
             view: self.view.clone(),
+            streamed: self.streamed.clone(),
             cluster: self.cluster.clone(),
             registry: self.registry.clone(),
             shutdown: self.shutdown.clone(),
@@ -106,6 +112,7 @@ struct Session {
     outbound: mpsc::Sender<Result<ConfigSnapshot, Status>>,
     raft: Raft,
     view: watch::Receiver<ConfigView>,
+    streamed: watch::Receiver<ConfigView>,
     cluster: watch::Receiver<Standing>,
     registry: ProxyRegistry,
     shutdown: watch::Receiver<bool>,
@@ -232,7 +239,7 @@ impl Session {
     ) {
         // The current version is always sent first, and whole, even if the proxy says it
         // has it: a control plane rebuilt from empty storage reuses version numbers.
-        self.view.mark_changed();
+        self.streamed.mark_changed();
         let mut pending = false;
         let mut exchange = Exchange::default();
         // A proxy that moved here from another node may hold a version this node has not
@@ -279,7 +286,7 @@ impl Session {
                         (false, waiting) => waiting,
                     };
                 }
-                changed = self.view.changed() => {
+                changed = self.streamed.changed() => {
                     if changed.is_err() {
                         return;
                     }
@@ -290,7 +297,7 @@ impl Session {
                 permit = self.outbound.reserve(), if pending && exchange.awaiting.is_none() => {
                     let Ok(permit) = permit else { return };
                     pending = false;
-                    let view = self.view.borrow_and_update().clone();
+                    let view = self.streamed.borrow_and_update().clone();
                     // This build cannot read what the cluster holds: the proxy keeps what it
                     // has and looks for a node that can serve the current version.
                     if let Some(reason) = &view.unreadable {

@@ -32,6 +32,38 @@ fn proxy(status: &portcullis_proto::v1::StatusResponse) -> Option<&ProxyStatus> 
     status.proxies.iter().find(|p| p.proxy_id == "edge-1")
 }
 
+/// A proxy holding the version the node just applied, before the streams see it (a proxy
+/// moving here from a node that died): it waits for that version, and is never sent an older
+/// one, as it would be were the applied version taken for another history's.
+#[tokio::test]
+async fn a_proxy_holding_the_version_just_applied_gets_nothing_older() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = start(dir.path(), 1, false).await;
+    let mut admin = admin(node.local_addr()).await;
+    wait_for_leader(&mut admin).await;
+    admin
+        .apply(apply_request(vec![backend("api", "127.0.0.1:9000")], None))
+        .await
+        .unwrap();
+    let (tx, mut stream) = subscribe(node.local_addr()).await;
+    let hello = |last_version| Hello {
+        proxy_id: "edge-1".into(),
+        shard: Default::default(),
+        last_version,
+        instance: "one".into(),
+        accepts_deltas: false,
+    };
+    // Let version 1 reach the streams, then hold version 2 as soon as it applies.
+    tokio::time::sleep(crate::view::STREAMED_LATE_BY * 2).await;
+    admin
+        .apply(apply_request(vec![backend("api", "127.0.0.1:9100")], None))
+        .await
+        .unwrap();
+    tx.send(proxy_message(Message::Hello(hello(2)))).await.unwrap();
+    let first = next(&mut stream).await;
+    assert_eq!(first.version, 2);
+}
+
 #[tokio::test]
 async fn streams_versions_and_records_acks() {
     let dir = tempfile::tempdir().unwrap();

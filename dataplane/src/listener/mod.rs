@@ -238,8 +238,8 @@ struct Accept<H> {
 }
 
 /// An accepted connection on its way to the worker that serves it, already counted
-/// against the listener's limit and on that worker. A connection handed to a loop that has
-/// stopped is closed unanswered, as one still in the accept queue is on a drain.
+/// against the listener's limit and on that worker. One that cannot be handed over (that
+/// worker's loop has stopped) is served by the worker that accepted it.
 struct Handoff {
     stream: std::net::TcpStream,
     peer: SocketAddr,
@@ -270,7 +270,11 @@ impl<H: Handler> Accept<H> {
                             connections.spawn(refuse(stream));
                             continue;
                         };
-                        let slots = (slot, self.load.assign(self.worker));
+                        let mut slots = (slot, self.load.assign(self.worker));
+                        // A worker whose loop never started (or has stopped) takes none.
+                        if self.inboxes.get(slots.1.worker()).is_none_or(mpsc::UnboundedSender::is_closed) {
+                            slots.1 = self.load.count_on(self.worker);
+                        }
                         let worker = slots.1.worker();
                         if worker == self.worker {
                             self.serve_connection(stream, peer, slots, &draining, &mut connections);

@@ -207,16 +207,21 @@ impl McpTarget {
                 return denied;
             }
         }
-        let chosen = match params.get("context").and_then(|context| context.get("arguments")) {
-            None => Map::new(),
-            Some(Value::Object(chosen)) => chosen.clone(),
-            // Else what a server reads there is what no rule or guard judged.
-            Some(_) => {
-                return invalid_params(
-                    id,
-                    "Invalid params: completion/complete takes context.arguments as an object".into(),
-                )
-            }
+        // Else what a server reads there is what no rule or guard judged.
+        let chosen = match params.get("context") {
+            None | Some(Value::Null) => Some(Map::new()),
+            Some(Value::Object(context)) => match context.get("arguments") {
+                None | Some(Value::Null) => Some(Map::new()),
+                Some(Value::Object(chosen)) => Some(chosen.clone()),
+                Some(_) => None,
+            },
+            Some(_) => None,
+        };
+        let Some(chosen) = chosen else {
+            return invalid_params(
+                id,
+                "Invalid params: completion/complete takes context and context.arguments as objects".into(),
+            );
         };
         let completed = params
             .get("argument")
