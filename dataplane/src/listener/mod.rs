@@ -272,26 +272,28 @@ impl<H: Handler> Accept<H> {
                         };
                         let mut slots = (slot, self.load.assign(self.worker));
                         // A worker whose loop never started (or has stopped) takes none.
-                        if self.inboxes.get(slots.1.worker()).is_none_or(mpsc::UnboundedSender::is_closed) {
-                            slots.1 = self.load.count_on(self.worker);
-                        }
-                        let worker = slots.1.worker();
-                        if worker == self.worker {
+                        let inbox = self
+                            .inboxes
+                            .get(slots.1.worker())
+                            .filter(|inbox| slots.1.worker() != self.worker && !inbox.is_closed());
+                        let Some(inbox) = inbox else {
+                            if slots.1.worker() != self.worker {
+                                slots.1 = self.load.count_on(self.worker);
+                            }
                             self.serve_connection(stream, peer, slots, &draining, &mut connections);
                             continue;
-                        }
+                        };
                         // Taken out of this worker's reactor; the receiving loop registers it
                         // with its own.
-                        match (stream.into_std(), self.inboxes.get(worker)) {
-                            (Ok(stream), Some(inbox)) => {
-                                // That loop has stopped (its worker could not take the socket, or
-                                // the listener drains): the connection is served here instead.
+                        match stream.into_std() {
+                            // That loop may have stopped since (the listener drains): the
+                            // connection is then served here instead.
+                            Ok(stream) => {
                                 if let Err(mpsc::error::SendError(handoff)) = inbox.send(Handoff { stream, peer, slots }) {
                                     self.take_handoff(handoff, &draining, &mut connections);
                                 }
                             }
-                            (Err(error), _) => tracing::debug!(%peer, %error, "cannot hand the connection to another worker"),
-                            (Ok(_), None) => tracing::error!(worker, "no accept loop for the worker the connection was counted on"),
+                            Err(error) => tracing::debug!(%peer, %error, "cannot hand the connection to another worker"),
                         }
                     }
                     Err(error) => {
