@@ -50,3 +50,46 @@ impl ConfigView {
         streamed
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(version: u64) -> ConfigView {
+        ConfigView {
+            version,
+            ..ConfigView::default()
+        }
+    }
+
+    #[tokio::test]
+    async fn the_streamed_copy_reaches_the_last_version_of_a_burst_and_stops_with_the_node() {
+        let (applied, view) = watch::channel(at(1));
+        let (stop, shutdown) = watch::channel(false);
+        let mut streamed = ConfigView::streamed(view, shutdown);
+        assert_eq!(streamed.borrow_and_update().version, 1);
+
+        let started = tokio::time::Instant::now();
+        for version in 2..=5 {
+            applied.send_replace(at(version));
+        }
+        let mut seen = Vec::new();
+        while seen.last() != Some(&5) {
+            streamed.changed().await.unwrap();
+            seen.push(streamed.borrow_and_update().version);
+        }
+        assert!(started.elapsed() >= STREAMED_LATE_BY, "told only after its delay");
+        assert!(seen.windows(2).all(|pair| pair[0] < pair[1]), "{seen:?}");
+
+        applied.send_replace(at(6));
+        streamed.changed().await.unwrap();
+        assert_eq!(
+            streamed.borrow_and_update().version,
+            6,
+            "and the next version alone"
+        );
+
+        stop.send_replace(true);
+        assert!(streamed.changed().await.is_err(), "the copy ends with the node");
+    }
+}
