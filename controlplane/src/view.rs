@@ -79,7 +79,6 @@ mod tests {
             seen.push(streamed.borrow_and_update().version);
         }
         assert!(started.elapsed() >= STREAMED_LATE_BY, "told only after its delay");
-        assert!(seen.windows(2).all(|pair| pair[0] < pair[1]), "{seen:?}");
 
         applied.send_replace(at(6));
         streamed.changed().await.unwrap();

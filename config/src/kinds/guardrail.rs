@@ -115,7 +115,8 @@ pub struct GuardrailService {
 /// cannot be listed for a checker. By name only, so it errs on the side of refusing
 /// (`x-idempotency-key` too).
 pub fn is_credential_header(name: &str) -> bool {
-    const NAMES: &[&str] = &["authorization", "proxy-authorization", "cookie"];
+    // `dpop`: a signed proof of possession (RFC 9449); `x-registry-auth`: base64 credentials.
+    const NAMES: &[&str] = &["cookie", "dpop", "x-registry-auth"];
     const PARTS: &[&str] = &[
         "token",
         "secret",

@@ -710,6 +710,8 @@ async fn a_config_this_build_cannot_read_is_refused_with_the_reason_until_it_can
         }],
     };
     node.raft.client_write(foreign).await.unwrap().data.unwrap();
+    // The proxy streams see it once their copy of the config has caught up.
+    tokio::time::sleep(crate::view::STREAMED_LATE_BY * 2).await;
 
     let refused = client.list(ListRequest::default()).await.unwrap_err();
     assert_eq!(refused.code(), Code::FailedPrecondition);

@@ -251,6 +251,9 @@ impl Session {
             tracing::warn!(%proxy_id, held, version = self.view.borrow().version, "the proxy holds a version this cluster never reached (a control plane rebuilt from empty storage, or restored from an older backup?); it gets this cluster's current version");
         }
         let mut catching_up = (held > 0 && !foreign).then(|| tokio::time::Instant::now() + CATCH_UP_GRACE);
+        // Nothing older than the proxy holds is sent, unless what it holds is another
+        // history's. Checked on what is sent (the streamed copy), whichever way the wait ends.
+        let mut floor = if foreign { 0 } else { held };
         let mut leaderless_until =
             (!self.place().in_touch).then(|| tokio::time::Instant::now() + LEADERLESS_GRACE);
         let mut offer_again: Option<tokio::time::Instant> = None;
@@ -266,10 +269,13 @@ impl Session {
                     return self.fail(self.left_cluster());
                 }
                 () = tokio::time::sleep_until(catching_up.unwrap_or_else(tokio::time::Instant::now)), if catching_up.is_some() => {
-                    if self.view.borrow().version < held && !self.holds_another_history(held).await {
-                        return self.fail(Status::unavailable(format!(
-                            "this control-plane node is behind version {held}; use another node"
-                        )));
+                    if self.view.borrow().version < held {
+                        if !self.holds_another_history(held).await {
+                            return self.fail(Status::unavailable(format!(
+                                "this control-plane node is behind version {held}; use another node"
+                            )));
+                        }
+                        floor = 0;
                     }
                     catching_up = None;
                     pending = true;
@@ -304,7 +310,7 @@ impl Session {
                         permit.send(Err(Status::unavailable(reason.to_string())));
                         return;
                     }
-                    if catching_up.is_some() && view.version < held {
+                    if view.version < floor {
                         continue;
                     }
                     catching_up = None;

@@ -270,8 +270,9 @@ impl<H: Handler> Accept<H> {
                             connections.spawn(refuse(stream));
                             continue;
                         };
-                        let mut slots = (slot, self.load.assign(self.worker));
-                        // A worker whose loop never started (or has stopped) takes none.
+                        let takes = |worker: usize| self.inboxes.get(worker).is_some_and(|inbox| !inbox.is_closed());
+                        let mut slots = (slot, self.load.assign(self.worker, takes));
+                        // Its loop may have stopped since it was chosen.
                         let inbox = self
                             .inboxes
                             .get(slots.1.worker())

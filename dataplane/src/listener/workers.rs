@@ -143,17 +143,24 @@ impl WorkerLoad {
         }
     }
 
-    /// Counts a new connection on the worker with the fewest open, `accepting` (the worker
-    /// that accepted it) when it is among them, so an even load needs no hand-off.
-    pub(crate) fn assign(self: &Arc<Self>, accepting: usize) -> WorkerSlot {
+    /// Counts a new connection on the worker with the fewest open among those that `take`
+    /// connections (a worker whose accept loop has stopped takes none), `accepting` (the
+    /// worker that accepted it) when it is among them, so an even load needs no hand-off.
+    pub(crate) fn assign(self: &Arc<Self>, accepting: usize, take: impl Fn(usize) -> bool) -> WorkerSlot {
         let mut open = self.open.lock().unwrap_or_else(PoisonError::into_inner);
-        let fewest = open.iter().copied().min().unwrap_or(0);
+        let candidates: Vec<(usize, usize)> = open
+            .iter()
+            .copied()
+            .enumerate()
+            .filter(|&(worker, _)| worker == accepting || take(worker))
+            .collect();
+        let fewest = candidates.iter().map(|&(_, count)| count).min().unwrap_or(0);
         let worker = match open.get(accepting) {
             Some(&count) if count == fewest => accepting,
-            _ => open
+            _ => candidates
                 .iter()
-                .position(|&count| count == fewest)
-                .unwrap_or(accepting),
+                .find(|&&(_, count)| count == fewest)
+                .map_or(accepting, |&(worker, _)| worker),
         };
         if let Some(count) = open.get_mut(worker) {
             *count += 1;
@@ -225,17 +232,32 @@ mod tests {
     fn connections_go_to_the_least_loaded_worker_and_stay_on_the_acceptor_when_even() {
         let load = Arc::new(WorkerLoad::new(3));
         // Worker 1 accepts everything, as after one wake-up of a burst.
-        let slots: Vec<WorkerSlot> = (0..6).map(|_| load.assign(1)).collect();
+        let slots: Vec<WorkerSlot> = (0..6).map(|_| load.assign(1, |_| true)).collect();
         let workers: Vec<usize> = slots.iter().map(WorkerSlot::worker).collect();
         assert_eq!(workers, [1, 0, 2, 1, 0, 2]);
         // Closing two of worker 0's connections makes it the one to fill next.
         let mut slots = slots;
         slots.remove(4);
         slots.remove(1);
-        assert_eq!(load.assign(2).worker(), 0);
-        assert_eq!(load.assign(2).worker(), 0, "the slot above was dropped at once");
-        let kept: Vec<WorkerSlot> = (0..2).map(|_| load.assign(2)).collect();
+        assert_eq!(load.assign(2, |_| true).worker(), 0);
+        assert_eq!(
+            load.assign(2, |_| true).worker(),
+            0,
+            "the slot above was dropped at once"
+        );
+        let kept: Vec<WorkerSlot> = (0..2).map(|_| load.assign(2, |_| true)).collect();
         assert_eq!(kept.iter().map(WorkerSlot::worker).collect::<Vec<_>>(), [0, 0]);
-        assert_eq!(load.assign(2).worker(), 2, "even again: the acceptor keeps it");
+        assert_eq!(
+            load.assign(2, |_| true).worker(),
+            2,
+            "even again: the acceptor keeps it"
+        );
+        drop((slots, kept));
+        // A worker that takes none is passed over, however few it holds.
+        let kept: Vec<WorkerSlot> = (0..4).map(|_| load.assign(0, |worker| worker != 1)).collect();
+        assert_eq!(
+            kept.iter().map(WorkerSlot::worker).collect::<Vec<_>>(),
+            [0, 2, 0, 2]
+        );
     }
 }
