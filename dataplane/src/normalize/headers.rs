@@ -15,6 +15,12 @@ static HOP_BY_HOP: std::sync::LazyLock<[HeaderName; 8]> =
 /// Removes hop-by-hop headers and those `Connection` names. `TE` goes too, unless it is
 /// exactly `trailers` and `keep_te_trailers` (requests: HTTP/2 upstreams may take it).
 pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap, keep_te_trailers: bool) {
+    // Most messages carry none: one pass over their few names is cheaper than a hashed
+    // lookup per hop-by-hop name, and this runs on every request and response.
+    let carries_hop_by_hop = headers.keys().any(|name| name == TE || HOP_BY_HOP.contains(name));
+    if !carries_hop_by_hop {
+        return;
+    }
     // Read before `Connection` can name (and so remove) it.
     let framed_by_transfer_encoding = headers.contains_key(TRANSFER_ENCODING);
     if headers.contains_key(CONNECTION) {
@@ -115,6 +121,20 @@ mod tests {
         let mut gzip = map(&[("te", "gzip, trailers")]);
         strip_hop_by_hop(&mut gzip, true);
         assert!(gzip.is_empty(), "only `TE: trailers` may pass");
+        for only in ["keep-alive", "proxy-connection", "trailer", "upgrade", "te"] {
+            let mut lone = map(&[(only, "x"), ("x-kept", "1")]);
+            strip_hop_by_hop(&mut lone, false);
+            assert_eq!(lone, map(&[("x-kept", "1")]), "a lone {only} goes");
+        }
+        let end_to_end = map(&[
+            ("host", "a.example"),
+            ("accept", "a"),
+            ("accept", "b"),
+            ("x-kept", "1"),
+        ]);
+        let mut untouched = end_to_end.clone();
+        strip_hop_by_hop(&mut untouched, false);
+        assert_eq!(untouched, end_to_end);
     }
 
     #[test]
