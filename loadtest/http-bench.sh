@@ -16,7 +16,10 @@
 #   wrk -t$WRK_THREADS -c$CONNS -d$DURATION --latency
 # against direct (the origin itself), nginx and portcullis, rotating the order each round,
 # and prints per connection count a markdown table: median req/s over the rounds (min–max),
-# median p50/p99, errors, and req/s (and p99) as a ratio of nginx's and direct's.
+# median p50/p99, errors, and req/s (and p99) as a ratio of nginx's and direct's, and the CPU
+# time per request of the process serving each target (read from /proc/<pid>/stat around
+# each wrk run: the proxy alone, not the origin behind it; for direct, the origin), also as a
+# ratio of nginx's.
 #
 # Environment:
 #   WRK_THREADS=2              wrk threads (-t). The issue's figures are presumably -t2; on
@@ -25,13 +28,14 @@
 #   WARMUP=1s                  one unrecorded wrk run per target and connection count before
 #                              round 1 (fills connection pools); WARMUP=0 skips it
 #   BENCH_JSON=path            also write every round's figures and the summary as JSON
-#   BENCH_RAW=dir              keep the raw wrk outputs in dir (default: deleted on exit)
+#   BENCH_RAW=dir              keep the raw wrk outputs (and CPU tick counts) in dir (default:
+#                              deleted on exit)
 #   PORTCULLIS_EXTRA_ARGS=...  appended to both `portcullis proxy` commands
 #   SKIP_PORTCULLIS=1          no cargo build, no Portcullis: origin and nginx only
 #   SKIP_BUILD=1               use the existing target/release/portcullis
 #
-# Needs wrk, nginx (Debian: nginx-light) and python3; installs wrk and nginx-light with
-# apt-get when they are missing and the script runs as root. Everything stops on exit.
+# Needs wrk, nginx (Debian: nginx-light), pgrep (procps) and python3; installs the first three
+# with apt-get when they are missing and the script runs as root. Everything stops on exit.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -54,6 +58,7 @@ admin=17070 proxy_admin=17071 cp_metrics=17072 proxy_admin_logged=17073
 PATH=$PATH:/usr/sbin:/sbin
 missing=()
 command -v wrk >/dev/null 2>&1 || missing+=(wrk)
+command -v pgrep >/dev/null 2>&1 || missing+=(procps)
 command -v nginx >/dev/null 2>&1 || missing+=(nginx-light)
 if [ ${#missing[@]} -gt 0 ]; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
@@ -80,7 +85,7 @@ cleanup() {
     for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
     for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
     if [ -n "${BENCH_RAW:-}" ] && [ -d "$work/runs" ]; then
-        mkdir -p "$BENCH_RAW" && cp "$work"/runs/*.txt "$BENCH_RAW"/ 2>/dev/null || true
+        mkdir -p "$BENCH_RAW" && cp "$work"/runs/* "$BENCH_RAW"/ 2>/dev/null || true
     fi
     rm -rf "$work"
 }
@@ -132,7 +137,30 @@ http {
 NGINX
 mkdir -p "$work/origin" "$work/nginx"
 nginx -e "$work/origin-error.log" -p "$work/origin" -c "$work/origin.conf" & pids+=($!)
+origin_master=$!
 nginx -e "$work/nginx-error.log" -p "$work/nginx" -c "$work/nginx.conf" & pids+=($!)
+nginx_master=$!
+
+# The process each target's requests cost CPU in: each nginx's one worker; for Portcullis,
+# its proxy process (added below).
+worker_of() {
+    local worker
+    for _ in $(seq 50); do
+        worker=$(pgrep -P "$1" | head -n 1) || true
+        [ -n "$worker" ] && { echo "$worker"; return; }
+        sleep 0.1
+    done
+    echo "nginx (master $1) started no worker process" >&2
+    cat "$work"/*-error.log >&2 2>/dev/null || true
+    exit 1
+}
+origin_worker=$(worker_of "$origin_master")
+nginx_worker=$(worker_of "$nginx_master")
+declare -A serving=([direct]=$origin_worker [nginx]=$nginx_worker)
+# User plus system CPU time of a process, all its threads, in clock ticks; nothing once it
+# has exited.
+cpu_ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat" 2>/dev/null || true; }
+clock_ticks=$(getconf CLK_TCK)
 
 targets=(direct nginx)
 declare -A url=(
@@ -169,10 +197,12 @@ YAML
     # shellcheck disable=SC2086 # PORTCULLIS_EXTRA_ARGS is split into arguments on purpose
     PORTCULLIS_LOG=warn "$bin" proxy --controlplane 127.0.0.1:$admin --id plain --shard variant=plain \
         --admin-listen 127.0.0.1:$proxy_admin $PORTCULLIS_EXTRA_ARGS >"$work/proxy.log" 2>&1 & pids+=($!)
+    serving[portcullis]=$!
     # shellcheck disable=SC2086
     PORTCULLIS_LOG=warn "$bin" proxy --controlplane 127.0.0.1:$admin --id logged --shard variant=logged \
         --admin-listen 127.0.0.1:$proxy_admin_logged --access-log "$work/access.log" $PORTCULLIS_EXTRA_ARGS \
         >"$work/proxy-logged.log" 2>&1 & pids+=($!)
+    serving[portcullis-logged]=$!
     for _ in $(seq 100); do
         "$bin" apply -f "$work/bench.yaml" --controlplane 127.0.0.1:$admin >/dev/null 2>&1 && break
         sleep 0.1
@@ -224,7 +254,13 @@ for r in $(seq "$rounds"); do
         for i in $(seq 0 $((n - 1))); do
             t=${targets[$(((i + r - 1) % n))]}
             echo "round $r/$rounds: $t, $c connections" >&2
+            before=$(cpu_ticks "${serving[$t]}")
             wrk -t"$wrk_threads" -c"$c" -d"$duration" --latency "${url[$t]}" >"$work/runs/c${c}_${t}_r${r}.txt"
+            after=$(cpu_ticks "${serving[$t]}")
+            # A process that exited during the run has no figure (its errors show in wrk's).
+            if [ -n "$before" ] && [ -n "$after" ]; then
+                echo "$((after - before)) $clock_ticks" >"$work/runs/c${c}_${t}_r${r}.cpu"
+            fi
         done
     done
 done

@@ -4,9 +4,12 @@
     wrk_report.py RUNS_DIR --targets direct,nginx,portcullis --connections 32,256 [--json OUT]
 
 RUNS_DIR holds one wrk output per run, named c<CONNECTIONS>_<TARGET>_r<ROUND>.txt (wrk run
-with --latency). Prints one markdown table per connection count: median req/s over the
-rounds (and min-max), median p50/p99 in ms, errors, and the req/s ratio to nginx and to
-direct. With --json, also writes every round's figures and the summary there.
+with --latency), and beside it, where measured, c<CONNECTIONS>_<TARGET>_r<ROUND>.cpu: the CPU
+clock ticks the target's serving process used during the run and the ticks per second. Prints
+one markdown table per connection count: median req/s over the rounds (and min-max), median
+p50/p99 in ms, errors, the req/s ratio to nginx and to direct, and the median CPU time per
+request with its ratio to nginx's. With --json, also writes every round's figures and the
+summary there.
 """
 
 import argparse
@@ -58,12 +61,28 @@ def parse_wrk(text):
     return out
 
 
+def read_cpu(path):
+    """CPU seconds from a .cpu file next to a wrk output, or None."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            ticks, per_second = (int(x) for x in f.read().split())
+    except (OSError, ValueError):
+        return None
+    if ticks < 0 or per_second <= 0:
+        return None
+    return ticks / per_second
+
+
 def fmt_int(x):
     return f"{x:,.0f}"
 
 
 def fmt_ms(x):
     return f"{x:.3f}" if x < 10 else f"{x:.1f}"
+
+
+def fmt_us(x):
+    return "—" if x is None else f"{x:.1f}"
 
 
 def fmt_ratio(x):
@@ -96,6 +115,11 @@ def main():
             print(f"{name}: {e}\n{text}", file=sys.stderr)
             bad += 1
             continue
+        parsed["cpu_seconds"] = read_cpu(os.path.join(args.runs_dir, name[:-len(".txt")] + ".cpu"))
+        requests = parsed.get("requests", 0)
+        parsed["cpu_us_per_request"] = (parsed["cpu_seconds"] * 1e6 / requests
+                                        if parsed["cpu_seconds"] is not None and requests > 0
+                                        else None)
         runs.setdefault((c, target), []).append((rnd, parsed))
 
     report = {"meta": json.loads(args.meta), "results": {}}
@@ -115,25 +139,32 @@ def main():
                 "p99_ms_median": statistics.median(r["latency_ms"]["p99"] for _, r in rs),
                 "errors": sum(r["errors"] for _, r in rs),
             }
+            cpu = [r["cpu_us_per_request"] for _, r in rs if r["cpu_us_per_request"] is not None]
+            summary[t]["cpu_us_per_request_median"] = statistics.median(cpu) if cpu else None
         for t, s in summary.items():
             for ref in ("nginx", "direct"):
                 r = summary.get(ref)
                 s[f"rps_vs_{ref}"] = s["rps_median"] / r["rps_median"] if r else None
                 s[f"p99_vs_{ref}"] = (s["p99_ms_median"] / r["p99_ms_median"]
                                       if r and r["p99_ms_median"] > 0 else None)
+            nginx = summary.get("nginx")
+            s["cpu_vs_nginx"] = (s["cpu_us_per_request_median"] / nginx["cpu_us_per_request_median"]
+                                 if nginx and nginx["cpu_us_per_request_median"]
+                                 and s["cpu_us_per_request_median"] is not None else None)
         report["results"][str(c)] = summary
 
         n = max((len(s["rounds"]) for s in summary.values()), default=0)
         print(f"\n### {c} connections (median of {n} rounds)\n")
         print("| target | req/s | min–max req/s | p50 ms | p99 ms | errors "
-              "| req/s × nginx | p99 × nginx | req/s × direct |")
-        print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+              "| req/s × nginx | p99 × nginx | req/s × direct | CPU µs/request | CPU × nginx |")
+        print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
         for t, s in summary.items():
             print(f"| {t} | {fmt_int(s['rps_median'])} "
                   f"| {fmt_int(s['rps_min'])}–{fmt_int(s['rps_max'])} "
                   f"| {fmt_ms(s['p50_ms_median'])} | {fmt_ms(s['p99_ms_median'])} "
                   f"| {s['errors']} | {fmt_ratio(s['rps_vs_nginx'])} "
-                  f"| {fmt_ratio(s['p99_vs_nginx'])} | {fmt_ratio(s['rps_vs_direct'])} |")
+                  f"| {fmt_ratio(s['p99_vs_nginx'])} | {fmt_ratio(s['rps_vs_direct'])} "
+                  f"| {fmt_us(s['cpu_us_per_request_median'])} | {fmt_ratio(s['cpu_vs_nginx'])} |")
 
     errors = sum(s["errors"] for by_t in report["results"].values() for s in by_t.values())
     if errors:

@@ -15,21 +15,37 @@ static HOP_BY_HOP: std::sync::LazyLock<[HeaderName; 8]> =
 /// Removes hop-by-hop headers and those `Connection` names. `TE` goes too, unless it is
 /// exactly `trailers` and `keep_te_trailers` (requests: HTTP/2 upstreams may take it).
 pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap, keep_te_trailers: bool) {
-    // Most messages carry none: one pass over their few names is cheaper than a hashed
-    // lookup per hop-by-hop name, and this runs on every request and response.
-    let carries_hop_by_hop = headers.keys().any(|name| name == TE || HOP_BY_HOP.contains(name));
-    if !carries_hop_by_hop {
+    // One pass over the message's few names instead of a hashed lookup per hop-by-hop name:
+    // this runs on every request and response, and most carry none, or only `Connection`.
+    let hop_by_hop = &*HOP_BY_HOP;
+    let mut carries_te = false;
+    let mut present: Vec<HeaderName> = Vec::new();
+    for name in headers.keys() {
+        if name == TE {
+            carries_te = true;
+        } else if hop_by_hop.contains(name) {
+            present.push(name.clone());
+        }
+    }
+    if present.is_empty() && !carries_te {
         return;
     }
-    // Read before `Connection` can name (and so remove) it.
-    let framed_by_transfer_encoding = headers.contains_key(TRANSFER_ENCODING);
-    if headers.contains_key(CONNECTION) {
+    if present.contains(&CONNECTION) {
         let named: Vec<HeaderName> = headers
             .get_all(CONNECTION)
             .iter()
             .filter_map(|value| value.to_str().ok())
             .flat_map(|value| value.split(','))
-            .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+            .map(str::trim)
+            // `close` names no header and the hop-by-hop ones go below anyway: the usual
+            // `Connection: keep-alive` of every upstream response parses no name.
+            .filter(|token| {
+                !token.eq_ignore_ascii_case("close")
+                    && !portcullis_config::HOP_BY_HOP_HEADERS
+                        .iter()
+                        .any(|hop| token.eq_ignore_ascii_case(hop))
+            })
+            .filter_map(|name| HeaderName::from_bytes(name.as_bytes()).ok())
             // Host and Content-Length are end-to-end whatever a client says: the host is
             // checked, the length already framed the body hyper is reading.
             .filter(|name| *name != HOST && *name != CONTENT_LENGTH)
@@ -41,17 +57,17 @@ pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap, keep_te_trailers: bool) 
     // The body was framed by Transfer-Encoding, which overrides a Content-Length sent with
     // it; forwarded, the stale length would frame the body again, cutting it short or
     // leaving the peer waiting (RFC 9112 §6.3: an intermediary removes it).
-    if framed_by_transfer_encoding {
+    if present.contains(&TRANSFER_ENCODING) {
         headers.remove(CONTENT_LENGTH);
     }
-    for name in HOP_BY_HOP.iter() {
+    for name in present {
         headers.remove(name);
     }
     let te_trailers_only = headers
         .get_all(TE)
         .iter()
         .all(|te| te.as_bytes().eq_ignore_ascii_case(b"trailers"));
-    if !(keep_te_trailers && te_trailers_only) {
+    if carries_te && !(keep_te_trailers && te_trailers_only) {
         headers.remove(TE);
     }
 }
@@ -126,6 +142,20 @@ mod tests {
             strip_hop_by_hop(&mut lone, false);
             assert_eq!(lone, map(&[("x-kept", "1")]), "a lone {only} goes");
         }
+        let mut keep_alive = map(&[
+            ("connection", "Keep-Alive, close"),
+            ("keep-alive", "timeout=5"),
+            ("x-kept", "1"),
+        ]);
+        strip_hop_by_hop(&mut keep_alive, false);
+        assert_eq!(keep_alive, map(&[("x-kept", "1")]));
+        let mut named = map(&[("connection", "x-secret"), ("x-secret", "1"), ("x-kept", "1")]);
+        strip_hop_by_hop(&mut named, false);
+        assert_eq!(
+            named,
+            map(&[("x-kept", "1")]),
+            "a lone Connection still removes what it names"
+        );
         let end_to_end = map(&[
             ("host", "a.example"),
             ("accept", "a"),
