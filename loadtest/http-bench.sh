@@ -18,8 +18,9 @@
 # and prints per connection count a markdown table: median req/s over the rounds (min–max),
 # median p50/p99, errors, and req/s (and p99) as a ratio of nginx's and direct's, and the CPU
 # time per request of the process serving each target (read from /proc/<pid>/stat around
-# each wrk run: the proxy alone, not the origin behind it; for direct, the origin), also as a
-# ratio of nginx's.
+# each wrk run: the proxy, not the origin behind it; for direct, the origin), and the proxies'
+# as a ratio of nginx's. On loopback the kernel's receive work for a write is charged to the
+# writer, so a process's figure includes some of its peers' TCP processing, alike for each proxy.
 #
 # Environment:
 #   WRK_THREADS=2              wrk threads (-t). The issue's figures are presumably -t2; on
@@ -159,7 +160,8 @@ nginx_worker=$(worker_of "$nginx_master")
 declare -A serving=([direct]=$origin_worker [nginx]=$nginx_worker)
 # User plus system CPU time of a process, all its threads, in clock ticks; nothing once it
 # has exited.
-cpu_ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat" 2>/dev/null || true; }
+# Fields after the command name, which may hold spaces: utime and stime are the 12th and 13th.
+cpu_ticks() { sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | awk '{ print $12 + $13 }' || true; }
 clock_ticks=$(getconf CLK_TCK)
 
 targets=(direct nginx)

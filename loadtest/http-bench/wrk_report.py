@@ -81,8 +81,13 @@ def fmt_ms(x):
     return f"{x:.3f}" if x < 10 else f"{x:.1f}"
 
 
-def fmt_us(x):
-    return "—" if x is None else f"{x:.1f}"
+def fmt_cpu(summary, rounds):
+    """Median CPU µs per request, saying so when fewer rounds than the others have a figure."""
+    x = summary["cpu_us_per_request_median"]
+    if x is None:
+        return "—"
+    cpu_rounds = summary["cpu_rounds"]
+    return f"{x:.1f}" if cpu_rounds == rounds else f"{x:.1f} ({cpu_rounds} of {rounds} rounds)"
 
 
 def fmt_ratio(x):
@@ -141,15 +146,17 @@ def main():
             }
             cpu = [r["cpu_us_per_request"] for _, r in rs if r["cpu_us_per_request"] is not None]
             summary[t]["cpu_us_per_request_median"] = statistics.median(cpu) if cpu else None
+            summary[t]["cpu_rounds"] = len(cpu)
         for t, s in summary.items():
             for ref in ("nginx", "direct"):
                 r = summary.get(ref)
                 s[f"rps_vs_{ref}"] = s["rps_median"] / r["rps_median"] if r else None
                 s[f"p99_vs_{ref}"] = (s["p99_ms_median"] / r["p99_ms_median"]
                                       if r and r["p99_ms_median"] > 0 else None)
+            # The origin's cost per request is not a proxy's: no ratio for direct.
             nginx = summary.get("nginx")
             s["cpu_vs_nginx"] = (s["cpu_us_per_request_median"] / nginx["cpu_us_per_request_median"]
-                                 if nginx and nginx["cpu_us_per_request_median"]
+                                 if t != "direct" and nginx and nginx["cpu_us_per_request_median"]
                                  and s["cpu_us_per_request_median"] is not None else None)
         report["results"][str(c)] = summary
 
@@ -164,7 +171,7 @@ def main():
                   f"| {fmt_ms(s['p50_ms_median'])} | {fmt_ms(s['p99_ms_median'])} "
                   f"| {s['errors']} | {fmt_ratio(s['rps_vs_nginx'])} "
                   f"| {fmt_ratio(s['p99_vs_nginx'])} | {fmt_ratio(s['rps_vs_direct'])} "
-                  f"| {fmt_us(s['cpu_us_per_request_median'])} | {fmt_ratio(s['cpu_vs_nginx'])} |")
+                  f"| {fmt_cpu(s, len(s['rounds']))} | {fmt_ratio(s['cpu_vs_nginx'])} |")
 
     errors = sum(s["errors"] for by_t in report["results"].values() for s in by_t.values())
     if errors:

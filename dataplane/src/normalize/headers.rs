@@ -18,32 +18,35 @@ pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap, keep_te_trailers: bool) 
     // One pass over the message's few names instead of a hashed lookup per hop-by-hop name:
     // this runs on every request and response, and most carry none, or only `Connection`.
     let hop_by_hop = &*HOP_BY_HOP;
+    let position = |name: &HeaderName| hop_by_hop.iter().position(|hop| hop == name);
+    // Bit i: the message carries `hop_by_hop[i]`.
+    const _: () = assert!(portcullis_config::HOP_BY_HOP_HEADERS.len() <= u16::BITS as usize);
+    let mut present = 0u16;
     let mut carries_te = false;
-    let mut present: Vec<HeaderName> = Vec::new();
     for name in headers.keys() {
         if name == TE {
             carries_te = true;
-        } else if hop_by_hop.contains(name) {
-            present.push(name.clone());
+        } else if let Some(index) = position(name) {
+            present |= 1 << index;
         }
     }
-    if present.is_empty() && !carries_te {
+    if present == 0 && !carries_te {
         return;
     }
-    if present.contains(&CONNECTION) {
+    let carries = |name: &HeaderName| position(name).is_some_and(|index| present & (1 << index) != 0);
+    if carries(&CONNECTION) {
         let named: Vec<HeaderName> = headers
             .get_all(CONNECTION)
             .iter()
             .filter_map(|value| value.to_str().ok())
             .flat_map(|value| value.split(','))
             .map(str::trim)
-            // `close` names no header and the hop-by-hop ones go below anyway: the usual
-            // `Connection: keep-alive` of every upstream response parses no name.
+            // Hop-by-hop names go below anyway: the usual `Connection: keep-alive` of every
+            // upstream response parses no name.
             .filter(|token| {
-                !token.eq_ignore_ascii_case("close")
-                    && !portcullis_config::HOP_BY_HOP_HEADERS
-                        .iter()
-                        .any(|hop| token.eq_ignore_ascii_case(hop))
+                !portcullis_config::HOP_BY_HOP_HEADERS
+                    .iter()
+                    .any(|hop| token.eq_ignore_ascii_case(hop))
             })
             .filter_map(|name| HeaderName::from_bytes(name.as_bytes()).ok())
             // Host and Content-Length are end-to-end whatever a client says: the host is
@@ -57,11 +60,13 @@ pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap, keep_te_trailers: bool) 
     // The body was framed by Transfer-Encoding, which overrides a Content-Length sent with
     // it; forwarded, the stale length would frame the body again, cutting it short or
     // leaving the peer waiting (RFC 9112 §6.3: an intermediary removes it).
-    if present.contains(&TRANSFER_ENCODING) {
+    if carries(&TRANSFER_ENCODING) {
         headers.remove(CONTENT_LENGTH);
     }
-    for name in present {
-        headers.remove(name);
+    for (index, name) in hop_by_hop.iter().enumerate() {
+        if present & (1 << index) != 0 {
+            headers.remove(name);
+        }
     }
     let te_trailers_only = headers
         .get_all(TE)
@@ -149,6 +154,27 @@ mod tests {
         ]);
         strip_hop_by_hop(&mut keep_alive, false);
         assert_eq!(keep_alive, map(&[("x-kept", "1")]));
+        let mut close = map(&[("connection", "close"), ("close", "1"), ("x-kept", "1")]);
+        strip_hop_by_hop(&mut close, false);
+        assert_eq!(
+            close,
+            map(&[("x-kept", "1")]),
+            "a header named by `Connection: close` goes"
+        );
+        let mut length = map(&[("connection", "content-length"), ("content-length", "2")]);
+        strip_hop_by_hop(&mut length, false);
+        assert_eq!(
+            length,
+            map(&[("content-length", "2")]),
+            "Connection cannot remove the length"
+        );
+        let mut trailers = map(&[("te", "trailers")]);
+        strip_hop_by_hop(&mut trailers, true);
+        assert_eq!(
+            trailers,
+            map(&[("te", "trailers")]),
+            "a lone `TE: trailers` may pass"
+        );
         let mut named = map(&[("connection", "x-secret"), ("x-secret", "1"), ("x-kept", "1")]);
         strip_hop_by_hop(&mut named, false);
         assert_eq!(
