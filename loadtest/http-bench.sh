@@ -159,8 +159,8 @@ origin_worker=$(worker_of "$origin_master")
 nginx_worker=$(worker_of "$nginx_master")
 declare -A serving=([direct]=$origin_worker [nginx]=$nginx_worker)
 # User plus system CPU time of a process, all its threads, in clock ticks; nothing once it
-# has exited.
-# Fields after the command name, which may hold spaces: utime and stime are the 12th and 13th.
+# has exited. Counted after the command name, which may hold spaces: utime and stime are then
+# the 12th and 13th fields.
 cpu_ticks() { sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | awk '{ print $12 + $13 }' || true; }
 clock_ticks=$(getconf CLK_TCK)
 
