@@ -45,21 +45,29 @@ async fn a_proxy_holding_the_version_just_applied_gets_nothing_older() {
         .apply(apply_request(vec![backend("api", "127.0.0.1:9000")], None))
         .await
         .unwrap();
-    let (tx, mut stream) = subscribe(node.local_addr()).await;
-    let hello = |last_version| Hello {
-        proxy_id: "edge-1".into(),
+    let hello = |proxy_id: &str, last_version| Hello {
+        proxy_id: proxy_id.into(),
         shard: Default::default(),
         last_version,
         instance: "one".into(),
         accepts_deltas: false,
     };
-    // Let version 1 reach the streams, then hold version 2 as soon as it applies.
-    tokio::time::sleep(crate::view::STREAMED_LATE_BY * 2).await;
+    // Once another proxy is sent version 1, the streams' copy holds it; then version 2
+    // applies, and a proxy holding it arrives within the copy's delay.
+    let (earlier_tx, mut earlier) = subscribe(node.local_addr()).await;
+    earlier_tx
+        .send(proxy_message(Message::Hello(hello("edge-0", 0))))
+        .await
+        .unwrap();
+    assert_eq!(next(&mut earlier).await.version, 1);
+    let (tx, mut stream) = subscribe(node.local_addr()).await;
     admin
         .apply(apply_request(vec![backend("api", "127.0.0.1:9100")], None))
         .await
         .unwrap();
-    tx.send(proxy_message(Message::Hello(hello(2)))).await.unwrap();
+    tx.send(proxy_message(Message::Hello(hello("edge-1", 2))))
+        .await
+        .unwrap();
     let first = next(&mut stream).await;
     assert_eq!(first.version, 2);
 }
