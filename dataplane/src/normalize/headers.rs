@@ -147,8 +147,9 @@ mod tests {
             strip_hop_by_hop(&mut lone, false);
             assert_eq!(lone, map(&[("x-kept", "1")]), "a lone {only} goes");
         }
+        type Pairs = &'static [(&'static str, &'static str)];
         // (sent, keep_te_trailers, forwarded)
-        let cases: [(&[(&str, &str)], bool, &[(&str, &str)]); 5] = [
+        let cases: [(Pairs, bool, Pairs); 5] = [
             (
                 &[
                     ("connection", "Keep-Alive, close"),
