@@ -3,16 +3,14 @@
 //! route timeout below the connect timeout would otherwise hide an endpoint that drops
 //! connection attempts from ejection for good.
 //!
-//! The watch travels as a task-local: HTTP/1.1 connects happen inside hyper-util's pooled
-//! client, which calls the connector ([`Watched`]) from within the request's future.
+//! The watch travels as a task-local: HTTP/1.1 connects happen inside the pooled client
+//! ([`super::Http1`]), which wraps them in [`watched`] within the request's future.
 
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
-
-use http::Uri;
 
 tokio::task_local! {
     static WATCH: Arc<ConnectWatch>;
@@ -66,42 +64,9 @@ impl<F: Future> Future for Watching<F> {
     type Output = F::Output;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
-        // Polled outside its exchange: hyper-util finishes in the background a connect the
-        // request stopped waiting on (a pooled connection came free first), so whatever the
-        // route's timer ends now is not this connect's doing.
-        let waited_on = self.watch.as_ref().is_some_and(|watch| {
-            WATCH
-                .try_with(|current| Arc::ptr_eq(current, watch))
-                .unwrap_or(false)
-        });
-        if !waited_on {
-            self.release();
-        }
         let connected = std::task::ready!(self.connect.as_mut().poll(cx));
         self.release();
         Poll::Ready(connected)
-    }
-}
-
-/// A connector whose connects the watch counts.
-#[derive(Clone)]
-pub(crate) struct Watched<C>(pub(super) C);
-
-impl<C> tower_service::Service<Uri> for Watched<C>
-where
-    C: tower_service::Service<Uri>,
-    C::Future: Send + 'static,
-{
-    type Response = C::Response;
-    type Error = C::Error;
-    type Future = Pin<Box<dyn Future<Output = Result<C::Response, C::Error>> + Send>>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.0.poll_ready(cx)
-    }
-
-    fn call(&mut self, destination: Uri) -> Self::Future {
-        Box::pin(watched(self.0.call(destination)))
     }
 }
 
@@ -126,22 +91,5 @@ mod tests {
         let cut = WATCH.sync_scope(watch.clone(), || watched(std::future::pending::<()>()));
         drop(cut);
         assert!(watch.connecting(), "dropped unfinished: it did not connect");
-
-        // Started for the exchange, then finished by a task of its own once a pooled
-        // connection served the request, as hyper-util does.
-        let watch = Arc::new(ConnectWatch::default());
-        let (finish, finished) = tokio::sync::oneshot::channel::<()>();
-        let connect = WATCH.sync_scope(watch.clone(), || watched(async { finished.await.ok() }));
-        assert!(watch.connecting());
-        let background = tokio::spawn(connect);
-        tokio::time::timeout(std::time::Duration::from_secs(5), async {
-            while watch.connecting() {
-                tokio::task::yield_now().await;
-            }
-        })
-        .await
-        .expect("a connect in the background still counted for the request");
-        finish.send(()).unwrap();
-        background.await.unwrap();
     }
 }

@@ -4,27 +4,27 @@
 mod background;
 mod connect_watch;
 mod health;
+mod http1;
 mod http2;
 mod request;
 mod retry;
 mod tls;
 
 use std::error::Error as _;
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 use std::time::Instant;
 
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
-use http_body_util::BodyExt;
+use http_body_util::{BodyExt, Either};
 use hyper::body::Incoming;
-use hyper_rustls::HttpsConnector;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
 use portcullis_config::EjectionSpec;
 
 pub(crate) use background::Background;
-use connect_watch::{ConnectWatch, Watched};
+use connect_watch::ConnectWatch;
 pub(crate) use health::{Endpoint, HealthRegistry};
+use http1::Http1Error;
+pub(crate) use http1::{Http1, Http1Body};
 pub(crate) use retry::RetryPolicy;
 
 use crate::body::{self, Body, BodyStatus, IdleTimeout};
@@ -54,19 +54,14 @@ pub(crate) struct Dispatch<'a> {
     pub(crate) connect_fallback: bool,
 }
 
-/// The pooled HTTP/1.1 client, for `http://` and `https://` upstreams.
-pub(crate) type Http1 = Client<Watched<HttpsConnector<HttpConnector>>, Body>;
 pub(crate) use tls::TlsClients;
 
-thread_local! {
-    /// One pool per thread: a worker's requests reuse connections its own runtime drives,
-    /// so a request and its upstream connection never wake another core (see
-    /// `listener::workers`). Like every pool here it outlives config versions. The main
-    /// runtime's threads have theirs, for [`Background`] work: opening a session for a
-    /// client costs the connection to each server a worker would have reused, but the
-    /// session is opened and closed whatever becomes of the client or the worker.
-    static HTTP1: Http1 = tls::default_http1();
-}
+/// The client for upstreams verified against the built-in roots. Its connections, like every
+/// pool's here, outlive config versions; each thread has its own (see [`Http1`]), the main
+/// runtime's threads theirs, for [`Background`] work: opening a session for a client costs
+/// the connection to each server a worker would have reused, but the session is opened and
+/// closed whatever becomes of the client or the worker.
+static HTTP1: LazyLock<Http1> = LazyLock::new(tls::default_http1);
 
 /// Upstream connections live as long as the proxy, so pools survive config changes.
 pub(crate) struct Upstream {
@@ -98,6 +93,9 @@ pub(crate) struct Upstream {
     pub(crate) mcp_servers: ServersInForce,
 }
 
+/// A response body from an HTTP/1.1 or an HTTP/2 upstream.
+type UpstreamBody = Either<Http1Body, Incoming>;
+
 /// Why an [`Upstream::http1_exchange`] failed.
 pub(crate) struct ExchangeFailure {
     /// What a client may read: for a TLS failure only its class.
@@ -110,7 +108,7 @@ enum Failure {
     /// Nothing of the request left the proxy.
     Connect(String),
     Exchange(hyper::Error),
-    Http1(hyper_util::client::legacy::Error),
+    Http1(Http1Error),
 }
 
 impl Upstream {
@@ -302,9 +300,9 @@ impl Upstream {
         )
     }
 
-    /// The calling thread's pooled HTTP/1.1 client, for work that outlives a request.
+    /// The pooled HTTP/1.1 client for upstreams without TLS settings of their own.
     pub(crate) fn http1() -> Http1 {
-        HTTP1.with(Http1::clone)
+        Http1::clone(&HTTP1)
     }
 
     /// One HTTP/1.1 exchange on `client`, for a target that talks to its upstreams itself
@@ -313,13 +311,9 @@ impl Upstream {
     pub(crate) async fn http1_exchange(
         client: &Http1,
         request: Request<Body>,
-    ) -> Result<Response<Incoming>, ExchangeFailure> {
+    ) -> Result<Response<Http1Body>, ExchangeFailure> {
         client.request(request).await.map_err(|error| {
-            let mut message = if error.is_connect() {
-                "could not connect".to_string()
-            } else {
-                error.to_string()
-            };
+            let mut message = error.to_string();
             let mut tls_failure = None;
             let mut source = error.source();
             while let Some(cause) = source {
@@ -345,25 +339,19 @@ impl Upstream {
         endpoint: &Endpoint,
         http2: bool,
         request: Request<Body>,
-    ) -> Result<Response<Incoming>, Failure> {
+    ) -> Result<Response<UpstreamBody>, Failure> {
         if http2 {
-            self.http2
+            let response = self
+                .http2
                 .send(&endpoint.authority, request, CONNECT_TIMEOUT)
-                .await
+                .await?;
+            Ok(response.map(Either::Right))
         } else {
-            // The future owns what it needs: no clone of the thread's client per request.
-            let response = HTTP1.with(|client| client.request(request));
-            response.await.map_err(|error| {
-                if error.is_connect() {
-                    let cause = error
-                        .source()
-                        .map(ToString::to_string)
-                        .unwrap_or_else(|| error.to_string());
-                    Failure::Connect(cause)
-                } else {
-                    Failure::Http1(error)
-                }
-            })
+            match HTTP1.request(request).await {
+                Ok(response) => Ok(response.map(Either::Left)),
+                Err(Http1Error::Connect(cause)) => Err(Failure::Connect(cause.to_string())),
+                Err(error) => Err(Failure::Http1(error)),
+            }
         }
     }
 }
@@ -397,7 +385,7 @@ async fn replayable(
     }
 }
 
-fn finish_response(upstream_response: Response<Incoming>, route: &Route) -> Response<Body> {
+fn finish_response(upstream_response: Response<UpstreamBody>, route: &Route) -> Response<Body> {
     let (mut parts, body) = upstream_response.into_parts();
     crate::normalize::strip_hop_by_hop(&mut parts.headers, false);
     Response::from_parts(

@@ -1,4 +1,4 @@
-//! TLS to upstreams: rustls (ring provider) under hyper's HTTP/1.1 client, so one client type
+//! TLS to upstreams: rustls (ring provider) under the HTTP/1.1 client, so one client type
 //! reaches `http://` and `https://` alike. Certificates are verified for the URL's host (or
 //! the configured server name), against the Mozilla roots built in or, where the config names
 //! them, only its own CAs; where the config gives one, the proxy presents a client certificate.
@@ -8,15 +8,12 @@ use std::sync::{Arc, LazyLock, Mutex, PoisonError, Weak};
 
 use hyper_rustls::{FixedServerNameResolver, HttpsConnectorBuilder};
 use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::{TokioExecutor, TokioTimer};
 use portcullis_config::tls::UpstreamTls;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{PrivateKeyDer, ServerName};
 use rustls::{ClientConfig, RootCertStore};
 use sha2::{Digest, Sha256};
 
-use super::connect_watch::Watched;
 use super::{Http1, CONNECT_TIMEOUT};
 
 static MOZILLA_ROOTS: LazyLock<Arc<ClientConfig>> = LazyLock::new(|| {
@@ -54,11 +51,7 @@ fn http1(tls: Arc<ClientConfig>, server_name: Option<ServerName<'static>>) -> Ht
         Some(name) => builder.with_server_name_resolver(FixedServerNameResolver::new(name)),
         None => builder,
     };
-    let connector = Watched(builder.enable_http1().wrap_connector(connector));
-    Client::builder(TokioExecutor::new())
-        .timer(TokioTimer::new())
-        .pool_timer(TokioTimer::new())
-        .build(connector)
+    Http1::new(builder.enable_http1().wrap_connector(connector))
 }
 
 /// The client for upstreams verified against the built-in roots.

@@ -50,7 +50,7 @@ use super::session::{digest, unix_now, QuestionTicket, Sealer};
 use crate::body::{self, Body};
 use crate::sse;
 use crate::telemetry::{LogThrottle, RequestTrace};
-use crate::upstream::Upstream;
+use crate::upstream::{Http1Body, Upstream};
 
 /// The requests with which a session-based server asks the client, and which 2026-07-28
 /// carries as input requests.
@@ -303,7 +303,7 @@ struct Problem {
 
 /// Relays a 2026-07-28 server's answer to a session-based client's call. An answer that
 /// asks for input, or may (an event stream), becomes an event stream the gateway writes.
-pub(super) async fn relay(call: Call, response: Response<Incoming>) -> Response<Body> {
+pub(super) async fn relay(call: Call, response: Response<Http1Body>) -> Response<Body> {
     let (parts, body) = server::relay(response, call.idle).into_parts();
     if server::is_event_stream(&parts.headers) {
         return driven(call, Round::Stream(body));

@@ -19,7 +19,6 @@ use http::header::{ACCEPT, ALLOW, CACHE_CONTROL, CONTENT_TYPE};
 use http::{HeaderValue, Response, StatusCode};
 use http_body::Frame;
 use http_body_util::{BodyExt, BodyStream, StreamBody};
-use hyper::body::Incoming;
 use portcullis_config::mcp_rules::{Item, ItemKind};
 use portcullis_config::McpFailureMode;
 use serde_json::{json, Map, Value};
@@ -35,7 +34,7 @@ use super::{jsonrpc, session_header, Exchange, McpTarget};
 use crate::body::{self, Body};
 use crate::sse;
 use crate::telemetry::RequestTrace;
-use crate::upstream::Upstream;
+use crate::upstream::{Http1Body, Upstream};
 
 /// How long a merged stream may stay silent before the gateway sends a comment, so idle
 /// timeouts of proxies and load balancers between it and the client do not close it.
@@ -193,7 +192,7 @@ type Late = FuturesUnordered<BoxFuture<'static, Opened>>;
 impl Opened {
     fn classify(
         server: &Server,
-        opened: Result<Response<Incoming>, server::Failure>,
+        opened: Result<Response<Http1Body>, server::Failure>,
         remap: bool,
         watch: ListWatch,
         resumption: Resumption,
@@ -638,7 +637,7 @@ enum Listened {
     /// It honors nothing of it.
     Nothing,
     /// A 2026-07-28 server's stream, which begins with its acknowledgment.
-    Modern(Response<Incoming>),
+    Modern(Response<Http1Body>),
     /// A session-based server's, in a session opened for it.
     InSession(Box<bridged_listen::Listening>),
     Failed(String),

@@ -13,7 +13,6 @@
 use std::sync::Arc;
 
 use http::Response;
-use hyper::body::Incoming;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 
@@ -25,7 +24,7 @@ use super::server::{
 };
 use super::session::Session;
 use crate::telemetry::RequestTrace;
-use crate::upstream::Upstream;
+use crate::upstream::{Http1Body, Upstream};
 
 /// The revision a session-based server is spoken to in when the client speaks 2026-07-28.
 pub(super) const BRIDGE_VERSION: &str = "2025-11-25";
@@ -92,7 +91,7 @@ pub(super) enum Reach {
 
 /// A server's answer: relayed as it comes, or read whole (a bridged request).
 pub(super) enum Sent {
-    Relay(Response<Incoming>),
+    Relay(Response<Http1Body>),
     Answered(Answer),
 }
 

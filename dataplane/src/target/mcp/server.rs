@@ -10,7 +10,6 @@ use bytes::Bytes;
 use http::header::{ACCEPT, CONTENT_TYPE, HOST};
 use http::{HeaderName, HeaderValue, Method, Request, Response, StatusCode, Uri};
 use http_body_util::{BodyExt, LengthLimitError};
-use hyper::body::Incoming;
 use portcullis_config::{McpFailureMode, McpServerSpec};
 use serde_json::Value;
 
@@ -19,7 +18,7 @@ use super::{jsonrpc, remap};
 use crate::body::{self, Body, Held};
 use crate::sse;
 use crate::telemetry::{LogThrottle, RequestTrace};
-use crate::upstream::{Background, Http1, Upstream};
+use crate::upstream::{Background, Http1, Http1Body, Upstream};
 
 pub(super) const SESSION_ID: HeaderName = HeaderName::from_static("mcp-session-id");
 pub(super) const PROTOCOL_VERSION: HeaderName = HeaderName::from_static("mcp-protocol-version");
@@ -50,7 +49,7 @@ pub(super) struct Server {
     uri: Uri,
     host: HeaderValue,
     /// Set for an `https://` server with TLS settings of its own (CAs, server name, client
-    /// certificate); otherwise the calling thread's pool (built-in roots for `https://`).
+    /// certificate); otherwise the default client (built-in roots for `https://`).
     own_tls: Option<Arc<Http1>>,
     pub(super) timeout: Duration,
     pub(super) failure_mode: McpFailureMode,
@@ -189,13 +188,13 @@ impl Server {
         &self,
         headers: &Headers<'_>,
         message: &Value,
-    ) -> Result<Response<Incoming>, Failure> {
+    ) -> Result<Response<Http1Body>, Failure> {
         let request = self.request(Method::POST, headers, Some(message))?;
         self.send(request, headers.session.is_some()).await
     }
 
     /// Opens the stream of the server's session; only its response headers are waited for.
-    pub(super) async fn get(&self, headers: &Headers<'_>) -> Result<Response<Incoming>, Failure> {
+    pub(super) async fn get(&self, headers: &Headers<'_>) -> Result<Response<Http1Body>, Failure> {
         let request = self.request(Method::GET, headers, None)?;
         self.send(request, headers.session.is_some()).await
     }
@@ -206,7 +205,7 @@ impl Server {
         &self,
         headers: &Headers<'_>,
         last_event_id: &str,
-    ) -> Result<Response<Incoming>, Failure> {
+    ) -> Result<Response<Http1Body>, Failure> {
         let mut request = self.request(Method::GET, headers, None)?;
         let last_event_id = HeaderValue::from_bytes(last_event_id.as_bytes())
             .map_err(|_| self.answered("gave an event id that cannot be sent back as a header"))?;
@@ -222,7 +221,7 @@ impl Server {
     }
 
     fn client(&self) -> Http1 {
-        client(self.own_tls.as_deref())
+        self.own_tls.as_deref().map_or_else(Upstream::http1, Http1::clone)
     }
 
     /// Ends `session` when the returned guard is dropped, in the background: for sessions
@@ -235,7 +234,7 @@ impl Server {
             trace: &RequestTrace::default(),
         };
         Closing {
-            own_tls: self.own_tls.clone(),
+            client: self.client(),
             background: upstream.background.clone(),
             delete: self.request(Method::DELETE, &headers, None).ok(),
             timeout: self.timeout.min(CLOSE_TIMEOUT),
@@ -251,7 +250,7 @@ impl Server {
 
     /// A 404 to a request in a session means the server dropped the session; the client
     /// must initialize again. Without a session, a 404's body says what went wrong.
-    async fn send(&self, request: Request<Body>, in_session: bool) -> Result<Response<Incoming>, Failure> {
+    async fn send(&self, request: Request<Body>, in_session: bool) -> Result<Response<Http1Body>, Failure> {
         let client = self.client();
         match tokio::time::timeout(self.timeout, Upstream::http1_exchange(&client, request)).await {
             Err(_) => Err(self.failure(format!("no answer within {:?}", self.timeout))),
@@ -279,7 +278,7 @@ impl Server {
 
     /// Reads and drops an answer nobody needs (a notification's), within the server's
     /// timeout and the answer size limit, so the connection can be reused.
-    pub(super) async fn drain(&self, response: Response<Incoming>) {
+    pub(super) async fn drain(&self, response: Response<Http1Body>) {
         let body = http_body_util::Limited::new(response.into_body(), MAX_ANSWER_BYTES);
         if tokio::time::timeout(self.timeout, body.collect()).await.is_err() {
             tracing::debug!(server = %self.name, "an MCP server's answer to a notification did not end in time");
@@ -347,7 +346,7 @@ impl Server {
     async fn read_answer(
         &self,
         headers: &Headers<'_>,
-        response: Response<Incoming>,
+        response: Response<Http1Body>,
         id: &Value,
         asked: &mut (dyn FnMut(&str, &Value) -> Reply + Send),
     ) -> Result<Asked, Failure> {
@@ -488,15 +487,9 @@ pub(super) fn is_event_stream(headers: &http::HeaderMap) -> bool {
         .is_some_and(|value| value.trim_start().starts_with("text/event-stream"))
 }
 
-/// The client for a server: the one for its own TLS settings if it has them, else the calling
-/// thread's pool.
-fn client(own_tls: Option<&Http1>) -> Http1 {
-    own_tls.map_or_else(Upstream::http1, Http1::clone)
-}
-
 /// Ends a session when dropped, unless [`Closing::keep`] says it lives on.
 pub(super) struct Closing {
-    own_tls: Option<Arc<Http1>>,
+    client: Http1,
     /// Where the DELETE runs: not the worker that dropped the guard, which may be stopping.
     background: Background,
     delete: Option<Request<Body>>,
@@ -515,10 +508,8 @@ impl Drop for Closing {
         let Some(delete) = self.delete.take() else {
             return;
         };
-        let (own_tls, timeout) = (self.own_tls.take(), self.timeout);
+        let (client, timeout) = (self.client.clone(), self.timeout);
         self.background.spawn(async move {
-            // Taken here: the dropping worker's pool belongs to a runtime that may be gone.
-            let client = client(own_tls.as_deref());
             if !matches!(
                 tokio::time::timeout(timeout, client.request(delete)).await,
                 Ok(Ok(_))
@@ -577,7 +568,7 @@ impl Answer {
 
 /// Passes a server's answer on to the client as it comes (JSON or SSE), its idle time
 /// bounded like any response body.
-pub(super) fn relay(response: Response<Incoming>, idle: Duration) -> Response<Body> {
+pub(super) fn relay(response: Response<Http1Body>, idle: Duration) -> Response<Body> {
     let (mut parts, incoming) = response.into_parts();
     crate::normalize::strip_hop_by_hop(&mut parts.headers, false);
     // The upstream session id is the gateway's business, not the client's.

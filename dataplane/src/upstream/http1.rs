@@ -1,0 +1,349 @@
+//! The HTTP/1.1 client: hyper's connection API under a pool of our own.
+//!
+//! Each thread keeps its own idle connections, so a request and its upstream connection stay
+//! on the worker that took the request (see `listener::workers`) and the pool needs no lock.
+//! A request takes the connection that went idle last, or opens one. Its response body
+//! ([`Http1Body`]) gives the connection back when it has been read to the end; one dropped
+//! before that is not reused (hyper closes it). Nothing runs per request to hand a connection
+//! back, unlike hyper-util's pooled client, which spawned a task for every response still
+//! streaming when its head arrived.
+//!
+//! A request sent on a pooled connection that turns out closed before the request left (the
+//! upstream closed it while idle) is sent again, once, on a new connection. A connection idle
+//! for [`IDLE_TIMEOUT`] is closed at its thread's next request after that; one whose thread
+//! serves no more requests stays open until its upstream closes it.
+
+use std::cell::RefCell;
+use std::collections::{HashMap, VecDeque};
+use std::fmt;
+use std::pin::Pin;
+use std::sync::{Arc, Weak};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::HOST;
+use http::uri::{Authority, PathAndQuery, Scheme};
+use http::{HeaderValue, Method, Request, Response, Uri};
+use http_body::{Body as HttpBody, Frame, SizeHint};
+use hyper::body::Incoming;
+use hyper::client::conn::http1::{self, SendRequest};
+use hyper_rustls::HttpsConnector;
+use hyper_util::client::legacy::connect::HttpConnector;
+use tokio::time::Instant;
+use tower_service::Service;
+
+use super::connect_watch::watched;
+use crate::body::Body;
+
+/// A connection idle for this long is closed (hyper-util's default).
+const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
+/// How often a thread's pools are swept of closed and idle connections, at the next request.
+const SWEEP_INTERVAL: Duration = Duration::from_secs(30);
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+type Connector = HttpsConnector<HttpConnector>;
+
+/// A client: how to reach `http://` and `https://` upstreams. Cheap to clone; clones share
+/// their connections (on each thread).
+#[derive(Clone)]
+pub(crate) struct Http1 {
+    connector: Arc<Connector>,
+}
+
+/// Why a request got no response.
+#[derive(Debug)]
+pub(crate) enum Http1Error {
+    /// Nothing of the request left the proxy.
+    Connect(BoxError),
+    /// The request was sent, at least in part.
+    Exchange(hyper::Error),
+    /// The request's URI names no host to connect to.
+    NoAuthority,
+}
+
+impl fmt::Display for Http1Error {
+    fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Http1Error::Connect(_) => formatter.write_str("could not connect"),
+            Http1Error::Exchange(_) => formatter.write_str("the exchange with the upstream failed"),
+            Http1Error::NoAuthority => formatter.write_str("the request's URI names no host"),
+        }
+    }
+}
+
+impl std::error::Error for Http1Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Http1Error::Connect(cause) => Some(cause.as_ref()),
+            Http1Error::Exchange(cause) => Some(cause),
+            Http1Error::NoAuthority => None,
+        }
+    }
+}
+
+impl Http1 {
+    pub(super) fn new(connector: Connector) -> Http1 {
+        Http1 {
+            connector: Arc::new(connector),
+        }
+    }
+
+    /// Sends `request` (its URI absolute) and waits for the response's head.
+    pub(crate) async fn request(
+        &self,
+        mut request: Request<Body>,
+    ) -> Result<Response<Http1Body>, Http1Error> {
+        let uri = request.uri();
+        let scheme = uri.scheme().cloned().unwrap_or(Scheme::HTTP);
+        let authority = uri.authority().cloned().ok_or(Http1Error::NoAuthority)?;
+        if !request.headers().contains_key(HOST) {
+            let host = host_header(&scheme, &authority).ok_or(Http1Error::NoAuthority)?;
+            request.headers_mut().insert(HOST, host);
+        }
+        // The connection is the authority's: the request line carries only the path (or, for
+        // CONNECT, the authority).
+        *request.uri_mut() = if request.method() == Method::CONNECT {
+            Uri::from(authority.clone())
+        } else {
+            Uri::from(
+                request
+                    .uri()
+                    .path_and_query()
+                    .cloned()
+                    .unwrap_or_else(|| PathAndQuery::from_static("/")),
+            )
+        };
+        let key = Key {
+            connector: Arc::as_ptr(&self.connector) as usize,
+            scheme,
+            authority,
+        };
+        let mut pooled = true;
+        loop {
+            let (mut sender, reused) = match pooled.then(|| checkout(&key)).flatten() {
+                Some(sender) => (sender, true),
+                None => (self.connect(&key).await?, false),
+            };
+            match sender.try_send_request(request).await {
+                Ok(response) => {
+                    let connection = Returning {
+                        key,
+                        owner: Arc::downgrade(&self.connector),
+                        sender,
+                    };
+                    return Ok(response.map(|inner| Http1Body {
+                        inner,
+                        connection: Some(connection),
+                    }));
+                }
+                Err(mut failure) => match failure.take_message() {
+                    // The upstream closed the connection before the request left: once more,
+                    // on a new one (its other idle connections may have gone the same way).
+                    Some(unsent) if reused => {
+                        request = unsent;
+                        pooled = false;
+                    }
+                    _ => return Err(Http1Error::Exchange(failure.into_error())),
+                },
+            }
+        }
+    }
+
+    async fn connect(&self, key: &Key) -> Result<SendRequest<Body>, Http1Error> {
+        let destination = Uri::builder()
+            .scheme(key.scheme.clone())
+            .authority(key.authority.clone())
+            .path_and_query("/")
+            .build()
+            .map_err(|error| Http1Error::Connect(error.into()))?;
+        let io = watched(HttpsConnector::clone(&self.connector).call(destination))
+            .await
+            .map_err(Http1Error::Connect)?;
+        let (sender, connection) = http1::handshake(io)
+            .await
+            .map_err(|error| Http1Error::Connect(error.into()))?;
+        tokio::spawn(async move {
+            if let Err(error) = connection.await {
+                tracing::debug!(%error, "upstream HTTP/1.1 connection failed");
+            }
+        });
+        Ok(sender)
+    }
+}
+
+/// `Host` for a request without one: the URI's host, and its port unless the scheme's own.
+fn host_header(scheme: &Scheme, authority: &Authority) -> Option<HeaderValue> {
+    let default_port = if *scheme == Scheme::HTTPS { 443 } else { 80 };
+    match authority.port_u16() {
+        Some(port) if port != default_port => {
+            HeaderValue::from_str(&format!("{}:{port}", authority.host())).ok()
+        }
+        _ => HeaderValue::from_str(authority.host()).ok(),
+    }
+}
+
+/// A response's body, which gives its connection back to the pool of the thread that reads
+/// it to the end (or drops it after the end).
+pub(crate) struct Http1Body {
+    inner: Incoming,
+    connection: Option<Returning>,
+}
+
+struct Returning {
+    key: Key,
+    owner: Weak<Connector>,
+    sender: SendRequest<Body>,
+}
+
+impl Http1Body {
+    fn give_back(&mut self) {
+        if let Some(connection) = self.connection.take() {
+            checkin(connection);
+        }
+    }
+}
+
+impl HttpBody for Http1Body {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        let frame = std::task::ready!(Pin::new(&mut self.inner).poll_frame(cx));
+        match &frame {
+            None => self.give_back(),
+            Some(Ok(_)) if self.inner.is_end_stream() => self.give_back(),
+            // A connection that failed mid-response is not reused.
+            Some(Err(_)) => self.connection = None,
+            Some(Ok(_)) => {}
+        }
+        Poll::Ready(frame)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+impl Drop for Http1Body {
+    /// hyper's server stops reading a body once it says it ended, and a body without content
+    /// (HEAD, 204, 304) is never read: here they give their connection back.
+    fn drop(&mut self) {
+        if self.inner.is_end_stream() {
+            self.give_back();
+        }
+    }
+}
+
+/// Connections are the client's and the destination's: clients with other TLS settings never
+/// share one.
+#[derive(Clone, PartialEq, Eq, Hash)]
+struct Key {
+    /// The client's connector's address. Whoever holds a key holds a `Weak` of the connector
+    /// too, which keeps the address from being reused while the key is in use.
+    connector: usize,
+    scheme: Scheme,
+    authority: Authority,
+}
+
+struct Bucket {
+    /// When the client is gone, so are its connections.
+    owner: Weak<Connector>,
+    idle: VecDeque<Idle>,
+}
+
+struct Idle {
+    sender: SendRequest<Body>,
+    since: Instant,
+}
+
+#[derive(Default)]
+struct Pools {
+    /// foldhash, not SipHash: the keys come from the config, and `Authority` hashes byte by
+    /// byte (case-folded), which SipHash made a visible share of each request's CPU.
+    buckets: HashMap<Key, Bucket, foldhash::fast::RandomState>,
+    next_sweep: Option<Instant>,
+}
+
+thread_local! {
+    static POOLS: RefCell<Pools> = RefCell::default();
+}
+
+/// An idle connection to `key` ready for a request, if the thread has one.
+fn checkout(key: &Key) -> Option<SendRequest<Body>> {
+    POOLS.with_borrow_mut(|pools| {
+        let now = Instant::now();
+        if pools.next_sweep.is_none_or(|next| now >= next) {
+            pools.sweep(now);
+        }
+        let idle = &mut pools.buckets.get_mut(key)?.idle;
+        // The connection idle for the shortest time first: the likeliest to be open still.
+        for _ in 0..idle.len() {
+            let connection = idle.pop_back()?;
+            if connection.sender.is_ready() {
+                return Some(connection.sender);
+            }
+            // Given back before hyper's connection task took in the response's end (possible
+            // where the body is read on another thread): it will be ready in a moment.
+            if !connection.sender.is_closed() {
+                idle.push_front(connection);
+            }
+        }
+        None
+    })
+}
+
+/// Keeps a connection whose response was read to the end for the requests after it. A body
+/// dropped as its thread exits drops its connection instead.
+fn checkin(connection: Returning) {
+    let Returning { key, owner, sender } = connection;
+    if sender.is_closed() || owner.strong_count() == 0 {
+        return;
+    }
+    let idle = Idle {
+        sender,
+        since: Instant::now(),
+    };
+    let _ = POOLS.try_with(|pools| {
+        let mut pools = pools.borrow_mut();
+        match pools.buckets.get_mut(&key) {
+            Some(bucket) => bucket.idle.push_back(idle),
+            None => {
+                pools.buckets.insert(
+                    key,
+                    Bucket {
+                        owner,
+                        idle: VecDeque::from([idle]),
+                    },
+                );
+            }
+        }
+    });
+}
+
+impl Pools {
+    /// Drops closed connections, those idle for [`IDLE_TIMEOUT`], and those of clients no
+    /// longer in use. Dropping a connection's sender ends it.
+    fn sweep(&mut self, now: Instant) {
+        self.buckets.retain(|_, bucket| {
+            if bucket.owner.strong_count() == 0 {
+                return false;
+            }
+            bucket.idle.retain(|connection| {
+                !connection.sender.is_closed() && now.duration_since(connection.since) < IDLE_TIMEOUT
+            });
+            !bucket.idle.is_empty()
+        });
+        self.next_sweep = Some(now + SWEEP_INTERVAL);
+    }
+}
+
+#[cfg(test)]
+mod tests;
