@@ -35,7 +35,6 @@ use futures::stream::{self, StreamExt};
 use http::Response;
 use http_body::Frame;
 use http_body_util::{BodyExt, StreamBody};
-use hyper::body::Incoming;
 use serde_json::{json, Map, Value};
 use sha2::{Digest, Sha256};
 use tokio::sync::{mpsc, oneshot};
@@ -549,6 +548,7 @@ mod tests {
 
     use http::header::CONTENT_TYPE;
     use http::HeaderValue;
+    use hyper::body::Incoming;
     use portcullis_config::{McpFailureMode, McpServerSpec};
 
     use super::*;

@@ -282,7 +282,7 @@ async fn list_changes_of_modern(
         ..
     } = &again;
     let response = match listen_modern(&server, client, held_subscription(), upstream, trace).await {
-        Listened::Modern(response) => response,
+        Listened::Modern(response) => *response,
         Listened::Failed(failure) => {
             tracing::warn!(server = %server.name, %failure, "an MCP server's list changes cannot be listened to");
             return Opened::Failed;
@@ -637,7 +637,7 @@ enum Listened {
     /// It honors nothing of it.
     Nothing,
     /// A 2026-07-28 server's stream, which begins with its acknowledgment.
-    Modern(Response<Http1Body>),
+    Modern(Box<Response<Http1Body>>),
     /// A session-based server's, in a session opened for it.
     InSession(Box<bridged_listen::Listening>),
     Failed(String),
@@ -655,7 +655,7 @@ async fn listen_modern(
         Ok(Sent::Relay(response))
             if response.status() == StatusCode::OK && server::is_event_stream(response.headers()) =>
         {
-            Listened::Modern(response)
+            Listened::Modern(Box::new(response))
         }
         // A server that is down or overloaded (behind a proxy or load balancer, a restart
         // reads as 502 or 503) is failing, not refusing.
