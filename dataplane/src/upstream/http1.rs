@@ -10,14 +10,15 @@
 //!
 //! A request sent on a pooled connection that turns out closed before the request left (the
 //! upstream closed it while idle) is sent again, once, on a new connection. A connection idle
-//! for [`IDLE_TIMEOUT`] is closed at its thread's next request after that; one whose thread
-//! serves no more requests stays open until its upstream closes it.
+//! for [`IDLE_TIMEOUT`] is closed by its own task ([`Idleness`] settles which of that task and
+//! a request gets it).
 
 use std::cell::RefCell;
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::pin::Pin;
-use std::sync::{Arc, Weak};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, LazyLock, Weak};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -38,7 +39,8 @@ use crate::body::Body;
 
 /// A connection idle for this long is closed (hyper-util's default).
 const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
-/// How often a thread's pools are swept of closed and idle connections, at the next request.
+/// How often a thread's pools are swept of closed connections and of clients no longer in use,
+/// at a request or a connection given back.
 const SWEEP_INTERVAL: Duration = Duration::from_secs(30);
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -49,6 +51,7 @@ type Connector = HttpsConnector<HttpConnector>;
 #[derive(Clone)]
 pub(crate) struct Http1 {
     connector: Arc<Connector>,
+    idle_timeout: Duration,
 }
 
 /// Why a request got no response.
@@ -86,6 +89,7 @@ impl Http1 {
     pub(super) fn new(connector: Connector) -> Http1 {
         Http1 {
             connector: Arc::new(connector),
+            idle_timeout: IDLE_TIMEOUT,
         }
     }
 
@@ -121,16 +125,16 @@ impl Http1 {
         };
         let mut pooled = true;
         loop {
-            let (mut sender, reused) = match pooled.then(|| checkout(&key)).flatten() {
-                Some(sender) => (sender, true),
+            let (mut connection, reused) = match pooled.then(|| checkout(&key)).flatten() {
+                Some(connection) => (connection, true),
                 None => (self.connect(&key).await?, false),
             };
-            match sender.try_send_request(request).await {
+            match connection.sender.try_send_request(request).await {
                 Ok(response) => {
                     let connection = Returning {
                         key,
                         owner: Arc::downgrade(&self.connector),
-                        sender,
+                        connection,
                     };
                     return Ok(response.map(|inner| Http1Body {
                         inner,
@@ -144,13 +148,15 @@ impl Http1 {
                         request = unsent;
                         pooled = false;
                     }
-                    _ => return Err(Http1Error::Exchange(failure.into_error())),
+                    // Nothing left the proxy: for retries and ejection, a failed connect.
+                    Some(_) => return Err(Http1Error::Connect(failure.into_error().into())),
+                    None => return Err(Http1Error::Exchange(failure.into_error())),
                 },
             }
         }
     }
 
-    async fn connect(&self, key: &Key) -> Result<SendRequest<Body>, Http1Error> {
+    async fn connect(&self, key: &Key) -> Result<Pooled, Http1Error> {
         let destination = Uri::builder()
             .scheme(key.scheme.clone())
             .authority(key.authority.clone())
@@ -160,15 +166,31 @@ impl Http1 {
         let io = watched(HttpsConnector::clone(&self.connector).call(destination))
             .await
             .map_err(Http1Error::Connect)?;
-        let (sender, connection) = http1::handshake(io)
+        let (sender, mut connection) = http1::handshake(io)
             .await
             .map_err(|error| Http1Error::Connect(error.into()))?;
+        let idleness = Arc::new(Idleness(AtomicU64::new(IN_USE)));
+        let (watched_idleness, idle_timeout) = (idleness.clone(), self.idle_timeout);
         tokio::spawn(async move {
-            if let Err(error) = connection.await {
-                tracing::debug!(%error, "upstream HTTP/1.1 connection failed");
+            loop {
+                tokio::select! {
+                    biased;
+                    ended = &mut connection => {
+                        if let Err(error) = ended {
+                            tracing::debug!(%error, "upstream HTTP/1.1 connection failed");
+                        }
+                        return;
+                    }
+                    () = tokio::time::sleep_until(watched_idleness.expiry(idle_timeout)) => {
+                        // Dropping the connection closes it.
+                        if watched_idleness.close_if_idle_for(idle_timeout) {
+                            return;
+                        }
+                    }
+                }
             }
         });
-        Ok(sender)
+        Ok(Pooled { sender, idleness })
     }
 }
 
@@ -193,7 +215,7 @@ pub(crate) struct Http1Body {
 struct Returning {
     key: Key,
     owner: Weak<Connector>,
-    sender: SendRequest<Body>,
+    connection: Pooled,
 }
 
 impl Http1Body {
@@ -214,8 +236,9 @@ impl HttpBody for Http1Body {
     ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
         let frame = std::task::ready!(Pin::new(&mut self.inner).poll_frame(cx));
         match &frame {
+            // Trailers end a body, and hyper's server reads no further after them.
+            Some(Ok(frame)) if frame.is_trailers() || self.inner.is_end_stream() => self.give_back(),
             None => self.give_back(),
-            Some(Ok(_)) if self.inner.is_end_stream() => self.give_back(),
             // A connection that failed mid-response is not reused.
             Some(Err(_)) => self.connection = None,
             Some(Ok(_)) => {}
@@ -244,7 +267,7 @@ impl Drop for Http1Body {
 
 /// Connections are the client's and the destination's: clients with other TLS settings never
 /// share one.
-#[derive(Clone, PartialEq, Eq, Hash)]
+#[derive(PartialEq, Eq, Hash)]
 struct Key {
     /// The client's connector's address. Whoever holds a key holds a `Weak` of the connector
     /// too, which keeps the address from being reused while the key is in use.
@@ -256,12 +279,64 @@ struct Key {
 struct Bucket {
     /// When the client is gone, so are its connections.
     owner: Weak<Connector>,
-    idle: VecDeque<Idle>,
+    idle: VecDeque<Pooled>,
 }
 
-struct Idle {
+struct Pooled {
     sender: SendRequest<Body>,
-    since: Instant,
+    idleness: Arc<Idleness>,
+}
+
+/// Whether a connection is in use, or since when it has been idle (milliseconds after
+/// [`EPOCH`]), or closed for idling. The connection's task closes it only from an idle time
+/// it read, and a request takes it only from one, so never both.
+struct Idleness(AtomicU64);
+
+const IN_USE: u64 = u64::MAX;
+const CLOSED: u64 = u64::MAX - 1;
+static EPOCH: LazyLock<Instant> = LazyLock::new(Instant::now);
+
+fn millis_since_epoch(now: Instant) -> u64 {
+    u64::try_from(now.saturating_duration_since(*EPOCH).as_millis()).unwrap_or(CLOSED - 1)
+}
+
+impl Idleness {
+    fn set_idle(&self, now: Instant) {
+        self.0.store(millis_since_epoch(now), Ordering::Release);
+    }
+
+    /// Takes the connection for a request, unless its task closed it.
+    fn take(&self) -> bool {
+        let idle_since = self.0.load(Ordering::Acquire);
+        idle_since != CLOSED
+            && self
+                .0
+                .compare_exchange(idle_since, IN_USE, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+    }
+
+    /// When the connection's task looks again: the end of its idle time, or a whole timeout
+    /// from now while it is in use.
+    fn expiry(&self, timeout: Duration) -> Instant {
+        match self.0.load(Ordering::Acquire) {
+            IN_USE | CLOSED => Instant::now() + timeout,
+            idle_since => *EPOCH + Duration::from_millis(idle_since) + timeout,
+        }
+    }
+
+    /// Closes the connection if it has been idle for `timeout`; whether it did.
+    fn close_if_idle_for(&self, timeout: Duration) -> bool {
+        let idle_since = self.0.load(Ordering::Acquire);
+        if idle_since == IN_USE || idle_since == CLOSED {
+            return false;
+        }
+        let idle_for = millis_since_epoch(Instant::now()).saturating_sub(idle_since);
+        u128::from(idle_for) >= timeout.as_millis()
+            && self
+                .0
+                .compare_exchange(idle_since, CLOSED, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+    }
 }
 
 #[derive(Default)]
@@ -277,18 +352,19 @@ thread_local! {
 }
 
 /// An idle connection to `key` ready for a request, if the thread has one.
-fn checkout(key: &Key) -> Option<SendRequest<Body>> {
+fn checkout(key: &Key) -> Option<Pooled> {
     POOLS.with_borrow_mut(|pools| {
-        let now = Instant::now();
-        if pools.next_sweep.is_none_or(|next| now >= next) {
-            pools.sweep(now);
-        }
+        pools.sweep_if_due(Instant::now());
         let idle = &mut pools.buckets.get_mut(key)?.idle;
         // The connection idle for the shortest time first: the likeliest to be open still.
         for _ in 0..idle.len() {
             let connection = idle.pop_back()?;
             if connection.sender.is_ready() {
-                return Some(connection.sender);
+                if connection.idleness.take() {
+                    return Some(connection);
+                }
+                // Its task closed it for idling.
+                continue;
             }
             // Given back before hyper's connection task took in the response's end (possible
             // where the body is read on another thread): it will be ready in a moment.
@@ -302,25 +378,28 @@ fn checkout(key: &Key) -> Option<SendRequest<Body>> {
 
 /// Keeps a connection whose response was read to the end for the requests after it. A body
 /// dropped as its thread exits drops its connection instead.
-fn checkin(connection: Returning) {
-    let Returning { key, owner, sender } = connection;
-    if sender.is_closed() || owner.strong_count() == 0 {
+fn checkin(returning: Returning) {
+    let Returning {
+        key,
+        owner,
+        connection,
+    } = returning;
+    if connection.sender.is_closed() || owner.strong_count() == 0 {
         return;
     }
-    let idle = Idle {
-        sender,
-        since: Instant::now(),
-    };
+    let now = Instant::now();
+    connection.idleness.set_idle(now);
     let _ = POOLS.try_with(|pools| {
         let mut pools = pools.borrow_mut();
+        pools.sweep_if_due(now);
         match pools.buckets.get_mut(&key) {
-            Some(bucket) => bucket.idle.push_back(idle),
+            Some(bucket) => bucket.idle.push_back(connection),
             None => {
                 pools.buckets.insert(
                     key,
                     Bucket {
                         owner,
-                        idle: VecDeque::from([idle]),
+                        idle: VecDeque::from([connection]),
                     },
                 );
             }
@@ -329,16 +408,17 @@ fn checkin(connection: Returning) {
 }
 
 impl Pools {
-    /// Drops closed connections, those idle for [`IDLE_TIMEOUT`], and those of clients no
-    /// longer in use. Dropping a connection's sender ends it.
-    fn sweep(&mut self, now: Instant) {
+    /// Drops closed connections and those of clients no longer in use (dropping a
+    /// connection's sender ends it), and buckets left empty.
+    fn sweep_if_due(&mut self, now: Instant) {
+        if self.next_sweep.is_some_and(|next| now < next) {
+            return;
+        }
         self.buckets.retain(|_, bucket| {
             if bucket.owner.strong_count() == 0 {
                 return false;
             }
-            bucket.idle.retain(|connection| {
-                !connection.sender.is_closed() && now.duration_since(connection.since) < IDLE_TIMEOUT
-            });
+            bucket.idle.retain(|connection| !connection.sender.is_closed());
             !bucket.idle.is_empty()
         });
         self.next_sweep = Some(now + SWEEP_INTERVAL);

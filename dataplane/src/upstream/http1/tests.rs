@@ -1,5 +1,6 @@
 //! The pool against a plain TCP server that records what reaches it.
 
+use std::future::Future;
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
@@ -14,7 +15,8 @@ use crate::body;
 
 /// An upstream that answers every request `ok`. `/hold` gets its head at once and its body
 /// when the test releases it; `/last` is answered and then the connection closed, with no
-/// `Connection: close` to warn the client; `/empty` gets a 204.
+/// `Connection: close` to warn the client; `/empty` gets a 204; `/trailers` a chunked `ok`
+/// with a trailer.
 struct Upstream {
     address: std::net::SocketAddr,
     /// Request heads, each with the number of the connection it came on.
@@ -95,6 +97,13 @@ async fn serve(
         let head = String::from_utf8(buffer.drain(..end).collect()).unwrap();
         heads.lock().unwrap().push((number, head.clone()));
         let path = head.split(' ').nth(1).unwrap_or_default().to_string();
+        if path == "/trailers" {
+            stream
+                .write_all(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\ntrailer: x-sum\r\n\r\n2\r\nok\r\n0\r\nx-sum: 1\r\n\r\n")
+                .await
+                .unwrap();
+            continue;
+        }
         if path == "/empty" {
             stream
                 .write_all(b"HTTP/1.1 204 No Content\r\n\r\n")
@@ -134,6 +143,36 @@ async fn get(client: &Http1, uri: &str, host: Option<&str>) -> Response<Http1Bod
 
 async fn read_to_end(response: Response<Http1Body>) -> Bytes {
     response.into_body().collect().await.unwrap().to_bytes()
+}
+
+fn key(client: &Http1, upstream: &Upstream) -> Key {
+    Key {
+        connector: Arc::as_ptr(&client.connector) as usize,
+        scheme: Scheme::HTTP,
+        authority: Authority::try_from(upstream.address.to_string().as_str()).unwrap(),
+    }
+}
+
+/// Connections to `upstream` idle in this thread's pool for `client`.
+fn idle(client: &Http1, upstream: &Upstream) -> usize {
+    POOLS.with_borrow(|pools| {
+        pools
+            .buckets
+            .get(&key(client, upstream))
+            .map_or(0, |bucket| bucket.idle.len())
+    })
+}
+
+/// Waits, for a bounded time, until the client has closed `count` connections to `upstream`.
+async fn closed(upstream: &Upstream, count: usize) {
+    let mut closed = upstream.closed.clone();
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        closed.wait_for(|closed| *closed == count),
+    )
+    .await
+    .expect("connections closed in time")
+    .unwrap();
 }
 
 #[tokio::test]
@@ -218,6 +257,7 @@ async fn a_response_dropped_before_its_end_takes_its_connection_with_it() {
     let unread = get(&client, &upstream.uri("/hold"), None).await;
     upstream.release.add_permits(1);
     drop(unread);
+    assert_eq!(idle(&client, &upstream), 0, "not given back");
     assert_eq!(
         read_to_end(get(&client, &upstream.uri("/a"), None).await).await,
         "ok"
@@ -245,25 +285,90 @@ async fn a_connection_the_upstream_closed_while_idle_is_not_the_end_of_the_next_
 }
 
 #[tokio::test]
-async fn a_connection_given_no_request_for_the_idle_timeout_is_closed() {
+async fn a_request_that_comes_back_unsent_goes_out_again_on_a_new_connection() {
     let upstream = Upstream::start().await;
     let client = client();
-    assert_eq!(
-        read_to_end(get(&client, &upstream.uri("/a"), None).await).await,
-        "ok"
-    );
-    tokio::time::pause();
-    tokio::time::advance(IDLE_TIMEOUT + SWEEP_INTERVAL).await;
-    assert_eq!(
-        read_to_end(get(&client, &upstream.uri("/a"), None).await).await,
-        "ok"
-    );
-    assert_eq!(upstream.accepted(), 2, "the idle connection was not reused");
-    let mut closed = upstream.closed.clone();
-    closed
-        .wait_for(|closed| *closed == 1)
+    // A connection the test drives itself, so it can end it between the request's checkout
+    // and its sending, as an upstream's close would.
+    let stream = TcpStream::connect(upstream.address).await.unwrap();
+    let (mut sender, mut connection) = http1::handshake::<_, Body>(hyper_util::rt::TokioIo::new(stream))
         .await
-        .expect("the idle connection was closed");
+        .unwrap();
+    std::future::poll_fn(|cx| {
+        let _ = Pin::new(&mut connection).poll(cx);
+        sender.poll_ready(cx)
+    })
+    .await
+    .unwrap();
+    checkin(Returning {
+        key: key(&client, &upstream),
+        owner: Arc::downgrade(&client.connector),
+        connection: Pooled {
+            sender,
+            idleness: Arc::new(Idleness(AtomicU64::new(IN_USE))),
+        },
+    });
+    assert_eq!(idle(&client, &upstream), 1);
+    let request = Request::get(upstream.uri("/a")).body(body::empty()).unwrap();
+    let mut response = std::pin::pin!(client.request(request));
+    assert!(
+        futures::poll!(response.as_mut()).is_pending(),
+        "sent on the pooled connection, which the test has not driven"
+    );
+    drop(connection);
+    assert_eq!(read_to_end(response.await.unwrap()).await, "ok");
+    let heads = upstream.heads();
+    assert_eq!(heads.len(), 1, "{heads:?}");
+    assert_eq!(
+        heads[0].0, 2,
+        "the request went out on the connection opened for it"
+    );
+}
+
+#[tokio::test]
+async fn a_connection_idle_for_the_timeout_is_closed_and_one_in_use_is_not() {
+    let upstream = Upstream::start().await;
+    let mut client = client();
+    client.idle_timeout = Duration::from_millis(200);
+    let held = get(&client, &upstream.uri("/hold"), None).await;
+    assert_eq!(
+        read_to_end(get(&client, &upstream.uri("/a"), None).await).await,
+        "ok"
+    );
+    closed(&upstream, 1).await;
+    // Time enough for several idle timeouts, on the clock the connections' tasks read.
+    tokio::time::pause();
+    tokio::time::advance(Duration::from_secs(1)).await;
+    tokio::time::resume();
+    upstream.release.add_permits(1);
+    assert_eq!(read_to_end(held).await, "ok", "the connection in use stayed open");
+    closed(&upstream, 2).await;
+    assert_eq!(
+        read_to_end(get(&client, &upstream.uri("/a"), None).await).await,
+        "ok"
+    );
+    assert_eq!(upstream.accepted(), 3, "closed connections are not handed out");
+}
+
+#[tokio::test]
+async fn a_response_with_trailers_gives_its_connection_back_at_them() {
+    let upstream = Upstream::start().await;
+    let client = client();
+    let mut body = get(&client, &upstream.uri("/trailers"), None).await.into_body();
+    // As hyper's server does: no read past the trailers.
+    loop {
+        let frame = body.frame().await.expect("a frame").unwrap();
+        if let Some(trailers) = frame.trailers_ref() {
+            assert_eq!(trailers["x-sum"], "1");
+            break;
+        }
+    }
+    drop(body);
+    assert_eq!(
+        read_to_end(get(&client, &upstream.uri("/a"), None).await).await,
+        "ok"
+    );
+    assert_eq!(upstream.accepted(), 1);
 }
 
 #[tokio::test]
@@ -275,17 +380,15 @@ async fn connections_of_a_client_dropped_are_closed() {
         "ok"
     );
     drop(dropped);
-    tokio::time::pause();
-    tokio::time::advance(SWEEP_INTERVAL).await;
+    POOLS.with_borrow_mut(|pools| {
+        pools.next_sweep = None;
+        pools.sweep_if_due(Instant::now());
+    });
+    closed(&upstream, 1).await;
     let other = client();
     assert_eq!(
         read_to_end(get(&other, &upstream.uri("/a"), None).await).await,
         "ok"
     );
     assert_eq!(upstream.accepted(), 2, "clients do not share connections");
-    let mut closed = upstream.closed.clone();
-    closed
-        .wait_for(|closed| *closed == 1)
-        .await
-        .expect("the dropped client's connection was closed");
 }
