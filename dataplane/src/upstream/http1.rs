@@ -11,14 +11,15 @@
 //! A request sent on a pooled connection that turns out closed before the request left (the
 //! upstream closed it while idle) is sent again, once, on a new connection. A connection idle
 //! for [`IDLE_TIMEOUT`] is closed by its own task ([`Idleness`] settles which of that task and
-//! a request gets it).
+//! a request gets it); what is left of it in its thread's pool (its sender, a few hundred
+//! bytes) goes at the thread's next sweep, like a dropped client's bucket.
 
 use std::cell::RefCell;
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, LazyLock, Weak};
+use std::sync::{Arc, Weak};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -169,7 +170,7 @@ impl Http1 {
         let (sender, mut connection) = http1::handshake(io)
             .await
             .map_err(|error| Http1Error::Connect(error.into()))?;
-        let idleness = Arc::new(Idleness(AtomicU64::new(IN_USE)));
+        let idleness = Arc::new(Idleness::in_use());
         let (watched_idleness, idle_timeout) = (idleness.clone(), self.idle_timeout);
         tokio::spawn(async move {
             loop {
@@ -288,29 +289,40 @@ struct Pooled {
 }
 
 /// Whether a connection is in use, or since when it has been idle (milliseconds after
-/// [`EPOCH`]), or closed for idling. The connection's task closes it only from an idle time
-/// it read, and a request takes it only from one, so never both.
-struct Idleness(AtomicU64);
+/// `opened`), or closed for idling. The connection's task closes it only from an idle time it
+/// read, and a request takes it only from one, so never both.
+struct Idleness {
+    /// The connection's own: a clock origin per connection keeps each runtime's clock (tokio's
+    /// test clock differs between runtimes) to its own connections.
+    opened: Instant,
+    state: AtomicU64,
+}
 
 const IN_USE: u64 = u64::MAX;
 const CLOSED: u64 = u64::MAX - 1;
-static EPOCH: LazyLock<Instant> = LazyLock::new(Instant::now);
-
-fn millis_since_epoch(now: Instant) -> u64 {
-    u64::try_from(now.saturating_duration_since(*EPOCH).as_millis()).unwrap_or(CLOSED - 1)
-}
 
 impl Idleness {
+    fn in_use() -> Idleness {
+        Idleness {
+            opened: Instant::now(),
+            state: AtomicU64::new(IN_USE),
+        }
+    }
+
+    fn millis_since_opened(&self, now: Instant) -> u64 {
+        u64::try_from(now.saturating_duration_since(self.opened).as_millis()).unwrap_or(CLOSED - 1)
+    }
+
     fn set_idle(&self, now: Instant) {
-        self.0.store(millis_since_epoch(now), Ordering::Release);
+        self.state.store(self.millis_since_opened(now), Ordering::Release);
     }
 
     /// Takes the connection for a request, unless its task closed it.
     fn take(&self) -> bool {
-        let idle_since = self.0.load(Ordering::Acquire);
-        idle_since != CLOSED
+        let idle_since = self.state.load(Ordering::Acquire);
+        idle_since < CLOSED
             && self
-                .0
+                .state
                 .compare_exchange(idle_since, IN_USE, Ordering::AcqRel, Ordering::Acquire)
                 .is_ok()
     }
@@ -318,22 +330,24 @@ impl Idleness {
     /// When the connection's task looks again: the end of its idle time, or a whole timeout
     /// from now while it is in use.
     fn expiry(&self, timeout: Duration) -> Instant {
-        match self.0.load(Ordering::Acquire) {
+        match self.state.load(Ordering::Acquire) {
             IN_USE | CLOSED => Instant::now() + timeout,
-            idle_since => *EPOCH + Duration::from_millis(idle_since) + timeout,
+            idle_since => self.opened + Duration::from_millis(idle_since) + timeout,
         }
     }
 
     /// Closes the connection if it has been idle for `timeout`; whether it did.
     fn close_if_idle_for(&self, timeout: Duration) -> bool {
-        let idle_since = self.0.load(Ordering::Acquire);
-        if idle_since == IN_USE || idle_since == CLOSED {
+        let idle_since = self.state.load(Ordering::Acquire);
+        if idle_since >= CLOSED {
             return false;
         }
-        let idle_for = millis_since_epoch(Instant::now()).saturating_sub(idle_since);
+        let idle_for = self
+            .millis_since_opened(Instant::now())
+            .saturating_sub(idle_since);
         u128::from(idle_for) >= timeout.as_millis()
             && self
-                .0
+                .state
                 .compare_exchange(idle_since, CLOSED, Ordering::AcqRel, Ordering::Acquire)
                 .is_ok()
     }
