@@ -26,6 +26,13 @@ pub(crate) fn empty() -> Body {
     Empty::new().map_err(|never| match never {}).boxed_unsync()
 }
 
+/// Whether `frame`, just read from `body`, was its last. Trailers always are, and hyper's
+/// servers read no further after them; a data frame is when the body says it ended (an HTTP/1.1
+/// chunked body does not, before its trailers).
+pub(crate) fn ended_with<B: HttpBody>(body: &B, frame: &Frame<B::Data>) -> bool {
+    frame.is_trailers() || body.is_end_stream()
+}
+
 pub(crate) fn boxed<B>(body: B) -> Body
 where
     B: HttpBody<Data = Bytes> + Send + 'static,

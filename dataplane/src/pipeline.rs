@@ -330,7 +330,7 @@ impl HttpBody for Recorded {
                 if let Some(data) = frame.data_ref() {
                     this.sent += data.len() as u64;
                 }
-                if this.inner.is_end_stream() {
+                if body::ended_with(&this.inner, frame) {
                     this.complete(true);
                 }
             }

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use http::Request;
+use http::{HeaderValue, Request};
 use http_body_util::{BodyExt, Full};
 
 use super::support::*;
@@ -220,4 +220,89 @@ spec:
     assert_eq!(line["guardrails"][0]["guardrail"], "Guardrail/no-secrets");
     assert_eq!(line["guardrails"][0]["decision"], "deny");
     assert!(!log.contains("hunter2"), "payloads are never logged: {log}");
+}
+
+/// A body that ends in trailers is read no further by hyper's servers, so whatever runs at a
+/// body's end must run at its trailers. Through an HTTP/1.1 upstream (whose chunked body does
+/// not itself say it ended) to an HTTP/2 client: the client gets the trailers, the requests
+/// are logged as completed, and the upstream connection serves the next request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_response_ending_in_trailers_reaches_the_client_and_is_logged_as_completed() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    const ANSWER: &[u8] = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\ntrailer: grpc-status\r\n\r\n2\r\nok\r\n0\r\ngrpc-status: 0\r\n\r\n";
+    let upstream_socket = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let upstream = upstream_socket.local_addr().unwrap();
+    let (accepts, accepted) = tokio::sync::watch::channel(0);
+    tokio::spawn(async move {
+        loop {
+            let (mut stream, _) = upstream_socket.accept().await.unwrap();
+            accepts.send_modify(|count| *count += 1);
+            tokio::spawn(async move {
+                // Requests without bodies: each head gets the answer.
+                let mut head = Vec::new();
+                let mut chunk = [0; 1024];
+                while let Ok(read @ 1..) = stream.read(&mut chunk).await {
+                    head.extend_from_slice(&chunk[..read]);
+                    if head.windows(4).any(|window| window == b"\r\n\r\n") {
+                        head.clear();
+                        if stream.write_all(ANSWER).await.is_err() {
+                            return;
+                        }
+                    }
+                }
+            });
+        }
+    });
+    let log_dir = tempfile::tempdir().unwrap();
+    let log_path = log_dir.path().join("access.log");
+    let telemetry = TelemetryConfig {
+        access_log: AccessLogConfig {
+            destination: AccessLogDestination::File(log_path.clone()),
+            sample: 1.0,
+        },
+        otlp_endpoint: None,
+        service_name: "portcullis-proxy".into(),
+        proxy_id: "test-proxy".into(),
+    };
+    let port = free_port();
+    let proxy = start_proxy_with(None, Duration::from_secs(1), telemetry).await;
+    let config = objects(
+        &(listener("web", port)
+            + &backend("grpc", upstream, false)
+            + &route("to-grpc", "web", "grpc", "matches: [{path: {prefix: /}}]")),
+    );
+    proxy.state.apply(1, config).await.unwrap();
+
+    let client = http2_client();
+    for _ in 0..2 {
+        let request = Request::post(format!("http://127.0.0.1:{port}/pkg.Service/Call"))
+            .header("te", "trailers")
+            .body(Full::default())
+            .unwrap();
+        let response = client.request(request).await.unwrap();
+        assert_eq!(response.status(), 200);
+        let collected = response.into_body().collect().await.unwrap();
+        assert_eq!(
+            collected.trailers().map(|trailers| &trailers["grpc-status"]),
+            Some(&HeaderValue::from_static("0"))
+        );
+        assert_eq!(collected.to_bytes(), "ok");
+    }
+
+    proxy.shutdown().await.unwrap();
+    assert_eq!(
+        *accepted.borrow(),
+        1,
+        "one upstream connection served both requests"
+    );
+    let log = std::fs::read_to_string(&log_path).unwrap();
+    let lines: Vec<serde_json::Value> = log
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 2, "{log}");
+    for line in lines {
+        assert_eq!(line["status"], 200, "{line}");
+        assert_eq!(line["completed"], true, "{line}");
+    }
 }

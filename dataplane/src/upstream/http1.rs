@@ -36,12 +36,12 @@ use tokio::time::Instant;
 use tower_service::Service;
 
 use super::connect_watch::watched;
-use crate::body::Body;
+use crate::body::{ended_with, Body};
 
 /// A connection idle for this long is closed (hyper-util's default).
 const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 /// How often a thread's pools are swept of closed connections and of clients no longer in use,
-/// at a request or a connection given back.
+/// when a connection is given back (a checkout drops the closed ones it meets).
 const SWEEP_INTERVAL: Duration = Duration::from_secs(30);
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -237,8 +237,7 @@ impl HttpBody for Http1Body {
     ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
         let frame = std::task::ready!(Pin::new(&mut self.inner).poll_frame(cx));
         match &frame {
-            // Trailers end a body, and hyper's server reads no further after them.
-            Some(Ok(frame)) if frame.is_trailers() || self.inner.is_end_stream() => self.give_back(),
+            Some(Ok(frame)) if ended_with(&self.inner, frame) => self.give_back(),
             None => self.give_back(),
             // A connection that failed mid-response is not reused.
             Some(Err(_)) => self.connection = None,
@@ -368,7 +367,6 @@ thread_local! {
 /// An idle connection to `key` ready for a request, if the thread has one.
 fn checkout(key: &Key) -> Option<Pooled> {
     POOLS.with_borrow_mut(|pools| {
-        pools.sweep_if_due(Instant::now());
         let idle = &mut pools.buckets.get_mut(key)?.idle;
         // The connection idle for the shortest time first: the likeliest to be open still.
         for _ in 0..idle.len() {
