@@ -1,6 +1,7 @@
 //! Telemetry through the whole proxy: a trace continued to the upstream and exported over
 //! OTLP, metrics that move with traffic, an access-log line per request.
 
+use std::path::Path;
 use std::time::Duration;
 
 use http::{HeaderValue, Request};
@@ -11,6 +12,18 @@ use crate::{AccessLogConfig, AccessLogDestination, TelemetryConfig};
 
 const TRACE_ID: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
 const PARENT_ID: &str = "00f067aa0ba902b7";
+
+/// Every request logged to `path`; spans exported to `otlp_endpoint` if given.
+fn logging_every_request(path: &Path, otlp_endpoint: Option<String>) -> TelemetryConfig {
+    TelemetryConfig {
+        access_log: AccessLogConfig {
+            destination: AccessLogDestination::File(path.to_owned()),
+            sample: 1.0,
+        },
+        otlp_endpoint,
+        ..quiet_telemetry()
+    }
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_is_traced_measured_and_logged() {
@@ -29,15 +42,7 @@ async fn a_request_is_traced_measured_and_logged() {
     .await;
     let log_dir = tempfile::tempdir().unwrap();
     let log_path = log_dir.path().join("access.log");
-    let telemetry = TelemetryConfig {
-        access_log: AccessLogConfig {
-            destination: AccessLogDestination::File(log_path.clone()),
-            sample: 1.0,
-        },
-        otlp_endpoint: Some(collector.endpoint()),
-        service_name: "portcullis-proxy".into(),
-        proxy_id: "test-proxy".into(),
-    };
+    let telemetry = logging_every_request(&log_path, Some(collector.endpoint()));
     let port = free_port();
     let proxy = start_proxy_with(None, Duration::from_secs(1), telemetry).await;
     proxy
@@ -148,15 +153,7 @@ async fn a_guardrail_decision_is_a_span_event_a_log_entry_and_a_metric() {
         .unwrap();
     let log_dir = tempfile::tempdir().unwrap();
     let log_path = log_dir.path().join("access.log");
-    let telemetry = TelemetryConfig {
-        access_log: AccessLogConfig {
-            destination: AccessLogDestination::File(log_path.clone()),
-            sample: 1.0,
-        },
-        otlp_endpoint: Some(collector.endpoint()),
-        service_name: "portcullis-proxy".into(),
-        proxy_id: "test-proxy".into(),
-    };
+    let telemetry = logging_every_request(&log_path, Some(collector.endpoint()));
     let port = free_port();
     // The prompt is denied before any pod is asked: the pool's endpoint needs no server.
     let guardrail = "apiVersion: portcullis.dev/v1alpha1
@@ -255,15 +252,7 @@ async fn a_response_ending_in_trailers_reaches_the_client_and_is_logged_as_compl
     });
     let log_dir = tempfile::tempdir().unwrap();
     let log_path = log_dir.path().join("access.log");
-    let telemetry = TelemetryConfig {
-        access_log: AccessLogConfig {
-            destination: AccessLogDestination::File(log_path.clone()),
-            sample: 1.0,
-        },
-        otlp_endpoint: None,
-        service_name: "portcullis-proxy".into(),
-        proxy_id: "test-proxy".into(),
-    };
+    let telemetry = logging_every_request(&log_path, None);
     let port = free_port();
     let proxy = start_proxy_with(None, Duration::from_secs(1), telemetry).await;
     let config = objects(
