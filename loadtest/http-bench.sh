@@ -12,9 +12,14 @@
 #               (metrics on, as always)
 #   portcullis-logged  a second proxy of the same control plane, its own listener, with
 #               the JSON access log on (every request, written to a file)
+#   floor       `portcullis forward-floor`: a reference forwarder, not a proxy (no routing,
+#               limits, timeouts or telemetry), one pass per request in the client
+#               connection's task (httparse); the least a tokio HTTP/1.1 proxy does
+#   floor-hyper the same with hyper's HTTP/1 server and client connections instead: the two
+#               hyper dispatchers Portcullis has, with nothing of Portcullis between them
 # then, for each connection count (32 and 256) and each round, runs
 #   wrk -t$WRK_THREADS -c$CONNS -d$DURATION --latency
-# against direct (the origin itself), nginx and portcullis, rotating the order each round,
+# against direct (the origin itself), nginx, portcullis and the floors, rotating the order each round,
 # and prints per connection count a markdown table: median req/s over the rounds (min–max),
 # median p50/p99, errors, and req/s (and p99) as a ratio of nginx's and direct's, and the CPU
 # time per request of the process serving each target (read from /proc/<pid>/stat around
@@ -52,7 +57,7 @@ warmup=${WARMUP:-1s}
 # Appended to both `portcullis proxy` commands (word-split on purpose)
 PORTCULLIS_EXTRA_ARGS=${PORTCULLIS_EXTRA_ARGS:-}
 bin=target/release/portcullis
-origin=19001 gateway=18080 gateway_logged=18082 nginx_port=18081
+origin=19001 gateway=18080 gateway_logged=18082 nginx_port=18081 floor=18090 floor_hyper=18091
 admin=17070 proxy_admin=17071 cp_metrics=17072 proxy_admin_logged=17073
 
 # --- tools ---------------------------------------------------------------------------------
@@ -212,6 +217,16 @@ YAML
     targets+=(portcullis portcullis-logged)
     url[portcullis]="http://127.0.0.1:$gateway/bench"
     url[portcullis-logged]="http://127.0.0.1:$gateway_logged/bench"
+    # The reference forwarders: one thread per core, as the proxy's workers.
+    PORTCULLIS_LOG=warn "$bin" forward-floor --listen 127.0.0.1:$floor --upstream 127.0.0.1:$origin \
+        --engine one-pass >"$work/floor.log" 2>&1 & pids+=($!)
+    serving[floor]=$!
+    PORTCULLIS_LOG=warn "$bin" forward-floor --listen 127.0.0.1:$floor_hyper --upstream 127.0.0.1:$origin \
+        --engine hyper >"$work/floor-hyper.log" 2>&1 & pids+=($!)
+    serving[floor-hyper]=$!
+    targets+=(floor floor-hyper)
+    url[floor]="http://127.0.0.1:$floor/bench"
+    url[floor-hyper]="http://127.0.0.1:$floor_hyper/bench"
     for ready in $proxy_admin $proxy_admin_logged; do
         for _ in $(seq 100); do
             curl -fsS "http://127.0.0.1:$ready/readyz" >/dev/null 2>&1 && break

@@ -66,6 +66,9 @@ enum Command {
     /// Measure a running control plane's config fan-out: many subscribers, a large config, a
     /// stream of writes (loadtest/fanout-bench.sh runs it against a 3-node cluster).
     FanoutBench(portcullis_loadtest::fanout::FanoutBenchArgs),
+    /// Run a reference forwarder that loadtest/http-bench.sh measures beside Portcullis: the
+    /// least an HTTP/1.1 proxy on tokio does per request. Not a proxy to deploy.
+    ForwardFloor(portcullis_loadtest::floor::FloorArgs),
 }
 
 fn main() -> ExitCode {
@@ -105,6 +108,7 @@ fn main() -> ExitCode {
             }
             Command::Loadtest(args) => portcullis_loadtest::llm::run(args).await,
             Command::FanoutBench(args) => portcullis_loadtest::fanout::run(args).await,
+            Command::ForwardFloor(args) => tools::forward_floor(args).await,
         }
     });
     match outcome {

@@ -4,7 +4,7 @@ use std::net::SocketAddr;
 
 use anyhow::Context;
 use clap::{Args, Subcommand};
-use portcullis_loadtest::{mcp, sim, vllm};
+use portcullis_loadtest::{floor, mcp, sim, vllm};
 
 #[derive(Args)]
 pub struct EchoArgs {
@@ -26,6 +26,16 @@ pub async fn echo(args: EchoArgs) -> anyhow::Result<()> {
         served = portcullis_loadtest::echo::serve(listener, args.name) => served,
         () = crate::signal::terminated() => Ok(()),
     }
+}
+
+pub async fn forward_floor(args: floor::FloorArgs) -> anyhow::Result<()> {
+    let address = floor::start(&args)?;
+    eprintln!(
+        "reference forwarder ({:?}) listening on {address}, forwarding to {}",
+        args.engine, args.upstream
+    );
+    crate::signal::terminated().await;
+    Ok(())
 }
 
 #[derive(Subcommand)]

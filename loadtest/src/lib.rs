@@ -1,6 +1,7 @@
 //! Test servers, load generators and benchmarks for Portcullis.
 //!
-//! `echo` and `http` run against real sockets on loopback; `fanout` measures the control
+//! `echo` and `http` run against real sockets on loopback; `floor` holds the reference
+//! forwarders `http-bench.sh` measures beside Portcullis; `fanout` measures the control
 //! plane's config stream against a running cluster; `guardrail` is the reference
 //! guardrail checker (gRPC); `sim` simulates a vLLM fleet
 //! in virtual time, `vllm` serves it over HTTP; `llm` is the load generator, which also drives
@@ -12,6 +13,7 @@
 pub mod baseline;
 pub mod echo;
 pub mod fanout;
+pub mod floor;
 pub mod guardrail;
 pub mod llm;
 pub mod mcp;
