@@ -4,16 +4,16 @@
 //! its own layers (routing, policies, limits, timeouts, telemetry).
 //!
 //! **Not a proxy to run.** No routing, no limits, no timeouts, no retries; messages framed by
-//! `Content-Length` only (a chunked message, a `1xx` or an oversized one is refused: `400` to
-//! the client, `502` for the upstream's, and the connection closed) — exactly enough for the
-//! benchmark's GETs against an nginx origin. What each engine does per request, alike: drop
-//! the hop-by-hop headers (RFC 9110 §7.6.1), set `X-Forwarded-For`, keep upstream connections
-//! alive in a pool of the thread.
+//! `Content-Length` only (a chunked message, a response without a length, a `1xx` or an
+//! oversized message is refused: `400` to the client for its own, `502` for the upstream's,
+//! and the connection closed) — exactly enough for the benchmark's GETs against an nginx
+//! origin. What each engine does per request, alike: drop the hop-by-hop headers (RFC 9110
+//! §7.6.1), set `X-Forwarded-For`, keep upstream connections alive in a pool of the thread.
 //!
-//! Both engines run one current-thread runtime per thread, each thread accepting from a socket
-//! of its own bound with `SO_REUSEPORT`, so the kernel spreads connections over the threads
-//! and a connection and its upstream connections stay on one thread (Portcullis's worker
-//! model, `dataplane/src/listener/workers.rs`):
+//! Both engines run as Portcullis's proxy does (`dataplane/src/listener/workers.rs`): one
+//! current-thread runtime per thread, every thread accepting from the one listening socket
+//! and handing each connection to the thread with the fewest open, so that a connection and
+//! its upstream connections stay on one thread and a burst of connects is spread evenly:
 //!
 //! * [`Engine::OnePass`]: the client connection's task parses a request head with `httparse`,
 //!   writes it to an upstream connection, reads the response and writes it back: one task per
@@ -29,6 +29,8 @@ use std::io;
 use std::net::SocketAddr;
 use std::num::NonZeroUsize;
 use std::rc::Rc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 
 use anyhow::Context;
 use bytes::Bytes;
@@ -39,6 +41,7 @@ use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
 
 /// A message (head and body) larger than this is refused rather than buffered.
 const MAX_MESSAGE_BYTES: usize = 1 << 20;
@@ -66,8 +69,8 @@ pub struct FloorArgs {
     pub upstream: SocketAddr,
     #[arg(long, value_enum, default_value = "one-pass")]
     pub engine: Engine,
-    /// Threads, each with its own runtime and listening socket; 0 means one per core.
-    #[arg(long, default_value_t = 0)]
+    /// Threads, each with its own runtime; 0 means one per core (as the proxy's workers).
+    #[arg(long, env = "PORTCULLIS_WORKERS", default_value_t = 0)]
     pub threads: usize,
 }
 
@@ -77,26 +80,35 @@ pub enum Engine {
     Hyper,
 }
 
-/// Binds `args.listen` once per thread and starts the threads; returns the address bound
-/// (its port chosen by the kernel when `args.listen` has port 0). The threads serve until
-/// the process exits.
+/// Binds `args.listen` and starts the threads; returns the address bound (its port chosen
+/// by the kernel when `args.listen` has port 0). The threads serve until the process exits.
 pub fn start(args: &FloorArgs) -> anyhow::Result<SocketAddr> {
     let threads = match NonZeroUsize::new(args.threads) {
         Some(threads) => threads.get(),
         None => std::thread::available_parallelism().map_or(1, NonZeroUsize::get),
     };
-    let first = reuse_port_listener(args.listen)?;
-    let address = first.local_addr()?;
-    let mut sockets = vec![first];
-    for _ in 1..threads {
-        sockets.push(reuse_port_listener(address)?);
-    }
-    for (index, socket) in sockets.into_iter().enumerate() {
-        let (engine, upstream) = (args.engine, args.upstream);
+    let listener =
+        std::net::TcpListener::bind(args.listen).with_context(|| format!("cannot bind {}", args.listen))?;
+    listener.set_nonblocking(true)?;
+    let address = listener.local_addr()?;
+    let open: Arc<[AtomicUsize]> = (0..threads).map(|_| AtomicUsize::new(0)).collect();
+    let (hand_offs, inboxes): (Vec<_>, Vec<_>) = (0..threads)
+        .map(|_| tokio::sync::mpsc::unbounded_channel())
+        .unzip();
+    for (index, inbox) in inboxes.into_iter().enumerate() {
+        let thread = Thread {
+            index,
+            listener: listener.try_clone()?,
+            inbox,
+            hand_offs: hand_offs.clone(),
+            open: open.clone(),
+            engine: args.engine,
+            upstream: args.upstream,
+        };
         std::thread::Builder::new()
             .name(format!("floor-{index}"))
             .spawn(move || {
-                if let Err(error) = serve_thread(socket, engine, upstream) {
+                if let Err(error) = thread.serve() {
                     tracing::warn!(%error, "a forwarder thread stopped");
                 }
             })
@@ -105,51 +117,105 @@ pub fn start(args: &FloorArgs) -> anyhow::Result<SocketAddr> {
     Ok(address)
 }
 
-fn reuse_port_listener(address: SocketAddr) -> anyhow::Result<std::net::TcpListener> {
-    let socket = socket2::Socket::new(socket2::Domain::for_address(address), socket2::Type::STREAM, None)?;
-    socket.set_reuse_address(true)?;
-    socket.set_reuse_port(true)?;
-    socket.set_nonblocking(true)?;
-    socket
-        .bind(&address.into())
-        .with_context(|| format!("cannot bind {address}"))?;
-    socket.listen(1024)?;
-    Ok(socket.into())
+/// A connection handed from the thread that accepted it to the one that serves it.
+type HandOff = (std::net::TcpStream, SocketAddr);
+
+struct Thread {
+    index: usize,
+    listener: std::net::TcpListener,
+    inbox: UnboundedReceiver<HandOff>,
+    hand_offs: Vec<UnboundedSender<HandOff>>,
+    /// Open connections per thread.
+    open: Arc<[AtomicUsize]>,
+    engine: Engine,
+    upstream: SocketAddr,
 }
 
-fn serve_thread(socket: std::net::TcpListener, engine: Engine, upstream: SocketAddr) -> anyhow::Result<()> {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_io()
-        .build()?;
-    let tasks = tokio::task::LocalSet::new();
-    tasks.block_on(&runtime, async move {
-        let listener = TcpListener::from_std(socket)?;
-        let streams = Rc::new(RefCell::new(Vec::new()));
-        let senders = Rc::new(RefCell::new(Vec::new()));
-        loop {
-            let (client, peer) = match listener.accept().await {
-                Ok(accepted) => accepted,
-                Err(error) => {
-                    tracing::debug!(%error, "accept failed");
-                    continue;
-                }
-            };
-            let _ = client.set_nodelay(true);
-            match engine {
-                Engine::OnePass => {
-                    let pool = streams.clone();
-                    tokio::task::spawn_local(async move {
-                        if let Err(error) = one_pass(client, peer, upstream, pool).await {
-                            tracing::debug!(%error, "connection ended with an error");
+impl Thread {
+    fn serve(self) -> anyhow::Result<()> {
+        let Thread {
+            index,
+            listener,
+            mut inbox,
+            hand_offs,
+            open,
+            engine,
+            upstream,
+        } = self;
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_io()
+            .build()?;
+        let tasks = tokio::task::LocalSet::new();
+        tasks.block_on(&runtime, async move {
+            let listener = TcpListener::from_std(listener)?;
+            let pools = Pools::default();
+            loop {
+                let (client, peer) = tokio::select! {
+                    accepted = listener.accept() => match accepted {
+                        Ok((client, peer)) => {
+                            let least_loaded = (0..open.len())
+                                .min_by_key(|index| open[*index].load(Ordering::Relaxed))
+                                .unwrap_or(index);
+                            open[least_loaded].fetch_add(1, Ordering::Relaxed);
+                            if least_loaded == index {
+                                (client, peer)
+                            } else {
+                                let handed = client
+                                    .into_std()
+                                    .map(|client| hand_offs[least_loaded].send((client, peer)));
+                                if !matches!(handed, Ok(Ok(()))) {
+                                    open[least_loaded].fetch_sub(1, Ordering::Relaxed);
+                                }
+                                continue;
+                            }
                         }
-                    });
-                }
-                Engine::Hyper => {
-                    tokio::task::spawn_local(hyper_connection(client, peer, upstream, senders.clone()));
-                }
+                        Err(error) => {
+                            tracing::debug!(%error, "accept failed");
+                            continue;
+                        }
+                    },
+                    Some((client, peer)) = inbox.recv() => match TcpStream::from_std(client) {
+                        Ok(client) => (client, peer),
+                        Err(error) => {
+                            open[index].fetch_sub(1, Ordering::Relaxed);
+                            tracing::debug!(%error, "a handed-off connection could not be registered");
+                            continue;
+                        }
+                    },
+                };
+                let _ = client.set_nodelay(true);
+                let slot = OpenSlot(open.clone(), index);
+                let (engine, upstream, pools) = (engine, upstream, pools.clone());
+                tokio::task::spawn_local(async move {
+                    match engine {
+                        Engine::OnePass => {
+                            if let Err(error) = one_pass(client, peer, upstream, pools.streams).await {
+                                tracing::debug!(%error, "connection ended with an error");
+                            }
+                        }
+                        Engine::Hyper => hyper_connection(client, peer, upstream, pools.senders).await,
+                    }
+                    drop(slot);
+                });
             }
-        }
-    })
+        })
+    }
+}
+
+/// A thread's count of one open connection, given back when the connection's task ends.
+struct OpenSlot(Arc<[AtomicUsize]>, usize);
+
+impl Drop for OpenSlot {
+    fn drop(&mut self) {
+        self.0[self.1].fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// A thread's idle upstream connections, for the engine it runs.
+#[derive(Clone, Default)]
+struct Pools {
+    streams: Rc<RefCell<Vec<TcpStream>>>,
+    senders: Senders,
 }
 
 async fn connect(upstream: SocketAddr) -> io::Result<TcpStream> {
@@ -221,9 +287,14 @@ async fn one_pass(
         let pooled = pool.borrow_mut().pop();
         let mut connection = match pooled {
             Some(connection) => connection,
-            None => connect(upstream).await?,
+            None => match connect(upstream).await {
+                Ok(connection) => connection,
+                Err(_) => return refuse(client, StatusCode::BAD_GATEWAY).await,
+            },
         };
-        connection.write_all(&out).await?;
+        if connection.write_all(&out).await.is_err() {
+            return refuse(client, StatusCode::BAD_GATEWAY).await;
+        }
         from_upstream.clear();
         let response = read_message(&mut connection, &mut from_upstream, |buffer| {
             out.clear();
@@ -269,18 +340,23 @@ async fn read_message(
     }
 }
 
-/// The body's length, from the message's headers; a transfer coding is not framed here.
-fn body_length(headers: &[httparse::Header]) -> Result<usize, Refused> {
+/// The message's `Content-Length`, if it has one; a transfer coding is not framed here.
+fn content_length(headers: &[httparse::Header]) -> Result<Option<usize>, Refused> {
     let mut length = None;
     for header in headers {
         if header.name.eq_ignore_ascii_case("transfer-encoding") {
             return Err(Refused::Unsupported);
         }
         if header.name.eq_ignore_ascii_case("content-length") {
-            let value = std::str::from_utf8(header.value)
+            let digits = header.value.trim_ascii();
+            if digits.is_empty() || !digits.iter().all(u8::is_ascii_digit) {
+                return Err(Refused::Malformed);
+            }
+            let value = std::str::from_utf8(digits)
                 .ok()
-                .and_then(|value| value.trim().parse::<usize>().ok())
-                .ok_or(Refused::Malformed)?;
+                .and_then(|digits| digits.parse::<usize>().ok())
+                .filter(|value| *value <= MAX_MESSAGE_BYTES)
+                .ok_or(Refused::Unsupported)?;
             // Two different lengths leave the framing ambiguous (RFC 9112 §6.3).
             if length.is_some_and(|length| length != value) {
                 return Err(Refused::Malformed);
@@ -288,7 +364,7 @@ fn body_length(headers: &[httparse::Header]) -> Result<usize, Refused> {
             length = Some(value);
         }
     }
-    Ok(length.unwrap_or(0))
+    Ok(length)
 }
 
 fn is_hop_by_hop(name: &str) -> bool {
@@ -315,7 +391,9 @@ fn encode_request(
         Ok(httparse::Status::Partial) => return Ok(Parsed::Partial),
         Err(_) => return Err(Refused::Malformed),
     };
-    let total = head + body_length(request.headers)?;
+    // A request without a length has no body (RFC 9112 §6.3); both parts are capped, so the
+    // sum cannot overflow.
+    let total = head + content_length(request.headers)?.unwrap_or(0);
     if buffer.len() < total {
         return Ok(Parsed::Partial);
     }
@@ -357,7 +435,8 @@ fn encode_response(buffer: &[u8], facts: &mut Exchange, out: &mut Vec<u8>) -> Re
     let body = if facts.is_head || code == 204 || code == 304 {
         0
     } else {
-        body_length(response.headers)?
+        // Without a length the body runs to the connection's close: not framed here.
+        content_length(response.headers)?.ok_or(Refused::Unsupported)?
     };
     let total = head + body;
     if buffer.len() < total {
@@ -436,7 +515,8 @@ async fn forward_to(
         parts.headers.remove(hop);
     }
     parts.headers.insert("x-forwarded-for", forwarded_for);
-    let pooled = pool.borrow_mut().pop();
+    // A sender whose connection the upstream closed while idle is dropped, not used.
+    let pooled = std::iter::from_fn(|| pool.borrow_mut().pop()).find(|sender| !sender.is_closed());
     let mut sender = match pooled {
         Some(sender) => sender,
         None => {
@@ -446,13 +526,18 @@ async fn forward_to(
             sender
         }
     };
+    // hyper takes the connection back from the last response only when its task next runs.
+    sender.ready().await?;
     let response = sender
         .send_request(Request::from_parts(parts, Full::new(body)))
         .await?;
     let (mut parts, body) = response.into_parts();
     let body = body.collect().await?.to_bytes();
-    // Taken back only now that its response is read whole, so the next request can go at once.
-    pool.borrow_mut().push(sender);
+    // Taken back only now that its response is read whole, so the next request can go at once;
+    // not when the upstream said it closes the connection.
+    if !sender.is_closed() {
+        pool.borrow_mut().push(sender);
+    }
     for hop in HOP_BY_HOP {
         parts.headers.remove(hop);
     }
@@ -461,20 +546,29 @@ async fn forward_to(
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
+    use tokio::sync::mpsc::unbounded_channel;
+
     use super::*;
 
+    const ENGINES: [Engine; 2] = [Engine::OnePass, Engine::Hyper];
+
+    /// Sends `request` and reads until the forwarder closes the connection.
     async fn exchange(address: SocketAddr, request: &[u8]) -> String {
-        let mut stream = TcpStream::connect(address).await.unwrap();
-        stream.write_all(request).await.unwrap();
-        let mut answer = Vec::new();
-        stream.read_to_end(&mut answer).await.unwrap();
-        String::from_utf8(answer).unwrap()
+        let talk = async {
+            let mut stream = TcpStream::connect(address).await.unwrap();
+            stream.write_all(request).await.unwrap();
+            let mut answer = Vec::new();
+            stream.read_to_end(&mut answer).await.unwrap();
+            String::from_utf8(answer).unwrap()
+        };
+        tokio::time::timeout(Duration::from_secs(10), talk)
+            .await
+            .expect("the forwarder neither answered nor closed")
     }
 
-    async fn origin_and_floor(engine: Engine) -> SocketAddr {
-        let origin = crate::echo::bind("127.0.0.1:0".parse().unwrap()).await.unwrap();
-        let upstream = origin.local_addr().unwrap();
-        tokio::spawn(crate::echo::serve(origin, "origin".to_string()));
+    fn forwarder(engine: Engine, upstream: SocketAddr) -> SocketAddr {
         start(&FloorArgs {
             listen: "127.0.0.1:0".parse().unwrap(),
             upstream,
@@ -484,14 +578,50 @@ mod tests {
         .unwrap()
     }
 
+    async fn echo_origin() -> SocketAddr {
+        let origin = crate::echo::bind("127.0.0.1:0".parse().unwrap()).await.unwrap();
+        let address = origin.local_addr().unwrap();
+        tokio::spawn(crate::echo::serve(origin, "origin".to_string()));
+        address
+    }
+
+    /// An origin that hands the test every request head it reads, as sent, and answers each
+    /// with `answer`.
+    async fn raw_origin(answer: &'static [u8]) -> (SocketAddr, UnboundedReceiver<String>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        let (heads, received) = unbounded_channel();
+        tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                let heads = heads.clone();
+                tokio::spawn(async move {
+                    let mut buffer = Vec::new();
+                    loop {
+                        while let Some(end) = buffer.windows(4).position(|window| window == b"\r\n\r\n") {
+                            let _ = heads.send(String::from_utf8_lossy(&buffer[..end]).into_owned());
+                            buffer.drain(..end + 4);
+                            if stream.write_all(answer).await.is_err() {
+                                return;
+                            }
+                        }
+                        if stream.read_buf(&mut buffer).await.unwrap_or(0) == 0 {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        (address, received)
+    }
+
     #[tokio::test]
-    async fn each_engine_forwards_requests_and_bodies_on_one_connection() {
-        for engine in [Engine::OnePass, Engine::Hyper] {
-            let floor = origin_and_floor(engine).await;
+    async fn each_engine_forwards_requests_and_bodies_on_one_upstream_connection() {
+        let origin = echo_origin().await;
+        for engine in ENGINES {
             // Two requests on one connection; the second closes it so that the answer ends.
             let answer = exchange(
-                floor,
-                b"POST /first HTTP/1.1\r\nhost: test\r\ncontent-length: 5\r\nx-forwarded-for: 10.9.9.9\r\nkeep-alive: timeout=5\r\n\r\nhello\
+                forwarder(engine, origin),
+                b"POST /first HTTP/1.1\r\nhost: test\r\ncontent-length: 5\r\n\r\nhello\
                   GET /second HTTP/1.1\r\nhost: test\r\nconnection: close\r\n\r\n",
             )
             .await;
@@ -503,21 +633,52 @@ mod tests {
             assert_eq!(bodies.len(), 2, "{engine:?}: {answer}");
             assert_eq!(bodies[0]["uri"], "/first", "{engine:?}");
             assert_eq!(bodies[0]["body"], "hello", "{engine:?}");
-            assert_eq!(bodies[0]["headers"]["x-forwarded-for"], "127.0.0.1", "{engine:?}");
-            assert!(bodies[0]["headers"].get("keep-alive").is_none(), "{engine:?}");
             assert_eq!(bodies[1]["uri"], "/second", "{engine:?}");
+            // The origin saw both on one connection: the pool gave it back and took it again.
+            assert_eq!(bodies[0]["peer"], bodies[1]["peer"], "{engine:?}");
         }
     }
 
     #[tokio::test]
-    async fn one_pass_refuses_a_chunked_request_instead_of_misframing_it() {
-        let floor = origin_and_floor(Engine::OnePass).await;
+    async fn each_engine_replaces_forwarded_for_and_drops_hop_by_hop_headers() {
+        for engine in ENGINES {
+            let (origin, mut heads) = raw_origin(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok").await;
+            let answer = exchange(
+                forwarder(engine, origin),
+                b"GET / HTTP/1.1\r\nhost: test\r\nx-forwarded-for: 10.9.9.9\r\nkeep-alive: timeout=5\r\nconnection: close\r\n\r\n",
+            )
+            .await;
+            assert!(answer.starts_with("HTTP/1.1 200 OK\r\n"), "{engine:?}: {answer}");
+            let head = heads.recv().await.unwrap().to_ascii_lowercase();
+            assert!(head.contains("x-forwarded-for: 127.0.0.1"), "{engine:?}: {head}");
+            assert!(!head.contains("10.9.9.9"), "{engine:?}: {head}");
+            assert!(!head.contains("keep-alive"), "{engine:?}: {head}");
+            assert!(!head.contains("connection"), "{engine:?}: {head}");
+        }
+    }
+
+    #[tokio::test]
+    async fn one_pass_refuses_what_it_cannot_frame_instead_of_misframing_it() {
+        let origin = echo_origin().await;
+        let floor = forwarder(Engine::OnePass, origin);
+        for request in [
+            &b"POST / HTTP/1.1\r\nhost: test\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n"[..],
+            b"POST / HTTP/1.1\r\nhost: test\r\ncontent-length: 99999999999999999999999\r\n\r\n",
+            b"POST / HTTP/1.1\r\nhost: test\r\ncontent-length: +5\r\n\r\nhello",
+        ] {
+            let answer = exchange(floor, request).await;
+            assert!(answer.starts_with("HTTP/1.1 400 "), "{answer}");
+            assert!(!answer.contains("origin"), "forwarded: {answer}");
+        }
+
+        // A response whose body runs to the connection's close.
+        let (origin, _heads) = raw_origin(b"HTTP/1.1 200 OK\r\n\r\nunframed").await;
         let answer = exchange(
-            floor,
-            b"POST / HTTP/1.1\r\nhost: test\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+            forwarder(Engine::OnePass, origin),
+            b"GET / HTTP/1.1\r\nhost: test\r\n\r\n",
         )
         .await;
-        assert!(answer.starts_with("HTTP/1.1 400 "), "{answer}");
-        assert!(!answer.contains("origin"), "forwarded: {answer}");
+        assert!(answer.starts_with("HTTP/1.1 502 "), "{answer}");
+        assert!(!answer.contains("unframed"), "{answer}");
     }
 }
