@@ -3,11 +3,11 @@
 //! benchmark tells how much of a proxy's CPU is the runtime and the HTTP codec and how much
 //! its own layers (routing, policies, limits, timeouts, telemetry).
 //!
-//! **Not a proxy to run.** No routing, no limits, no timeouts, no retries; messages framed by
-//! `Content-Length` only (a chunked message, a response without a length, a `1xx` or an
-//! oversized message is refused: `400` to the client for its own, `502` for the upstream's,
-//! and the connection closed) — exactly enough for the benchmark's GETs against an nginx
-//! origin. What each engine does per request, alike: drop the hop-by-hop headers (RFC 9110
+//! **Not a proxy to run.** No routing, no limits, no timeouts; messages framed by
+//! `Content-Length` only in the one-pass engine (a chunked message, a response without a
+//! length, a `1xx` or an oversized message is refused: `400` to the client for its own,
+//! `502` for the upstream's, and the connection closed) — exactly enough for the benchmark's
+//! GETs against an nginx origin. What each engine does per request, alike: drop the hop-by-hop headers (RFC 9110
 //! §7.6.1), set `X-Forwarded-For`, keep upstream connections alive in a pool of the thread.
 //!
 //! Both engines run as Portcullis's proxy does (`dataplane/src/listener/workers.rs`): one
@@ -20,8 +20,13 @@
 //!   client connection and nothing else, the shape of nginx's event loop.
 //! * [`Engine::Hyper`]: hyper's HTTP/1 server connection, and its client connection
 //!   (`hyper::client::conn::http1`) driven by a task of its own, the pool keeping its
-//!   senders; bodies are collected whole (2 bytes here). The two hyper dispatchers Portcullis
-//!   has, without anything of Portcullis between them.
+//!   senders; bodies are collected whole, up to the same limit (2 bytes here), and framed as
+//!   hyper frames them (chunked too). The two hyper dispatchers Portcullis has, without
+//!   anything of Portcullis between them.
+//!
+//! Both send a request once more on a new connection when a pooled one turns out closed
+//! before anything came back; past that an upstream failure is a `502`, after which the
+//! one-pass engine closes the client's connection and the hyper engine keeps it.
 
 use std::cell::RefCell;
 use std::convert::Infallible;
@@ -29,23 +34,26 @@ use std::io;
 use std::net::SocketAddr;
 use std::num::NonZeroUsize;
 use std::rc::Rc;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 
 use anyhow::Context;
 use bytes::Bytes;
+use futures::FutureExt;
 use http::{HeaderValue, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
 
 /// A message (head and body) larger than this is refused rather than buffered.
 const MAX_MESSAGE_BYTES: usize = 1 << 20;
 const BUFFER_BYTES: usize = 8 << 10;
+/// How long a thread waits after a failed accept (out of descriptors, most likely).
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
 /// Headers a message may carry; more is refused.
 const MAX_HEADERS: usize = 64;
 /// Connection-specific headers, which a proxy does not forward (RFC 9110 §7.6.1).
@@ -91,7 +99,7 @@ pub fn start(args: &FloorArgs) -> anyhow::Result<SocketAddr> {
         std::net::TcpListener::bind(args.listen).with_context(|| format!("cannot bind {}", args.listen))?;
     listener.set_nonblocking(true)?;
     let address = listener.local_addr()?;
-    let open: Arc<[AtomicUsize]> = (0..threads).map(|_| AtomicUsize::new(0)).collect();
+    let open = Arc::new(Load(Mutex::new(vec![0; threads])));
     let (hand_offs, inboxes): (Vec<_>, Vec<_>) = (0..threads)
         .map(|_| tokio::sync::mpsc::unbounded_channel())
         .unzip();
@@ -117,16 +125,16 @@ pub fn start(args: &FloorArgs) -> anyhow::Result<SocketAddr> {
     Ok(address)
 }
 
-/// A connection handed from the thread that accepted it to the one that serves it.
-type HandOff = (std::net::TcpStream, SocketAddr);
+/// A connection handed from the thread that accepted it to the one that serves it, counted
+/// on the latter.
+type HandOff = (std::net::TcpStream, SocketAddr, Slot);
 
 struct Thread {
     index: usize,
     listener: std::net::TcpListener,
     inbox: UnboundedReceiver<HandOff>,
     hand_offs: Vec<UnboundedSender<HandOff>>,
-    /// Open connections per thread.
-    open: Arc<[AtomicUsize]>,
+    open: Arc<Load>,
     engine: Engine,
     upstream: SocketAddr,
 }
@@ -143,48 +151,53 @@ impl Thread {
             upstream,
         } = self;
         let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_io()
+            .enable_all()
             .build()?;
         let tasks = tokio::task::LocalSet::new();
         tasks.block_on(&runtime, async move {
             let listener = TcpListener::from_std(listener)?;
             let pools = Pools::default();
             loop {
-                let (client, peer) = tokio::select! {
+                let (client, peer, slot) = tokio::select! {
                     accepted = listener.accept() => match accepted {
                         Ok((client, peer)) => {
-                            let least_loaded = (0..open.len())
-                                .min_by_key(|index| open[*index].load(Ordering::Relaxed))
-                                .unwrap_or(index);
-                            open[least_loaded].fetch_add(1, Ordering::Relaxed);
-                            if least_loaded == index {
-                                (client, peer)
+                            let slot = open.assign(index, |thread| !hand_offs[thread].is_closed());
+                            if slot.thread == index {
+                                (client, peer, slot)
                             } else {
-                                let handed = client
-                                    .into_std()
-                                    .map(|client| hand_offs[least_loaded].send((client, peer)));
-                                if !matches!(handed, Ok(Ok(()))) {
-                                    open[least_loaded].fetch_sub(1, Ordering::Relaxed);
+                                // Served where it was accepted when the hand-off fails.
+                                let target = slot.thread;
+                                match client.into_std() {
+                                    Ok(std_client) => match hand_offs[target].send((std_client, peer, slot)) {
+                                        Ok(()) => continue,
+                                        Err(returned) => {
+                                            let (std_client, peer, _uncounted) = returned.0;
+                                            match TcpStream::from_std(std_client) {
+                                                Ok(client) => (client, peer, open.count_on(index)),
+                                                Err(_) => continue,
+                                            }
+                                        }
+                                    },
+                                    Err(_) => continue,
                                 }
-                                continue;
                             }
                         }
                         Err(error) => {
+                            // Out of descriptors, most likely: the socket stays readable.
                             tracing::debug!(%error, "accept failed");
+                            tokio::time::sleep(ACCEPT_BACKOFF).await;
                             continue;
                         }
                     },
-                    Some((client, peer)) = inbox.recv() => match TcpStream::from_std(client) {
-                        Ok(client) => (client, peer),
+                    Some((client, peer, slot)) = inbox.recv() => match TcpStream::from_std(client) {
+                        Ok(client) => (client, peer, slot),
                         Err(error) => {
-                            open[index].fetch_sub(1, Ordering::Relaxed);
                             tracing::debug!(%error, "a handed-off connection could not be registered");
                             continue;
                         }
                     },
                 };
                 let _ = client.set_nodelay(true);
-                let slot = OpenSlot(open.clone(), index);
                 let (engine, upstream, pools) = (engine, upstream, pools.clone());
                 tokio::task::spawn_local(async move {
                     match engine {
@@ -202,12 +215,46 @@ impl Thread {
     }
 }
 
-/// A thread's count of one open connection, given back when the connection's task ends.
-struct OpenSlot(Arc<[AtomicUsize]>, usize);
+/// Open connections per thread. A lock, not atomics: choosing the least loaded thread and
+/// counting the connection on it must be one step, or two threads accepting at once both
+/// choose the same one.
+struct Load(Mutex<Vec<usize>>);
 
-impl Drop for OpenSlot {
+impl Load {
+    /// Counts a new connection on the thread with the fewest open among those that `take`
+    /// connections, the accepting thread when it is among them.
+    fn assign(self: &Arc<Self>, accepting: usize, take: impl Fn(usize) -> bool) -> Slot {
+        let mut open = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let fewest = (0..open.len())
+            .filter(|&thread| thread == accepting || take(thread))
+            .min_by_key(|&thread| (open[thread], thread != accepting))
+            .unwrap_or(accepting);
+        open[fewest] += 1;
+        Slot {
+            load: self.clone(),
+            thread: fewest,
+        }
+    }
+
+    fn count_on(self: &Arc<Self>, thread: usize) -> Slot {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)[thread] += 1;
+        Slot {
+            load: self.clone(),
+            thread,
+        }
+    }
+}
+
+/// One open connection counted on a thread; uncounted when its task ends.
+struct Slot {
+    load: Arc<Load>,
+    thread: usize,
+}
+
+impl Drop for Slot {
     fn drop(&mut self) {
-        self.0[self.1].fetch_sub(1, Ordering::Relaxed);
+        let mut open = self.load.0.lock().unwrap_or_else(PoisonError::into_inner);
+        open[self.thread] = open[self.thread].saturating_sub(1);
     }
 }
 
@@ -268,13 +315,14 @@ async fn one_pass(
 ) -> io::Result<()> {
     let forwarded_for = peer.ip().to_string();
     let mut from_client = Vec::with_capacity(BUFFER_BYTES);
+    let mut to_upstream = Vec::with_capacity(BUFFER_BYTES);
     let mut from_upstream = Vec::with_capacity(BUFFER_BYTES);
-    let mut out = Vec::with_capacity(BUFFER_BYTES);
+    let mut to_client = Vec::with_capacity(BUFFER_BYTES);
     loop {
         let mut facts = Exchange::default();
         let request = read_message(&mut client, &mut from_client, |buffer| {
-            out.clear();
-            encode_request(buffer, &forwarded_for, &mut out, &mut facts)
+            to_upstream.clear();
+            encode_request(buffer, &forwarded_for, &mut to_upstream, &mut facts)
         })
         .await;
         let consumed = match request {
@@ -284,40 +332,63 @@ async fn one_pass(
         };
         from_client.drain(..consumed);
 
-        let pooled = pool.borrow_mut().pop();
-        let mut connection = match pooled {
-            Some(connection) => connection,
-            None => match connect(upstream).await {
-                Ok(connection) => connection,
-                Err(_) => return refuse(client, StatusCode::BAD_GATEWAY).await,
-            },
+        // A pooled connection the upstream closed while idle may look open until it is
+        // read: the request goes once more, on a new connection, if it got no byte back.
+        let mut pooled = take_idle(&pool);
+        let response = loop {
+            let reused = pooled.is_some();
+            let mut connection = match pooled.take() {
+                Some(connection) => connection,
+                None => match connect(upstream).await {
+                    Ok(connection) => connection,
+                    Err(_) => return refuse(client, StatusCode::BAD_GATEWAY).await,
+                },
+            };
+            if connection.write_all(&to_upstream).await.is_err() {
+                if reused {
+                    continue;
+                }
+                return refuse(client, StatusCode::BAD_GATEWAY).await;
+            }
+            from_upstream.clear();
+            let response = read_message(&mut connection, &mut from_upstream, |buffer| {
+                to_client.clear();
+                encode_response(buffer, &mut facts, &mut to_client)
+            })
+            .await;
+            match response {
+                Ok(None) if reused => continue,
+                Ok(Some(consumed)) => break Some((consumed, connection)),
+                Ok(None) | Err(_) => break None,
+            }
         };
-        if connection.write_all(&out).await.is_err() {
-            return refuse(client, StatusCode::BAD_GATEWAY).await;
-        }
-        from_upstream.clear();
-        let response = read_message(&mut connection, &mut from_upstream, |buffer| {
-            out.clear();
-            encode_response(buffer, &mut facts, &mut out)
-        })
-        .await;
         match response {
             // Whatever followed the response would be a second one nobody asked for.
-            Ok(Some(consumed)) if consumed == from_upstream.len() && !facts.upstream_closes => {
+            Some((consumed, connection)) if consumed == from_upstream.len() && !facts.upstream_closes => {
                 pool.borrow_mut().push(connection)
             }
-            Ok(Some(_)) => {}
-            Ok(None) | Err(_) => return refuse(client, StatusCode::BAD_GATEWAY).await,
+            Some(_) => {}
+            None => return refuse(client, StatusCode::BAD_GATEWAY).await,
         }
-        client.write_all(&out).await?;
+        client.write_all(&to_client).await?;
         if facts.client_closes {
             return client.shutdown().await;
         }
     }
 }
 
+/// The connection that went idle last whose upstream has not closed it, as far as the
+/// runtime has seen (no system call). tokio clears a socket's readiness when a read comes back
+/// short or would block, so an idle connection that reads as readable has news: a close, or
+/// bytes nobody asked for. (A last read that filled the buffer exactly leaves it readable
+/// too: that costs a new connection, never a wrong answer.)
+fn take_idle(pool: &Rc<RefCell<Vec<TcpStream>>>) -> Option<TcpStream> {
+    std::iter::from_fn(|| pool.borrow_mut().pop())
+        .find(|connection| connection.ready(Interest::READABLE).now_or_never().is_none())
+}
+
 /// Reads from `stream` into `buffer` until `parse` finds a whole message; `Ok(None)` when the
-/// peer closed before sending any byte of one.
+/// peer closed (or reset) the connection before sending any byte of one.
 async fn read_message(
     stream: &mut TcpStream,
     buffer: &mut Vec<u8>,
@@ -333,7 +404,7 @@ async fn read_message(
             }
         }
         match stream.read_buf(buffer).await {
-            Ok(0) if buffer.is_empty() => return Ok(None),
+            Ok(0) | Err(_) if buffer.is_empty() => return Ok(None),
             Ok(0) | Err(_) => return Err(Refused::Malformed),
             Ok(_) => {}
         }
@@ -453,6 +524,9 @@ fn encode_response(buffer: &[u8], facts: &mut Exchange, out: &mut Vec<u8>) -> Re
             push_header(out, header.name.as_bytes(), header.value);
         }
     }
+    if facts.client_closes {
+        push_header(out, b"connection", b"close");
+    }
     out.extend_from_slice(b"\r\n");
     out.extend_from_slice(&buffer[head..total]);
     Ok(Parsed::Complete(total))
@@ -510,29 +584,43 @@ async fn forward_to(
     pool: &Senders,
 ) -> anyhow::Result<Response<Full<Bytes>>> {
     let (mut parts, body) = request.into_parts();
-    let body = body.collect().await?.to_bytes();
+    let body = collect(body).await?;
     for hop in HOP_BY_HOP {
         parts.headers.remove(hop);
     }
     parts.headers.insert("x-forwarded-for", forwarded_for);
-    // A sender whose connection the upstream closed while idle is dropped, not used.
-    let pooled = std::iter::from_fn(|| pool.borrow_mut().pop()).find(|sender| !sender.is_closed());
-    let mut sender = match pooled {
-        Some(sender) => sender,
-        None => {
-            let (sender, connection) =
-                hyper::client::conn::http1::handshake(TokioIo::new(connect(upstream).await?)).await?;
-            tokio::task::spawn_local(connection);
-            sender
+    let mut request = Request::from_parts(parts, Full::new(body));
+    // A sender whose connection the upstream closed while idle is dropped, not used; one that
+    // closes under the request gives it back unsent, and it goes once more on a new connection.
+    let mut pooled = std::iter::from_fn(|| pool.borrow_mut().pop()).find(|sender| !sender.is_closed());
+    let (response, sender) = loop {
+        let reused = pooled.is_some();
+        let mut sender = match pooled.take() {
+            Some(sender) => sender,
+            None => {
+                let (sender, connection) =
+                    hyper::client::conn::http1::handshake(TokioIo::new(connect(upstream).await?)).await?;
+                tokio::task::spawn_local(connection);
+                sender
+            }
+        };
+        // hyper takes the connection back from the last response only when its task next runs.
+        if let Err(error) = sender.ready().await {
+            if reused {
+                continue;
+            }
+            return Err(error.into());
+        }
+        match sender.try_send_request(request).await {
+            Ok(response) => break (response, sender),
+            Err(mut error) => match error.take_message() {
+                Some(unsent) if reused => request = unsent,
+                _ => return Err(error.into_error().into()),
+            },
         }
     };
-    // hyper takes the connection back from the last response only when its task next runs.
-    sender.ready().await?;
-    let response = sender
-        .send_request(Request::from_parts(parts, Full::new(body)))
-        .await?;
     let (mut parts, body) = response.into_parts();
-    let body = body.collect().await?.to_bytes();
+    let body = collect(body).await?;
     // Taken back only now that its response is read whole, so the next request can go at once;
     // not when the upstream said it closes the connection.
     if !sender.is_closed() {
@@ -542,6 +630,15 @@ async fn forward_to(
         parts.headers.remove(hop);
     }
     Ok(Response::from_parts(parts, Full::new(body)))
+}
+
+/// The body, whole, up to [`MAX_MESSAGE_BYTES`].
+async fn collect(body: Incoming) -> anyhow::Result<Bytes> {
+    let collected = http_body_util::Limited::new(body, MAX_MESSAGE_BYTES)
+        .collect()
+        .await
+        .map_err(|error| anyhow::anyhow!("{error}"))?;
+    Ok(collected.to_bytes())
 }
 
 #[cfg(test)]
@@ -586,8 +683,9 @@ mod tests {
     }
 
     /// An origin that hands the test every request head it reads, as sent, and answers each
-    /// with `answer`.
-    async fn raw_origin(answer: &'static [u8]) -> (SocketAddr, UnboundedReceiver<String>) {
+    /// with `answer`; closes the connection after each answer when `close` (without saying so,
+    /// as a server's idle timeout does).
+    async fn raw_origin(answer: &'static [u8], close: bool) -> (SocketAddr, UnboundedReceiver<String>) {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let address = listener.local_addr().unwrap();
         let (heads, received) = unbounded_channel();
@@ -600,7 +698,7 @@ mod tests {
                         while let Some(end) = buffer.windows(4).position(|window| window == b"\r\n\r\n") {
                             let _ = heads.send(String::from_utf8_lossy(&buffer[..end]).into_owned());
                             buffer.drain(..end + 4);
-                            if stream.write_all(answer).await.is_err() {
+                            if stream.write_all(answer).await.is_err() || close {
                                 return;
                             }
                         }
@@ -642,18 +740,52 @@ mod tests {
     #[tokio::test]
     async fn each_engine_replaces_forwarded_for_and_drops_hop_by_hop_headers() {
         for engine in ENGINES {
-            let (origin, mut heads) = raw_origin(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok").await;
+            let (origin, mut heads) =
+                raw_origin(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok", false).await;
             let answer = exchange(
                 forwarder(engine, origin),
                 b"GET / HTTP/1.1\r\nhost: test\r\nx-forwarded-for: 10.9.9.9\r\nkeep-alive: timeout=5\r\nconnection: close\r\n\r\n",
             )
             .await;
             assert!(answer.starts_with("HTTP/1.1 200 OK\r\n"), "{engine:?}: {answer}");
-            let head = heads.recv().await.unwrap().to_ascii_lowercase();
+            let head = tokio::time::timeout(Duration::from_secs(10), heads.recv())
+                .await
+                .expect("the origin got no request")
+                .unwrap()
+                .to_ascii_lowercase();
             assert!(head.contains("x-forwarded-for: 127.0.0.1"), "{engine:?}: {head}");
             assert!(!head.contains("10.9.9.9"), "{engine:?}: {head}");
             assert!(!head.contains("keep-alive"), "{engine:?}: {head}");
             assert!(!head.contains("connection"), "{engine:?}: {head}");
+        }
+    }
+
+    #[tokio::test]
+    async fn each_engine_sends_again_on_a_new_connection_when_a_pooled_one_was_closed() {
+        for engine in ENGINES {
+            // Every upstream connection ends after one response: the second request finds
+            // the pooled one closed, whether or not the forwarder has seen the close yet.
+            let (origin, _heads) = raw_origin(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok", true).await;
+            let floor = forwarder(engine, origin);
+            let mut stream = TcpStream::connect(floor).await.unwrap();
+            let mut answers = String::new();
+            for request in [
+                &b"GET /1 HTTP/1.1\r\nhost: test\r\n\r\n"[..],
+                b"GET /2 HTTP/1.1\r\nhost: test\r\nconnection: close\r\n\r\n",
+            ] {
+                stream.write_all(request).await.unwrap();
+                let mut answer = [0; 1024];
+                let read = tokio::time::timeout(Duration::from_secs(10), stream.read(&mut answer))
+                    .await
+                    .expect("no answer")
+                    .unwrap();
+                answers.push_str(&String::from_utf8_lossy(&answer[..read]));
+            }
+            assert_eq!(
+                answers.matches("HTTP/1.1 200 OK\r\n").count(),
+                2,
+                "{engine:?}: {answers}"
+            );
         }
     }
 
@@ -672,7 +804,7 @@ mod tests {
         }
 
         // A response whose body runs to the connection's close.
-        let (origin, _heads) = raw_origin(b"HTTP/1.1 200 OK\r\n\r\nunframed").await;
+        let (origin, _heads) = raw_origin(b"HTTP/1.1 200 OK\r\n\r\nunframed", false).await;
         let answer = exchange(
             forwarder(Engine::OnePass, origin),
             b"GET / HTTP/1.1\r\nhost: test\r\n\r\n",
