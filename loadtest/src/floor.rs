@@ -7,8 +7,9 @@
 //! `Content-Length` only in the one-pass engine (a chunked message, a response without a
 //! length, a `1xx` or an oversized message is refused: `400` to the client for its own,
 //! `502` for the upstream's, and the connection closed) — exactly enough for the benchmark's
-//! GETs against an nginx origin. What each engine does per request, alike: drop the hop-by-hop headers (RFC 9110
-//! §7.6.1), set `X-Forwarded-For`, keep upstream connections alive in a pool of the thread.
+//! GETs against an nginx origin. What each engine does per request, alike: drop the
+//! hop-by-hop headers (RFC 9110 §7.6.1), set `X-Forwarded-For`, keep upstream connections
+//! alive in a pool of the thread.
 //!
 //! Both engines run as Portcullis's proxy does (`dataplane/src/listener/workers.rs`): one
 //! current-thread runtime per thread, every thread accepting from the one listening socket
@@ -24,9 +25,11 @@
 //!   hyper frames them (chunked too). The two hyper dispatchers Portcullis has, without
 //!   anything of Portcullis between them.
 //!
-//! Both send a request once more on a new connection when a pooled one turns out closed
-//! before anything came back; past that an upstream failure is a `502`, after which the
-//! one-pass engine closes the client's connection and the hyper engine keeps it.
+//! Both skip pooled connections they have seen closed. When a reused one closes under a
+//! request, the one-pass engine sends the request once more on a new connection if nothing
+//! came back and its method is idempotent (RFC 9110 §9.2.2); the hyper engine only when
+//! hyper had not started sending it. Past that an upstream failure is a `502`, after which
+//! the one-pass engine closes the client's connection and the hyper engine keeps it.
 
 use std::cell::RefCell;
 use std::convert::Infallible;
@@ -52,7 +55,7 @@ use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
 /// A message (head and body) larger than this is refused rather than buffered.
 const MAX_MESSAGE_BYTES: usize = 1 << 20;
 const BUFFER_BYTES: usize = 8 << 10;
-/// How long a thread waits after a failed accept (out of descriptors, most likely).
+/// How long a thread waits after an accept fails for want of descriptors or memory.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
 /// Headers a message may carry; more is refused.
 const MAX_HEADERS: usize = 64;
@@ -183,9 +186,17 @@ impl Thread {
                             }
                         }
                         Err(error) => {
-                            // Out of descriptors, most likely: the socket stays readable.
                             tracing::debug!(%error, "accept failed");
-                            tokio::time::sleep(ACCEPT_BACKOFF).await;
+                            // One client's failure is not a reason to wait; running out of
+                            // descriptors or memory is, since the socket stays readable.
+                            if !matches!(
+                                error.kind(),
+                                io::ErrorKind::ConnectionAborted
+                                    | io::ErrorKind::ConnectionReset
+                                    | io::ErrorKind::Interrupted
+                            ) {
+                                tokio::time::sleep(ACCEPT_BACKOFF).await;
+                            }
                             continue;
                         }
                     },
@@ -286,6 +297,8 @@ enum Refused {
 #[derive(Default)]
 struct Exchange {
     is_head: bool,
+    /// Safe to send again when a reused connection closed before answering (RFC 9110 §9.2.2).
+    idempotent: bool,
     /// `Connection: close`, or HTTP/1.0: the client's connection ends after the response.
     client_closes: bool,
     upstream_closes: bool,
@@ -333,10 +346,11 @@ async fn one_pass(
         from_client.drain(..consumed);
 
         // A pooled connection the upstream closed while idle may look open until it is
-        // read: the request goes once more, on a new connection, if it got no byte back.
+        // read: an idempotent request goes once more, on a new connection, if it got no byte
+        // back.
         let mut pooled = take_idle(&pool);
         let response = loop {
-            let reused = pooled.is_some();
+            let resendable = pooled.is_some() && facts.idempotent;
             let mut connection = match pooled.take() {
                 Some(connection) => connection,
                 None => match connect(upstream).await {
@@ -345,7 +359,7 @@ async fn one_pass(
                 },
             };
             if connection.write_all(&to_upstream).await.is_err() {
-                if reused {
+                if resendable {
                     continue;
                 }
                 return refuse(client, StatusCode::BAD_GATEWAY).await;
@@ -357,7 +371,7 @@ async fn one_pass(
             })
             .await;
             match response {
-                Ok(None) if reused => continue,
+                Ok(None) if resendable => continue,
                 Ok(Some(consumed)) => break Some((consumed, connection)),
                 Ok(None) | Err(_) => break None,
             }
@@ -378,8 +392,8 @@ async fn one_pass(
 }
 
 /// The connection that went idle last whose upstream has not closed it, as far as the
-/// runtime has seen (no system call). tokio clears a socket's readiness when a read comes back
-/// short or would block, so an idle connection that reads as readable has news: a close, or
+/// runtime has seen (no system call). On epoll and kqueue targets tokio clears a socket's
+/// readiness when a read comes back short or would block (unless a newer event came in), so an idle connection that reads as readable has news: a close, or
 /// bytes nobody asked for. (A last read that filled the buffer exactly leaves it readable
 /// too: that costs a new connection, never a wrong answer.)
 fn take_idle(pool: &Rc<RefCell<Vec<TcpStream>>>) -> Option<TcpStream> {
@@ -472,6 +486,7 @@ fn encode_request(
         return Err(Refused::Malformed);
     };
     facts.is_head = method == "HEAD";
+    facts.idempotent = matches!(method, "GET" | "HEAD" | "OPTIONS" | "TRACE" | "PUT" | "DELETE");
     facts.client_closes = request.version == Some(0) || asks_to_close(request.headers);
     out.extend_from_slice(method.as_bytes());
     out.push(b' ');
@@ -682,10 +697,18 @@ mod tests {
         address
     }
 
+    /// When a raw origin closes a connection, without saying so (as a server's idle timeout
+    /// does).
+    #[derive(Clone, Copy, PartialEq)]
+    enum Closes {
+        Never,
+        /// On reading a connection's second request, unanswered.
+        AtTheSecondRequest,
+    }
+
     /// An origin that hands the test every request head it reads, as sent, and answers each
-    /// with `answer`; closes the connection after each answer when `close` (without saying so,
-    /// as a server's idle timeout does).
-    async fn raw_origin(answer: &'static [u8], close: bool) -> (SocketAddr, UnboundedReceiver<String>) {
+    /// with `answer`, closing connections as `closes` says.
+    async fn raw_origin(answer: &'static [u8], closes: Closes) -> (SocketAddr, UnboundedReceiver<String>) {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let address = listener.local_addr().unwrap();
         let (heads, received) = unbounded_channel();
@@ -694,11 +717,16 @@ mod tests {
                 let heads = heads.clone();
                 tokio::spawn(async move {
                     let mut buffer = Vec::new();
+                    let mut requests = 0;
                     loop {
                         while let Some(end) = buffer.windows(4).position(|window| window == b"\r\n\r\n") {
                             let _ = heads.send(String::from_utf8_lossy(&buffer[..end]).into_owned());
                             buffer.drain(..end + 4);
-                            if stream.write_all(answer).await.is_err() || close {
+                            requests += 1;
+                            if closes == Closes::AtTheSecondRequest && requests == 2 {
+                                return;
+                            }
+                            if stream.write_all(answer).await.is_err() {
                                 return;
                             }
                         }
@@ -741,7 +769,7 @@ mod tests {
     async fn each_engine_replaces_forwarded_for_and_drops_hop_by_hop_headers() {
         for engine in ENGINES {
             let (origin, mut heads) =
-                raw_origin(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok", false).await;
+                raw_origin(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok", Closes::Never).await;
             let answer = exchange(
                 forwarder(engine, origin),
                 b"GET / HTTP/1.1\r\nhost: test\r\nx-forwarded-for: 10.9.9.9\r\nkeep-alive: timeout=5\r\nconnection: close\r\n\r\n",
@@ -760,33 +788,46 @@ mod tests {
         }
     }
 
-    #[tokio::test]
-    async fn each_engine_sends_again_on_a_new_connection_when_a_pooled_one_was_closed() {
-        for engine in ENGINES {
-            // Every upstream connection ends after one response: the second request finds
-            // the pooled one closed, whether or not the forwarder has seen the close yet.
-            let (origin, _heads) = raw_origin(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok", true).await;
-            let floor = forwarder(engine, origin);
-            let mut stream = TcpStream::connect(floor).await.unwrap();
-            let mut answers = String::new();
-            for request in [
-                &b"GET /1 HTTP/1.1\r\nhost: test\r\n\r\n"[..],
-                b"GET /2 HTTP/1.1\r\nhost: test\r\nconnection: close\r\n\r\n",
-            ] {
-                stream.write_all(request).await.unwrap();
-                let mut answer = [0; 1024];
-                let read = tokio::time::timeout(Duration::from_secs(10), stream.read(&mut answer))
-                    .await
-                    .expect("no answer")
-                    .unwrap();
-                answers.push_str(&String::from_utf8_lossy(&answer[..read]));
-            }
-            assert_eq!(
-                answers.matches("HTTP/1.1 200 OK\r\n").count(),
-                2,
-                "{engine:?}: {answers}"
-            );
+    /// Sends `requests` one after another on one connection; the answers, as read.
+    async fn one_by_one(floor: SocketAddr, requests: &[&[u8]]) -> String {
+        let mut stream = TcpStream::connect(floor).await.unwrap();
+        let mut answers = String::new();
+        for request in requests {
+            stream.write_all(request).await.unwrap();
+            let mut answer = [0; 1024];
+            let read = tokio::time::timeout(Duration::from_secs(10), stream.read(&mut answer))
+                .await
+                .expect("no answer")
+                .unwrap();
+            answers.push_str(&String::from_utf8_lossy(&answer[..read]));
         }
+        answers
+    }
+
+    #[tokio::test]
+    async fn one_pass_sends_an_idempotent_request_again_when_a_reused_connection_closes_under_it() {
+        let (origin, _heads) = raw_origin(
+            b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok",
+            Closes::AtTheSecondRequest,
+        )
+        .await;
+        let floor = forwarder(Engine::OnePass, origin);
+        let get = &b"GET / HTTP/1.1\r\nhost: test\r\n\r\n"[..];
+        let answers = one_by_one(floor, &[get, get]).await;
+        assert_eq!(answers.matches("HTTP/1.1 200 OK\r\n").count(), 2, "{answers}");
+
+        // The origin may have acted on a POST it did not answer: it is not sent twice. (A
+        // forwarder of its own, so that its pool holds no connection from the above.)
+        let (origin, _heads) = raw_origin(
+            b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok",
+            Closes::AtTheSecondRequest,
+        )
+        .await;
+        let floor = forwarder(Engine::OnePass, origin);
+        let post = &b"POST / HTTP/1.1\r\nhost: test\r\ncontent-length: 0\r\n\r\n"[..];
+        let answers = one_by_one(floor, &[post, post]).await;
+        assert!(answers.starts_with("HTTP/1.1 200 OK\r\n"), "{answers}");
+        assert!(answers.contains("HTTP/1.1 502 "), "{answers}");
     }
 
     #[tokio::test]
@@ -804,7 +845,7 @@ mod tests {
         }
 
         // A response whose body runs to the connection's close.
-        let (origin, _heads) = raw_origin(b"HTTP/1.1 200 OK\r\n\r\nunframed", false).await;
+        let (origin, _heads) = raw_origin(b"HTTP/1.1 200 OK\r\n\r\nunframed", Closes::Never).await;
         let answer = exchange(
             forwarder(Engine::OnePass, origin),
             b"GET / HTTP/1.1\r\nhost: test\r\n\r\n",
