@@ -17,9 +17,14 @@
 #               connection's task (httparse); the least a tokio HTTP/1.1 proxy does
 #   floor-hyper the same with hyper's HTTP/1 server and client connections instead: the two
 #               hyper dispatchers Portcullis has, with nothing of Portcullis between them
+#   portcullis-baseline  only with BASELINE_BIN: a third proxy of the same control plane, its
+#               own listener, run from another build, so that two builds are compared round by
+#               round in one run rather than across runs on a machine whose speed drifts. The
+#               two proxies' places can differ too: run again with the builds swapped.
 # then, for each connection count (32 and 256) and each round, runs
 #   wrk -t$WRK_THREADS -c$CONNS -d$DURATION --latency
-# against direct (the origin itself), nginx, portcullis and the floors, rotating the order each round,
+# against each target (direct, the origin itself; nginx; the proxies; the floors), rotating
+# the order each round,
 # and prints per connection count a markdown table: median req/s over the rounds (min–max),
 # median p50/p99, errors, and req/s (and p99) as a ratio of nginx's and direct's, and the CPU
 # time per request of the process serving each target (read from /proc/<pid>/stat around
@@ -36,13 +41,24 @@
 #   BENCH_JSON=path            also write every round's figures and the summary as JSON
 #   BENCH_RAW=dir              keep the raw wrk outputs (and CPU tick counts) in dir (default:
 #                              deleted on exit)
-#   PORTCULLIS_EXTRA_ARGS=...  appended to both `portcullis proxy` commands
+#   PORTCULLIS_EXTRA_ARGS=...  appended to every `portcullis proxy` command
 #   SKIP_PORTCULLIS=1          no cargo build, no Portcullis: origin and nginx only
 #   SKIP_BUILD=1               use the existing target/release/portcullis
+#   BASELINE_BIN=path          another build of portcullis, run as portcullis-baseline: the
+#                              binary itself (its CPU time is read from its process), speaking
+#                              the protocol of this build's control plane
+#   TARGETS="nginx portcullis" measure only these targets, in this order (default: all started)
 #
 # Needs wrk, nginx (Debian: nginx-light), pgrep (procps) and python3; installs the first three
 # with apt-get when they are missing and the script runs as root. Everything stops on exit.
 set -euo pipefail
+# Resolved before the cd below, so that a path relative to the caller's directory works.
+baseline_bin=
+if [ -n "${BASELINE_BIN:-}" ]; then
+    [ "${SKIP_PORTCULLIS:-0}" != 1 ] || { echo "BASELINE_BIN needs Portcullis: unset SKIP_PORTCULLIS" >&2; exit 1; }
+    baseline_bin=$(realpath "$BASELINE_BIN")
+    [ -x "$baseline_bin" ] || { echo "BASELINE_BIN: $BASELINE_BIN is not an executable" >&2; exit 1; }
+fi
 cd "$(dirname "$0")/.."
 
 if [ "${SKIP_PORTCULLIS:-0}" != 1 ] && [ "${SKIP_BUILD:-0}" != 1 ]; then
@@ -54,11 +70,11 @@ rounds=${2:-3}
 wrk_threads=${WRK_THREADS:-2}
 connections=${CONNECTIONS:-32 256}
 warmup=${WARMUP:-1s}
-# Appended to both `portcullis proxy` commands (word-split on purpose)
+# Appended to every `portcullis proxy` command (word-split on purpose)
 PORTCULLIS_EXTRA_ARGS=${PORTCULLIS_EXTRA_ARGS:-}
 bin=target/release/portcullis
-origin=19001 gateway=18080 gateway_logged=18082 nginx_port=18081 floor=18090 floor_hyper=18091
-admin=17070 proxy_admin=17071 cp_metrics=17072 proxy_admin_logged=17073
+origin=19001 gateway=18080 gateway_logged=18082 gateway_baseline=18083 nginx_port=18081 floor=18090 floor_hyper=18091
+admin=17070 proxy_admin=17071 cp_metrics=17072 proxy_admin_logged=17073 proxy_admin_baseline=17074
 
 # --- tools ---------------------------------------------------------------------------------
 PATH=$PATH:/usr/sbin:/sbin
@@ -176,8 +192,13 @@ declare -A url=(
 )
 
 if [ "${SKIP_PORTCULLIS:-0}" != 1 ]; then
-    # Two proxies of one control plane, each serving its own listener (shards): one as
-    # configured by default (metrics on, access log off), one with the access log on too.
+    # Proxies of one control plane, each serving its own listener (shards): one as
+    # configured by default (metrics on, access log off), one with the access log on too,
+    # and with BASELINE_BIN a third, of that build, as configured by default.
+    baseline_listener=
+    if [ -n "$baseline_bin" ]; then
+        baseline_listener=", bench-baseline"
+    fi
     cat >"$work/bench.yaml" <<YAML
 apiVersion: portcullis.dev/v1alpha1
 kind: Listener
@@ -197,8 +218,17 @@ spec: { endpoints: ["127.0.0.1:$origin"] }
 apiVersion: portcullis.dev/v1alpha1
 kind: Route
 metadata: { name: bench }
-spec: { listeners: [bench, bench-logged], backends: [{ name: origin }] }
+spec: { listeners: [bench, bench-logged$baseline_listener], backends: [{ name: origin }] }
 YAML
+    if [ -n "$baseline_bin" ]; then
+        cat >>"$work/bench.yaml" <<YAML
+---
+apiVersion: portcullis.dev/v1alpha1
+kind: Listener
+metadata: { name: bench-baseline, labels: { variant: baseline } }
+spec: { address: 127.0.0.1, port: $gateway_baseline }
+YAML
+    fi
     PORTCULLIS_LOG=warn "$bin" controlplane --listen 127.0.0.1:$admin --metrics-listen 127.0.0.1:$cp_metrics \
         --data-dir "$work/data" >"$work/controlplane.log" 2>&1 & pids+=($!)
     # shellcheck disable=SC2086 # PORTCULLIS_EXTRA_ARGS is split into arguments on purpose
@@ -210,6 +240,17 @@ YAML
         --admin-listen 127.0.0.1:$proxy_admin_logged --access-log "$work/access.log" $PORTCULLIS_EXTRA_ARGS \
         >"$work/proxy-logged.log" 2>&1 & pids+=($!)
     serving[portcullis-logged]=$!
+    ready_ports="$proxy_admin $proxy_admin_logged"
+    if [ -n "$baseline_bin" ]; then
+        # shellcheck disable=SC2086
+        PORTCULLIS_LOG=warn "$baseline_bin" proxy --controlplane 127.0.0.1:$admin --id baseline \
+            --shard variant=baseline --admin-listen 127.0.0.1:$proxy_admin_baseline $PORTCULLIS_EXTRA_ARGS \
+            >"$work/proxy-baseline.log" 2>&1 & pids+=($!)
+        serving[portcullis-baseline]=$!
+        targets+=(portcullis-baseline)
+        url[portcullis-baseline]="http://127.0.0.1:$gateway_baseline/bench"
+        ready_ports="$ready_ports $proxy_admin_baseline"
+    fi
     for _ in $(seq 100); do
         "$bin" apply -f "$work/bench.yaml" --controlplane 127.0.0.1:$admin >/dev/null 2>&1 && break
         sleep 0.1
@@ -227,12 +268,24 @@ YAML
     targets+=(floor floor-hyper)
     url[floor]="http://127.0.0.1:$floor/bench"
     url[floor-hyper]="http://127.0.0.1:$floor_hyper/bench"
-    for ready in $proxy_admin $proxy_admin_logged; do
+    for ready in $ready_ports; do
         for _ in $(seq 100); do
             curl -fsS "http://127.0.0.1:$ready/readyz" >/dev/null 2>&1 && break
             sleep 0.1
         done
     done
+fi
+
+if [ -n "${TARGETS+set}" ]; then
+    read -r -a wanted <<<"$TARGETS"
+    [ ${#wanted[@]} -gt 0 ] || { echo "TARGETS names no target (started: ${targets[*]})" >&2; exit 1; }
+    declare -A named=()
+    for t in "${wanted[@]}"; do
+        [ -n "${url[$t]:-}" ] || { echo "TARGETS: no target $t (started: ${targets[*]})" >&2; exit 1; }
+        [ -z "${named[$t]:-}" ] || { echo "TARGETS: $t named twice" >&2; exit 1; }
+        named[$t]=1
+    done
+    targets=("${wanted[@]}")
 fi
 
 # Every target must answer "ok" before anything is measured.

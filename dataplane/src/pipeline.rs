@@ -153,7 +153,7 @@ impl Pipeline {
         record.path = parts.uri.path().to_string();
         let probe = Request::from_parts(parts, ());
         record.host = request_host(&probe);
-        let Some(route) = table.routes.find(record.host.as_deref(), &probe).cloned() else {
+        let Some(route) = table.routes.find(record.host.as_deref(), &probe) else {
             return response::error(
                 StatusCode::NOT_FOUND,
                 "route_not_found",
@@ -175,7 +175,7 @@ impl Pipeline {
             .and_then(|value| value.parse::<u64>().ok());
         if declared.is_some_and(|length| length > route.max_request_body_bytes) {
             let answer = BodyStatus::answer(Some(BodyFailure::TooLarge), route.max_request_body_bytes);
-            return in_route_shape(&route, answer);
+            return in_route_shape(route, answer);
         }
         let limit = usize::try_from(route.max_request_body_bytes).unwrap_or(usize::MAX);
         let body = ClientBody {
@@ -222,7 +222,9 @@ impl Pipeline {
         // policies' response hooks like any other.
         let mut llm_target = None;
         if let (None, Some(models)) = (&answer, &route.llm) {
-            match models.prepare(&mut ctx, &mut request).await {
+            // Boxed, as is the completion check below: inline, these futures would grow the
+            // future of every request, on any route, by their size (`tests/future_sizes.rs`).
+            match Box::pin(models.prepare(&mut ctx, &mut request)).await {
                 Prepared::Forward(target) => llm_target = Some(target),
                 Prepared::Answer(llm_answer) => answer = Some(llm_answer),
             }
@@ -241,9 +243,9 @@ impl Pipeline {
                     // (499) still says where the request was going.
                     record.target = ctx.target.clone();
                     record.llm = ctx.llm.as_ref().map(|llm| llm.record.clone());
-                    let response = target.forward(&mut ctx, &route, &self.upstream, request).await;
+                    let response = target.forward(&mut ctx, route, &self.upstream, request).await;
                     match ctx.llm.as_mut().and_then(|llm| llm.completion.take()) {
-                        Some(check) => crate::llm::check_completion(response, check).await,
+                        Some(check) => Box::pin(crate::llm::check_completion(response, check)).await,
                         None => response,
                     }
                 }
@@ -254,7 +256,7 @@ impl Pipeline {
                 response = replacement;
             }
         }
-        let response = in_route_shape(&route, response);
+        let response = in_route_shape(route, response);
         record.trace = ctx.trace;
         record.decisions = ctx.decisions;
         record.target = ctx.target;

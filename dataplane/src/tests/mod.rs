@@ -2,6 +2,7 @@
 
 mod admin;
 mod apply;
+mod future_sizes;
 mod pipeline;
 mod property;
 mod proxying;

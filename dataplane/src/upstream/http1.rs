@@ -128,7 +128,9 @@ impl Http1 {
         loop {
             let (mut connection, reused) = match pooled.then(|| checkout(&key)).flatten() {
                 Some(connection) => (connection, true),
-                None => (self.connect(&key).await?, false),
+                // Boxed: inline, a connect's future would make every request's exchange
+                // future over three times its size (`tests/future_sizes.rs`).
+                None => (Box::pin(self.connect(&key)).await?, false),
             };
             match connection.sender.try_send_request(request).await {
                 Ok(response) => {
