@@ -24,13 +24,13 @@
 # then, for each connection count (32 and 256) and each round, runs
 #   wrk -t$WRK_THREADS -c$CONNS -d$DURATION --latency
 # against each target (direct, the origin itself; nginx; the proxies; the floors), rotating
-# the order each round,
-# and prints per connection count a markdown table: median req/s over the rounds (min–max),
-# median p50/p99, errors, and req/s (and p99) as a ratio of nginx's and direct's, and the CPU
-# time per request of the process serving each target (read from /proc/<pid>/stat around
-# each wrk run: the proxy, not the origin behind it; for direct, the origin), and the proxies'
-# as a ratio of nginx's. On loopback the kernel's receive work for a write is charged to the
-# writer, so a process's figure includes some of its peers' TCP processing, alike for each proxy.
+# the order each round and reversing it every second round, and prints per connection count
+# a markdown table: median req/s over the rounds (min–max), median p50/p99, errors, and req/s
+# (and p99) as a ratio of nginx's and direct's, and the CPU time per request of the process
+# serving each target (read from /proc/<pid>/stat around each wrk run: the proxy, not the
+# origin behind it; for direct, the origin), and the proxies' as a ratio of nginx's. On
+# loopback the kernel's receive work for a write is charged to the writer, so a process's
+# figure includes some of its peers' TCP processing, alike for each proxy.
 #
 # Environment:
 #   WRK_THREADS=2              wrk threads (-t). The issue's figures are presumably -t2; on
@@ -47,7 +47,8 @@
 #   BASELINE_BIN=path          another build of portcullis, run as portcullis-baseline: the
 #                              binary itself (its CPU time is read from its process), speaking
 #                              the protocol of this build's control plane
-#   TARGETS="nginx portcullis" measure only these targets, in this order (default: all started)
+#   TARGETS="nginx portcullis" measure only these targets (space-separated), in this order
+#                              (default: all started)
 #
 # Needs wrk, nginx (Debian: nginx-light), pgrep (procps) and python3; installs the first three
 # with apt-get when they are missing and the script runs as root. Everything stops on exit.
@@ -57,7 +58,7 @@ baseline_bin=
 if [ -n "${BASELINE_BIN:-}" ]; then
     [ "${SKIP_PORTCULLIS:-0}" != 1 ] || { echo "BASELINE_BIN needs Portcullis: unset SKIP_PORTCULLIS" >&2; exit 1; }
     baseline_bin=$(realpath "$BASELINE_BIN")
-    [ -x "$baseline_bin" ] || { echo "BASELINE_BIN: $BASELINE_BIN is not an executable" >&2; exit 1; }
+    [ -f "$baseline_bin" ] && [ -x "$baseline_bin" ] || { echo "BASELINE_BIN: $BASELINE_BIN is not an executable file" >&2; exit 1; }
 fi
 cd "$(dirname "$0")/.."
 
@@ -247,7 +248,6 @@ YAML
             --shard variant=baseline --admin-listen 127.0.0.1:$proxy_admin_baseline $PORTCULLIS_EXTRA_ARGS \
             >"$work/proxy-baseline.log" 2>&1 & pids+=($!)
         serving[portcullis-baseline]=$!
-        targets+=(portcullis-baseline)
         url[portcullis-baseline]="http://127.0.0.1:$gateway_baseline/bench"
         ready_ports="$ready_ports $proxy_admin_baseline"
     fi
@@ -256,6 +256,7 @@ YAML
         sleep 0.1
     done
     targets+=(portcullis portcullis-logged)
+    [ -z "$baseline_bin" ] || targets+=(portcullis-baseline)
     url[portcullis]="http://127.0.0.1:$gateway/bench"
     url[portcullis-logged]="http://127.0.0.1:$gateway_logged/bench"
     # The reference forwarders: one thread per core, as the proxy's workers.
@@ -307,7 +308,8 @@ nginx_version=$( (nginx -v 2>&1 || true) | sed 's/.*nginx\///')
 wrk_version=$( (wrk -v 2>&1 || true) | awk 'NR == 1 {print $2}') # wrk -v exits 1
 echo "$(nproc) cores; wrk $wrk_version -t$wrk_threads; nginx $nginx_version, origin and proxy 1 worker each;" \
     "Portcullis: one worker thread per core (PORTCULLIS_WORKERS overrides); all share the same cores" >&2
-echo "targets: ${targets[*]}; connections: $connections; $rounds rounds × $duration, order rotated each round" >&2
+echo "targets: ${targets[*]}; connections: $connections; $rounds rounds × $duration, order rotated each round and reversed every second" >&2
+[ -z "$baseline_bin" ] || echo "portcullis-baseline: $baseline_bin" >&2
 [ -n "$PORTCULLIS_EXTRA_ARGS" ] && echo "portcullis proxy extra args: $PORTCULLIS_EXTRA_ARGS" >&2
 
 mkdir -p "$work/runs"
@@ -322,7 +324,11 @@ n=${#targets[@]}
 for r in $(seq "$rounds"); do
     for c in $connections; do
         for i in $(seq 0 $((n - 1))); do
-            t=${targets[$(((i + r - 1) % n))]}
+            # Rotated each round and reversed every second one, so that each target follows
+            # each other target as often as it precedes it.
+            place=$(((i + r - 1) % n))
+            [ $((r % 2)) = 1 ] || place=$((n - 1 - place))
+            t=${targets[$place]}
             echo "round $r/$rounds: $t, $c connections" >&2
             before=$(cpu_ticks "${serving[$t]}")
             wrk -t"$wrk_threads" -c"$c" -d"$duration" --latency "${url[$t]}" >"$work/runs/c${c}_${t}_r${r}.txt"
@@ -339,6 +345,7 @@ targets_csv=$(IFS=,; echo "${targets[*]}")
 meta=$(python3 -c 'import json,sys; print(json.dumps(dict(zip(sys.argv[1::2], sys.argv[2::2]))))' \
     date "$(date -u +%FT%TZ)" cores "$(nproc)" wrk "$wrk_version" wrk_threads "$wrk_threads" \
     duration "$duration" rounds "$rounds" nginx "$nginx_version" \
-    portcullis_extra_args "$PORTCULLIS_EXTRA_ARGS")
+    portcullis_extra_args "$PORTCULLIS_EXTRA_ARGS" \
+    baseline_bin "$baseline_bin" baseline_sha256 "$([ -z "$baseline_bin" ] || sha256sum "$baseline_bin" | cut -d' ' -f1)")
 python3 loadtest/http-bench/wrk_report.py "$work/runs" --targets "$targets_csv" \
     --connections "$(echo $connections | tr ' ' ,)" --meta "$meta" ${BENCH_JSON:+--json "$BENCH_JSON"}

@@ -17,9 +17,13 @@ pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
 pub(crate) type Body = UnsyncBoxBody<Bytes, BoxError>;
 
 pub(crate) fn full(bytes: impl Into<Bytes>) -> Body {
-    Full::new(bytes.into())
-        .map_err(|never| match never {})
-        .boxed_unsync()
+    let bytes = bytes.into();
+    // `Empty` is zero-sized, so its box allocates nothing; an empty `Full` is not. Both say
+    // they have ended, so hyper frames them alike.
+    if bytes.is_empty() {
+        return empty();
+    }
+    Full::new(bytes).map_err(|never| match never {}).boxed_unsync()
 }
 
 pub(crate) fn empty() -> Body {

@@ -222,8 +222,9 @@ impl Pipeline {
         // policies' response hooks like any other.
         let mut llm_target = None;
         if let (None, Some(models)) = (&answer, &route.llm) {
-            // Boxed, as is the completion check below: inline, these futures would grow the
-            // future of every request, on any route, by their size (`tests/future_sizes.rs`).
+            // Boxed, as is the completion check below: inline, each would make the future of
+            // every request, on any route, at least its size
+            // (`dataplane/src/tests/future_sizes.rs`).
             match Box::pin(models.prepare(&mut ctx, &mut request)).await {
                 Prepared::Forward(target) => llm_target = Some(target),
                 Prepared::Answer(llm_answer) => answer = Some(llm_answer),

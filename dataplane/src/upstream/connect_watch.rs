@@ -24,9 +24,10 @@ pub(super) struct ConnectWatch {
 }
 
 impl ConnectWatch {
-    /// Runs `exchange`, counting the connects it starts.
-    pub(super) async fn over<F: Future>(self: &Arc<Self>, exchange: F) -> F::Output {
-        WATCH.scope(self.clone(), exchange).await
+    /// Runs `exchange`, counting the connects it starts. Not an `async fn`: one would hold
+    /// `exchange` twice, as its argument and inside the scope (rust-lang/rust#62958).
+    pub(super) fn over<F: Future>(self: &Arc<Self>, exchange: F) -> impl Future<Output = F::Output> {
+        WATCH.scope(self.clone(), exchange)
     }
 
     pub(super) fn connecting(&self) -> bool {

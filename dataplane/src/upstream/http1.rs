@@ -129,7 +129,7 @@ impl Http1 {
             let (mut connection, reused) = match pooled.then(|| checkout(&key)).flatten() {
                 Some(connection) => (connection, true),
                 // Boxed: inline, a connect's future would make every request's exchange
-                // future over three times its size (`tests/future_sizes.rs`).
+                // future over three times its size (`dataplane/src/tests/future_sizes.rs`).
                 None => (Box::pin(self.connect(&key)).await?, false),
             };
             match connection.sender.try_send_request(request).await {

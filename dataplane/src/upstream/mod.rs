@@ -171,8 +171,6 @@ impl Upstream {
             ctx.attempts = attempt as u32;
             ctx.endpoint = Some(endpoint.label.clone());
             let attempt_body = match &replay {
-                // `Empty` is zero-sized: its box allocates nothing, unlike an empty `Full`.
-                Some(bytes) if bytes.is_empty() => body::empty(),
                 Some(bytes) => body::full(bytes.clone()),
                 None => std::mem::replace(&mut body, body::empty()),
             };
