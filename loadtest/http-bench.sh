@@ -23,14 +23,15 @@
 #               two proxies' places can differ too: run again with the builds swapped.
 # then, for each connection count (32 and 256) and each round, runs
 #   wrk -t$WRK_THREADS -c$CONNS -d$DURATION --latency
-# against each target (direct, the origin itself; nginx; the proxies; the floors), rotating
-# the order each round and reversing it every second round, and prints per connection count
-# a markdown table: median req/s over the rounds (min–max), median p50/p99, errors, and req/s
-# (and p99) as a ratio of nginx's and direct's, and the CPU time per request of the process
-# serving each target (read from /proc/<pid>/stat around each wrk run: the proxy, not the
-# origin behind it; for direct, the origin), and the proxies' as a ratio of nginx's. On
-# loopback the kernel's receive work for a write is charged to the writer, so a process's
-# figure includes some of its peers' TCP processing, alike for each proxy.
+# against each target (direct, the origin itself; nginx; the proxies; the floors), each second
+# round in the reverse order of the round before, the order rotated by one place every two
+# rounds, and prints per connection count a markdown table: median req/s over the rounds
+# (min–max), median p50/p99, errors, and req/s (and p99) as a ratio of nginx's and direct's,
+# and the CPU time per request of the process serving each target (read from /proc/<pid>/stat
+# around each wrk run: the proxy, not the origin behind it; for direct, the origin), and the
+# proxies' as a ratio of nginx's. On loopback the kernel's receive work for a write is charged
+# to the writer, so a process's figure includes some of its peers' TCP processing, alike for
+# each proxy.
 #
 # Environment:
 #   WRK_THREADS=2              wrk threads (-t). The issue's figures are presumably -t2; on
@@ -59,6 +60,8 @@ if [ -n "${BASELINE_BIN:-}" ]; then
     [ "${SKIP_PORTCULLIS:-0}" != 1 ] || { echo "BASELINE_BIN needs Portcullis: unset SKIP_PORTCULLIS" >&2; exit 1; }
     baseline_bin=$(realpath "$BASELINE_BIN")
     [ -f "$baseline_bin" ] && [ -x "$baseline_bin" ] || { echo "BASELINE_BIN: $BASELINE_BIN is not an executable file" >&2; exit 1; }
+    # Taken now: the report names the build that ran, even if the file is replaced meanwhile.
+    baseline_sha256=$(sha256sum <"$baseline_bin" | cut -d' ' -f1)
 fi
 cd "$(dirname "$0")/.."
 
@@ -308,8 +311,12 @@ nginx_version=$( (nginx -v 2>&1 || true) | sed 's/.*nginx\///')
 wrk_version=$( (wrk -v 2>&1 || true) | awk 'NR == 1 {print $2}') # wrk -v exits 1
 echo "$(nproc) cores; wrk $wrk_version -t$wrk_threads; nginx $nginx_version, origin and proxy 1 worker each;" \
     "Portcullis: one worker thread per core (PORTCULLIS_WORKERS overrides); all share the same cores" >&2
-echo "targets: ${targets[*]}; connections: $connections; $rounds rounds × $duration, order rotated each round and reversed every second" >&2
-[ -z "$baseline_bin" ] || echo "portcullis-baseline: $baseline_bin" >&2
+echo "targets: ${targets[*]}; connections: $connections; $rounds rounds × $duration, order rotated every two rounds, every second round reversed" >&2
+baseline_meta=()
+if [ -n "$baseline_bin" ]; then
+    echo "portcullis-baseline: $baseline_bin (sha256 $baseline_sha256)" >&2
+    baseline_meta=(baseline_bin "$baseline_bin" baseline_sha256 "$baseline_sha256")
+fi
 [ -n "$PORTCULLIS_EXTRA_ARGS" ] && echo "portcullis proxy extra args: $PORTCULLIS_EXTRA_ARGS" >&2
 
 mkdir -p "$work/runs"
@@ -324,11 +331,13 @@ n=${#targets[@]}
 for r in $(seq "$rounds"); do
     for c in $connections; do
         for i in $(seq 0 $((n - 1))); do
-            # Rotated each round and reversed every second one, so that each target follows
-            # each other target as often as it precedes it.
-            place=$(((i + r - 1) % n))
-            [ $((r % 2)) = 1 ] || place=$((n - 1 - place))
-            t=${targets[$place]}
+            # Each second round runs the round before it backwards, so that over each pair of
+            # rounds every target follows every other as often as it precedes it; each pair
+            # starts one place further round (2 × targets rounds put each target in each place
+            # equally often).
+            step=$i
+            [ $((r % 2)) = 1 ] || step=$((n - 1 - i))
+            t=${targets[$(((step + (r - 1) / 2) % n))]}
             echo "round $r/$rounds: $t, $c connections" >&2
             before=$(cpu_ticks "${serving[$t]}")
             wrk -t"$wrk_threads" -c"$c" -d"$duration" --latency "${url[$t]}" >"$work/runs/c${c}_${t}_r${r}.txt"
@@ -345,7 +354,6 @@ targets_csv=$(IFS=,; echo "${targets[*]}")
 meta=$(python3 -c 'import json,sys; print(json.dumps(dict(zip(sys.argv[1::2], sys.argv[2::2]))))' \
     date "$(date -u +%FT%TZ)" cores "$(nproc)" wrk "$wrk_version" wrk_threads "$wrk_threads" \
     duration "$duration" rounds "$rounds" nginx "$nginx_version" \
-    portcullis_extra_args "$PORTCULLIS_EXTRA_ARGS" \
-    baseline_bin "$baseline_bin" baseline_sha256 "$([ -z "$baseline_bin" ] || sha256sum "$baseline_bin" | cut -d' ' -f1)")
+    portcullis_extra_args "$PORTCULLIS_EXTRA_ARGS" "${baseline_meta[@]}")
 python3 loadtest/http-bench/wrk_report.py "$work/runs" --targets "$targets_csv" \
     --connections "$(echo $connections | tr ' ' ,)" --meta "$meta" ${BENCH_JSON:+--json "$BENCH_JSON"}

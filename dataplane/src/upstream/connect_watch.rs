@@ -26,7 +26,7 @@ pub(super) struct ConnectWatch {
 impl ConnectWatch {
     /// Runs `exchange`, counting the connects it starts. Not an `async fn`: one would hold
     /// `exchange` twice, as its argument and inside the scope (rust-lang/rust#62958).
-    pub(super) fn over<F: Future>(self: &Arc<Self>, exchange: F) -> impl Future<Output = F::Output> {
+    pub(super) fn over<F: Future>(self: &Arc<Self>, exchange: F) -> impl Future<Output = F::Output> + use<F> {
         WATCH.scope(self.clone(), exchange)
     }
 
