@@ -1,16 +1,24 @@
 //! The Raft log's entries in one append-only file.
 //!
-//! Layout: an 8-byte magic, then one record per entry: the payload's length (u32, little
-//! endian), its CRC-32 (u32, little endian), and the payload, the entry as JSON (the same
-//! encoding on the wire and in snapshots, so an entry reads the same in every build).
+//! Layout: an 8-byte magic, then one record per entry: a u32 (little endian) whose low 31 bits
+//! are the payload's length and whose top bit says the record continues the append of the
+//! record before it, the payload's CRC-32 (u32, little endian), and the payload, the entry as
+//! JSON (the same encoding on the wire and in snapshots, so an entry reads the same in every
+//! build). The top bit is read only to judge a bad record, so it needs no checksum of its own:
+//! flipped alone, it loses nothing.
 //!
 //! An append is one `write` and one `fdatasync`, so a crash can only damage the records written
-//! after the last completed append, none of which was acknowledged: at open, a bad record is cut
-//! away with what follows it when no whole record does (a torn last append). A bad record with a
-//! whole record after it is damage to acknowledged entries, and the open fails rather than drop
-//! them. (A power loss can also leave a later page of an unacknowledged append on disk without
-//! an earlier one; records carry nothing that tells that apart, so it fails the open too, and
-//! the node is restored from its peers.)
+//! after the last completed append, none of which was acknowledged. A power loss can leave
+//! any of that append's pages on disk without the others: a record of it cut short, garbled
+//! or zeroed, with whole records of the same append after it. At open, a bad record is cut
+//! away with everything after it when no whole record after it starts an append: only the
+//! last append can then be damaged. A bad record with a later append's first record after it
+//! is damage to acknowledged entries, and the open fails rather than drop them.
+//!
+//! Format 1 (`PCRLOG01`) had no continuing records: each record was an append of its own,
+//! which reads the same under format 2's rule. A format-1 log is rewritten with format 2's
+//! magic at open, before anything is appended, so that a build that knows only format 1
+//! refuses the file instead of misreading a continuing record's length as a record cut short.
 //!
 //! Purged entries stay in the file until they outweigh the entries held; the file is then
 //! rewritten with the held ones only (a new file renamed over the old), which keeps the disk
@@ -26,9 +34,15 @@ use anyhow::{bail, Context};
 
 use crate::types::{Entry, LogId};
 
-const MAGIC: &[u8; 8] = b"PCRLOG01";
+const MAGIC: &[u8; 8] = b"PCRLOG02";
+/// Format 1: every record an append of its own (see the module's documentation).
+const MAGIC_FORMAT_1: &[u8; 8] = b"PCRLOG01";
+/// What every format's magic starts with, to tell a newer format from a foreign file.
+const MAGIC_FAMILY: &[u8] = b"PCRLOG";
 const MAGIC_LEN: u64 = MAGIC.len() as u64;
 const HEADER_LEN: u64 = 8;
+/// The length word's top bit: the record continues the append of the record before it.
+const CONTINUES: u32 = 1 << 31;
 /// Purged bytes below this are never compacted away: rewriting for less costs more than it frees.
 const COMPACT_MIN_BYTES: u64 = 1024 * 1024;
 
@@ -61,8 +75,9 @@ pub struct LogFile {
 
 impl LogFile {
     /// Opens the log at `path`, or creates it holding the entries `initial` returns. Records
-    /// up to `last_purged` are skipped; a cut-off last record is dropped; anything else that
-    /// does not read as a contiguous log fails the open rather than serve a log with a hole.
+    /// up to `last_purged` are skipped; what a crash left of the last append is dropped; anything
+    /// else that does not read as a contiguous log fails the open rather than serve a log with a
+    /// hole. A format-1 log is rewritten in format 2.
     pub fn open(
         path: &Path,
         last_purged: Option<LogId>,
@@ -77,8 +92,8 @@ impl LogFile {
         }
         if !path.exists() {
             let mut contents = MAGIC.to_vec();
-            for entry in initial()? {
-                encode(&entry, &mut contents)?;
+            for (position, entry) in initial()?.iter().enumerate() {
+                encode(entry, position > 0, &mut contents)?;
             }
             replace(path, &contents)?;
             sync_parent(path)?;
@@ -89,7 +104,16 @@ impl LogFile {
             .write(true)
             .open(path)
             .with_context(|| format!("opening the Raft log {}", path.display()))?;
-        if contents.get(..MAGIC.len()) != Some(MAGIC.as_slice()) {
+        let magic = contents.get(..MAGIC.len());
+        let format_1 = magic == Some(MAGIC_FORMAT_1.as_slice());
+        if magic != Some(MAGIC.as_slice()) && !format_1 {
+            if magic.is_some_and(|magic| magic.starts_with(MAGIC_FAMILY)) {
+                bail!(
+                    "the Raft log {} is in a format this build does not know (a newer build wrote it); \
+                     run that build, or restore this node from its peers",
+                    path.display()
+                );
+            }
             bail!("{} is not a Portcullis Raft log (unknown header)", path.display());
         }
         let mut log = Self {
@@ -108,7 +132,7 @@ impl LogFile {
             else {
                 if !is_torn_tail(&contents, offset) {
                     bail!(
-                        "the Raft log {} has a damaged record at byte {offset} with data after it: \
+                        "the Raft log {} has a damaged record at byte {offset} with a later append after it: \
                          acknowledged entries would be lost; restore this node from its peers \
                          (remove it from the cluster, clear its data directory, add it again)",
                         path.display()
@@ -146,7 +170,7 @@ impl LogFile {
             tracing::warn!(
                 log = %path.display(),
                 bytes = whole - log.end,
-                "the Raft log ends in a record cut short (a crash during an unacknowledged append); dropping it"
+                "the Raft log ends in an append cut short (a crash before it was acknowledged); dropping it"
             );
             log.file
                 .set_len(log.end)
@@ -154,6 +178,14 @@ impl LogFile {
                 .with_context(|| {
                     format!("cutting the Raft log {} back to its last record", path.display())
                 })?;
+        }
+        if format_1 {
+            let mut upgraded = MAGIC.to_vec();
+            let kept = usize::try_from(log.end).context("a Raft log over the address space")?;
+            upgraded.extend_from_slice(contents.get(MAGIC.len()..kept).unwrap_or_default());
+            log.file = replace(path, &upgraded)?;
+            sync_parent(path)?;
+            tracing::info!(log = %path.display(), "rewrote the Raft log in format 2");
         }
         Ok(log)
     }
@@ -221,7 +253,7 @@ impl LogFile {
         let mut bytes = Vec::new();
         let mut records = Vec::with_capacity(entries.len());
         let mut expected = self.next_index();
-        for entry in entries {
+        for (position, entry) in entries.iter().enumerate() {
             let index = entry.log_id.index;
             if expected.is_some_and(|expected| index != expected) {
                 return Err(io::Error::other(format!(
@@ -230,7 +262,7 @@ impl LogFile {
                 )));
             }
             let offset = self.end + bytes.len() as u64;
-            let payload_len = encode(entry, &mut bytes).map_err(io::Error::other)?;
+            let payload_len = encode(entry, position > 0, &mut bytes).map_err(io::Error::other)?;
             records.push(Record {
                 log_id: entry.log_id,
                 offset,
@@ -359,61 +391,74 @@ pub(super) fn sync_parent(path: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Whether the bad record at `offset` can be the last append cut short by a crash: no whole
-/// record follows it. A crash leaves only what the last, unacknowledged append wrote: a
-/// record cut short, garbled, or zeros where a file extended too early has no data. Anything
-/// that checks out after the bad record is damage to records already acknowledged; judging by
-/// the bad header alone, a bit flipped in a length that then runs past the end would pass for
-/// a torn tail and cut every record after it.
+/// Whether the bad record at `offset` can belong to the last append, cut short by a crash: no
+/// whole record after it starts an append. A crash damages only what the last,
+/// unacknowledged append wrote, and a power loss can keep any of its pages without the others:
+/// a record garbled or zeroed, whole records of the same append after it, zeros where the
+/// file was extended. A later append's first record, whole, means the bad record was
+/// acknowledged; judging by the bad header alone, a bit flipped in a length that then runs
+/// past the end would pass for a torn tail and cut every record after it.
 fn is_torn_tail(contents: &[u8], offset: u64) -> bool {
     let Ok(start) = usize::try_from(offset) else {
         return true;
     };
     // Nearly every position fails at once (a length past the end, or zero); a checksum is
-    // computed only where a length fits, and a whole record decodes only where it matches.
-    (start.saturating_add(1)..contents.len()).all(|at| matches!(decode_at(contents, at as u64), Ok(None)))
+    // computed only where a length fits.
+    (start.saturating_add(1)..contents.len())
+        .all(|at| whole_record_at(contents, at).is_none_or(|(_, continues)| continues))
 }
 
-/// Appends `entry`'s record to `bytes`; returns its payload's length.
-fn encode(entry: &Entry, bytes: &mut Vec<u8>) -> anyhow::Result<u32> {
+/// Appends `entry`'s record to `bytes`, marked as continuing the append of the record before
+/// it when `continues`; returns its payload's length.
+fn encode(entry: &Entry, continues: bool, bytes: &mut Vec<u8>) -> anyhow::Result<u32> {
     let payload = serde_json::to_vec(entry).context("encoding a log entry")?;
     let payload_len = u32::try_from(payload.len())
-        .with_context(|| format!("log entry {} is over 4 GiB", entry.log_id.index))?;
-    bytes.extend_from_slice(&payload_len.to_le_bytes());
+        .ok()
+        .filter(|length| length & CONTINUES == 0)
+        .with_context(|| format!("log entry {} is over 2 GiB", entry.log_id.index))?;
+    let word = if continues {
+        payload_len | CONTINUES
+    } else {
+        payload_len
+    };
+    bytes.extend_from_slice(&word.to_le_bytes());
     bytes.extend_from_slice(&crc32fast::hash(&payload).to_le_bytes());
     bytes.extend_from_slice(&payload);
     Ok(payload_len)
 }
 
-/// The whole record at `offset` of `contents`, or `None` where there is none: the end, or a
-/// record cut short or garbled by a crash (what follows the last completed append). A whole
-/// record that does not decode as an entry is an error, not a crash's leftover.
-fn decode_at(contents: &[u8], offset: u64) -> anyhow::Result<Option<(Entry, Record)>> {
-    let Ok(start) = usize::try_from(offset) else {
-        return Ok(None);
-    };
-    let Some(header) = contents.get(start..start.saturating_add(HEADER_LEN as usize)) else {
-        return Ok(None);
-    };
-    let (length, checksum) = header.split_at(4);
-    let payload_len = u32::from_le_bytes(length.try_into()?);
-    let checksum = u32::from_le_bytes(checksum.try_into()?);
+/// The payload of the whole record at `start` of `contents`, and whether it continues an
+/// append; `None` where there is none: the end, or a record cut short or garbled by a crash.
+fn whole_record_at(contents: &[u8], start: usize) -> Option<(&[u8], bool)> {
+    let header = contents.get(start..start.checked_add(HEADER_LEN as usize)?)?;
+    let (word, stored) = header.split_at(4);
+    let word = u32::from_le_bytes(word.try_into().ok()?);
+    let stored = u32::from_le_bytes(stored.try_into().ok()?);
+    let continues = word & CONTINUES != 0;
+    let payload_len = (word & !CONTINUES) as usize;
     let payload_start = start + HEADER_LEN as usize;
-    let Some(payload) = contents.get(payload_start..payload_start.saturating_add(payload_len as usize))
+    let payload = contents.get(payload_start..payload_start.checked_add(payload_len)?)?;
+    // An empty payload is never written (an entry encodes to a JSON object), and a header of
+    // zeros would pass the checksum: it is what a crash leaves in a file extended too early.
+    (payload_len != 0 && crc32fast::hash(payload) == stored).then_some((payload, continues))
+}
+
+/// The whole record at `offset` of `contents`, or `None` where there is none (see
+/// [`whole_record_at`]). A whole record that does not decode as an entry is an error, not a
+/// crash's leftover.
+fn decode_at(contents: &[u8], offset: u64) -> anyhow::Result<Option<(Entry, Record)>> {
+    let Some((payload, _)) = usize::try_from(offset)
+        .ok()
+        .and_then(|start| whole_record_at(contents, start))
     else {
         return Ok(None);
     };
-    // An empty payload is never written (an entry encodes to a JSON object), and a header of
-    // zeros would pass the checksum: it is what a crash leaves in a file extended too early.
-    if payload_len == 0 || crc32fast::hash(payload) != checksum {
-        return Ok(None);
-    }
     let entry: Entry =
         serde_json::from_slice(payload).context("a whole record does not decode as a log entry")?;
     let record = Record {
         log_id: entry.log_id,
         offset,
-        payload_len,
+        payload_len: u32::try_from(payload.len())?,
     };
     Ok(Some((entry, record)))
 }
