@@ -42,6 +42,9 @@ for id in 1 2 3; do
 done
 for _ in $(seq 100); do "$bin" status --controlplane "${nodes[0]}" >/dev/null 2>&1 && break; sleep 0.1; done
 for id in 2 3; do
+    # A joining node must be listening before it is added (it may start after node 1 answers).
+    port=${nodes[$((id - 1))]##*:}
+    for _ in $(seq 100); do (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break; sleep 0.1; done
     "$bin" cluster add --node-id "$id" --address "${nodes[$((id - 1))]}" --controlplane "${nodes[0]}" >/dev/null
 done
 

@@ -1,3 +1,4 @@
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -26,28 +27,54 @@ pub struct ConfigView {
     pub unreadable: Option<Arc<str>>,
 }
 
+/// How many groups the proxy streams are split into: the republishing task wakes one group,
+/// then lets the runtime run what else is ready (the Raft RPCs and writes of this node)
+/// before the next, so a write's tasks queue behind one group's sends, not the whole fleet's.
+const STREAMED_GROUPS: usize = 16;
+
 impl ConfigView {
     /// `view`, followed [`STREAMED_LATE_BY`] late: what the proxy streams (config, signals,
     /// placements) watch. The write that made a version is answered on this node's runtime;
     /// were the thousand streams of a large fleet woken by the apply itself, their sends
-    /// would hold its answer back. One task waits instead, then wakes them all.
-    pub fn streamed(
-        mut view: watch::Receiver<ConfigView>,
-        mut shutdown: watch::Receiver<bool>,
-    ) -> watch::Receiver<ConfigView> {
-        let (late, streamed) = watch::channel(view.borrow_and_update().clone());
+    /// would hold its answer back. One task waits instead, then wakes them group by group.
+    pub fn streamed(mut view: watch::Receiver<ConfigView>, mut shutdown: watch::Receiver<bool>) -> Streamed {
+        let initial = view.borrow_and_update().clone();
+        let (senders, groups): (Vec<_>, Vec<_>) = (0..STREAMED_GROUPS)
+            .map(|_| watch::channel(initial.clone()))
+            .unzip();
         tokio::spawn(async move {
             loop {
                 tokio::select! {
                     changed = view.changed() => if changed.is_err() { return },
                     _ = shutdown.changed() => return,
-                    () = late.closed() => return,
                 }
                 tokio::time::sleep(STREAMED_LATE_BY).await;
-                late.send_replace(view.borrow_and_update().clone());
+                let latest = view.borrow_and_update().clone();
+                for group in &senders {
+                    group.send_replace(latest.clone());
+                    tokio::task::yield_now().await;
+                }
             }
         });
-        streamed
+        Streamed {
+            groups: groups.into(),
+            next: Arc::default(),
+        }
+    }
+}
+
+/// The proxy streams' copy of the config ([`ConfigView::streamed`]); each stream takes its
+/// receiver with [`Streamed::subscribe`], in one of the groups in turn.
+#[derive(Clone)]
+pub struct Streamed {
+    groups: Arc<[watch::Receiver<ConfigView>]>,
+    next: Arc<AtomicUsize>,
+}
+
+impl Streamed {
+    pub fn subscribe(&self) -> watch::Receiver<ConfigView> {
+        let group = self.next.fetch_add(1, Ordering::Relaxed) % self.groups.len();
+        self.groups[group].clone()
     }
 }
 
@@ -66,7 +93,10 @@ mod tests {
     async fn the_streamed_copy_reaches_the_last_version_of_a_burst_and_stops_with_the_node() {
         let (applied, view) = watch::channel(at(1));
         let (stop, shutdown) = watch::channel(false);
-        let mut streamed = ConfigView::streamed(view, shutdown);
+        let copy = ConfigView::streamed(view, shutdown);
+        let mut streamed = copy.subscribe();
+        // Every group of streams, not only the first, gets each version.
+        let mut others: Vec<_> = (1..2 * STREAMED_GROUPS).map(|_| copy.subscribe()).collect();
         assert_eq!(streamed.borrow_and_update().version, 1);
 
         let started = tokio::time::Instant::now();
@@ -85,6 +115,14 @@ mod tests {
             6,
             "and the next version alone"
         );
+
+        for other in &mut others {
+            let reached = other.wait_for(|view| view.version == 6);
+            tokio::time::timeout(Duration::from_secs(10), reached)
+                .await
+                .expect("every group gets the version")
+                .unwrap();
+        }
 
         stop.send_replace(true);
         assert!(streamed.changed().await.is_err(), "the copy ends with the node");

@@ -18,7 +18,7 @@ use tonic::{Request, Response, Status, Streaming};
 use super::{Hub, Origin, Relayed};
 use crate::metrics::Metrics;
 use crate::signals::ShardPools;
-use crate::view::ConfigView;
+use crate::view::{ConfigView, Streamed};
 
 /// A client must say who it is this soon after opening the stream.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
@@ -34,19 +34,14 @@ const MAX_NAME_BYTES: usize = 1024;
 
 pub struct PlacementExchangeService {
     hub: Hub,
-    config: watch::Receiver<ConfigView>,
+    config: Streamed,
     shutdown: watch::Receiver<bool>,
     metrics: Metrics,
     pools: ShardPools,
 }
 
 impl PlacementExchangeService {
-    pub(super) fn new(
-        hub: Hub,
-        config: watch::Receiver<ConfigView>,
-        shutdown: watch::Receiver<bool>,
-        metrics: Metrics,
-    ) -> Self {
+    pub(super) fn new(hub: Hub, config: Streamed, shutdown: watch::Receiver<bool>, metrics: Metrics) -> Self {
         Self {
             hub,
             config,
@@ -92,7 +87,7 @@ impl PlacementExchange for PlacementExchangeService {
             peer,
             outbound,
             hub: self.hub.clone(),
-            config: self.config.clone(),
+            config: self.config.subscribe(),
             shutdown: self.shutdown.clone(),
             metrics: self.metrics.clone(),
             pools: self.pools.clone(),

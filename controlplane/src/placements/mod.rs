@@ -25,7 +25,7 @@ pub use exchange::PlacementExchangeService;
 
 use crate::metrics::Metrics;
 use crate::types::{NodeId, Raft};
-use crate::view::ConfigView;
+use crate::view::Streamed;
 
 /// Batches the hub keeps for receivers that fall behind; beyond this they skip the oldest.
 /// With batches of at most [`MAX_REPORT_BYTES`], this bounds the hub's memory.
@@ -68,7 +68,7 @@ impl Placements {
     /// The PlacementExchange service of this node's hub.
     pub fn service(
         &self,
-        config: watch::Receiver<ConfigView>,
+        config: Streamed,
         shutdown: watch::Receiver<bool>,
         metrics: Metrics,
     ) -> PlacementExchangeService {

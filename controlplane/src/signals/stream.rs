@@ -14,11 +14,11 @@ use tonic::{Request, Response, Status};
 
 use super::store::{HeldReading, PoolSignals, SignalView};
 use crate::metrics::Metrics;
-use crate::view::ConfigView;
+use crate::view::{ConfigView, Streamed};
 
 pub struct SignalStreamService {
     signals: watch::Receiver<SignalView>,
-    config: watch::Receiver<ConfigView>,
+    config: Streamed,
     shutdown: watch::Receiver<bool>,
     metrics: Metrics,
     pools: ShardPools,
@@ -27,7 +27,7 @@ pub struct SignalStreamService {
 impl SignalStreamService {
     pub fn new(
         signals: watch::Receiver<SignalView>,
-        config: watch::Receiver<ConfigView>,
+        config: Streamed,
         shutdown: watch::Receiver<bool>,
         metrics: Metrics,
     ) -> Self {
@@ -58,7 +58,7 @@ impl SignalStream for SignalStreamService {
             shard: subscription.shard.into_iter().collect(),
             outbound,
             signals: self.signals.clone(),
-            config: self.config.clone(),
+            config: self.config.subscribe(),
             shutdown: self.shutdown.clone(),
             metrics: self.metrics.clone(),
             pools: self.pools.clone(),

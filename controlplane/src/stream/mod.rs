@@ -22,7 +22,7 @@ use crate::metrics::Metrics;
 use crate::node::standing::Standing;
 use crate::registry::{truncated, ProxyRegistry, MAX_REASON_BYTES};
 use crate::types::Raft;
-use crate::view::ConfigView;
+use crate::view::{ConfigView, Streamed};
 
 /// How long a new stream may take to send its Hello; a client that never does would
 /// otherwise hold a task and a connection forever.
@@ -46,7 +46,7 @@ pub struct ConfigStreamService {
     /// The applied config, to compare a proxy's version with.
     view: watch::Receiver<ConfigView>,
     /// The same, 2 ms late ([`ConfigView::streamed`]): what is sent, and when.
-    streamed: watch::Receiver<ConfigView>,
+    streamed: Streamed,
     /// This node's standing in the cluster: whether its proxies should go elsewhere.
     cluster: watch::Receiver<Standing>,
     registry: ProxyRegistry,
@@ -60,7 +60,7 @@ impl ConfigStreamService {
     pub fn new(
         raft: Raft,
         view: watch::Receiver<ConfigView>,
-        streamed: watch::Receiver<ConfigView>,
+        streamed: Streamed,
         cluster: watch::Receiver<Standing>,
         registry: ProxyRegistry,
         shutdown: watch::Receiver<bool>,
@@ -95,7 +95,7 @@ impl ConfigStream for ConfigStreamService {
             outbound: tx,
             raft: self.raft.clone(),
             view: self.view.clone(),
-            streamed: self.streamed.clone(),
+            streamed: self.streamed.subscribe(),
             cluster: self.cluster.clone(),
             registry: self.registry.clone(),
             shutdown: self.shutdown.clone(),
