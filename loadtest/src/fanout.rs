@@ -122,7 +122,7 @@ pub struct FanoutReport {
     pub commit_ms: Summary,
     /// Open-loop writes whose commit took longer than the p99 target (5 ms): a count that one
     /// stall of the machine moves by the writes it spans, where it can move the p99 itself
-    /// (the second-slowest of 200) by its whole length.
+    /// (the 198th of 200, nearest rank) by its whole length.
     pub commits_over_5ms: usize,
     /// Commit (the Apply call returning) → every subscriber holding the version or a later one.
     pub applied_by_all_ms: Summary,

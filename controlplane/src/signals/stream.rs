@@ -134,6 +134,7 @@ pub(crate) struct ShardPools(Arc<Mutex<Cut>>);
 /// One version's pools by shard, each worked out once.
 #[derive(Default)]
 struct Cut {
+    version: u64,
     /// The version's config; a view holding another is another version.
     config: Arc<ConfigSet>,
     slicer: Arc<OnceCell<Slicer>>,
@@ -147,24 +148,42 @@ impl ShardPools {
         config: &mut watch::Receiver<ConfigView>,
         shard: &ShardSelector,
     ) -> Arc<BTreeSet<String>> {
-        let config = config.borrow_and_update().config.clone();
-        self.of(&config, shard).await
+        let (version, config) = {
+            let view = config.borrow_and_update();
+            (view.version, view.config.clone())
+        };
+        self.of(version, &config, shard).await
     }
 
-    async fn of(&self, config: &Arc<ConfigSet>, shard: &ShardSelector) -> Arc<BTreeSet<String>> {
+    async fn of(
+        &self,
+        version: u64,
+        config: &Arc<ConfigSet>,
+        shard: &ShardSelector,
+    ) -> Arc<BTreeSet<String>> {
         let (slicer, pools) = {
             // Every change under the lock is a whole assignment or insert.
             let mut cut = self.0.lock().unwrap_or_else(PoisonError::into_inner);
-            if !Arc::ptr_eq(&cut.config, config) {
+            if Arc::ptr_eq(&cut.config, config) {
+                (
+                    cut.slicer.clone(),
+                    cut.pools.entry(shard.clone()).or_default().clone(),
+                )
+            } else if version >= cut.version {
                 *cut = Cut {
+                    version,
                     config: config.clone(),
                     ..Cut::default()
                 };
+                (
+                    cut.slicer.clone(),
+                    cut.pools.entry(shard.clone()).or_default().clone(),
+                )
+            } else {
+                // A session whose group of streams has not seen the version the cut holds
+                // yet (`Streamed`): worked out for it alone, so the cut never moves back.
+                Default::default()
             }
-            (
-                cut.slicer.clone(),
-                cut.pools.entry(shard.clone()).or_default().clone(),
-            )
         };
         let names = |slice: &ConfigSet| -> BTreeSet<String> {
             slice
@@ -289,6 +308,17 @@ mod tests {
         assert!(first.has_changed().unwrap());
         assert_eq!(*pools.latest(&mut first, &edge).await, names(&["b"]));
         assert!(!first.has_changed().unwrap(), "the version is marked seen");
-        assert_eq!(*pools.latest(&mut second, &edge).await, names(&["b"]));
+        let moved = pools.latest(&mut second, &edge).await;
+        assert_eq!(*moved, names(&["b"]));
+
+        // A session whose group of streams still holds version 1 gets version 1's pools,
+        // and the shared cut stays on version 2.
+        let (_kept, mut behind) = watch::channel(view(1, "a", "b"));
+        assert_eq!(*pools.latest(&mut behind, &edge).await, names(&["a"]));
+        let again = pools.latest(&mut first, &edge).await;
+        assert!(
+            Arc::ptr_eq(&moved, &again),
+            "version 2's pools are not worked out again"
+        );
     }
 }

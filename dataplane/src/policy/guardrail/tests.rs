@@ -318,9 +318,11 @@ async fn an_oversized_mutation_is_denied_even_under_fail_open() {
 async fn oversized_is_denied(behaviour: Behaviour) {
     let big = checker(behaviour).await;
     let good = checker(Behaviour::Correct).await;
+    // A timeout no check waits out: on a busy machine a debug build can take seconds over a
+    // 40 MiB message, and a timed-out check would pass under fail-open, not be denied.
     let guard = guard(service(
         &[big.addr, good.addr],
-        json!({"phases": ["McpRequest", "McpResponse"], "failureMode": "FailOpen"}),
+        json!({"phases": ["McpRequest", "McpResponse"], "failureMode": "FailOpen", "timeout": "60s"}),
     ));
     let guards = Guards(vec![Arc::new(guard)].into());
     for subject in [&SUM, &SUM_RESULT] {
