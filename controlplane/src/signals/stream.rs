@@ -127,9 +127,10 @@ impl Session {
 /// The InferencePools of each shard's slice of the latest config version, shared by the
 /// sessions of a service: slicing links every object of the config, too much to repeat for
 /// every proxy on every write, so a version is linked once and each shard's pools are read
-/// once.
+/// once. The version before the latest is kept too: the streams' groups see a new version one
+/// after another (`Streamed`), so for a moment some sessions still read the one before.
 #[derive(Clone, Default)]
-pub(crate) struct ShardPools(Arc<Mutex<Cut>>);
+pub(crate) struct ShardPools(Arc<Mutex<[Cut; 2]>>);
 
 /// One version's pools by shard, each worked out once.
 #[derive(Default)]
@@ -163,26 +164,26 @@ impl ShardPools {
     ) -> Arc<BTreeSet<String>> {
         let (slicer, pools) = {
             // Every change under the lock is a whole assignment or insert.
-            let mut cut = self.0.lock().unwrap_or_else(PoisonError::into_inner);
-            if Arc::ptr_eq(&cut.config, config) {
-                (
+            let mut cuts = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+            let held = cuts.iter().position(|cut| Arc::ptr_eq(&cut.config, config));
+            let older = usize::from(cuts[1].version < cuts[0].version);
+            let slot = held.or_else(|| {
+                (version >= cuts[older].version).then(|| {
+                    cuts[older] = Cut {
+                        version,
+                        config: config.clone(),
+                        ..Cut::default()
+                    };
+                    older
+                })
+            });
+            match slot.and_then(|slot| cuts.get_mut(slot)) {
+                Some(cut) => (
                     cut.slicer.clone(),
                     cut.pools.entry(shard.clone()).or_default().clone(),
-                )
-            } else if version >= cut.version {
-                *cut = Cut {
-                    version,
-                    config: config.clone(),
-                    ..Cut::default()
-                };
-                (
-                    cut.slicer.clone(),
-                    cut.pools.entry(shard.clone()).or_default().clone(),
-                )
-            } else {
-                // A session whose group of streams has not seen the version the cut holds
-                // yet (`Streamed`): worked out for it alone, so the cut never moves back.
-                Default::default()
+                ),
+                // Older than both kept versions: worked out for this session alone.
+                None => Default::default(),
             }
         };
         let names = |slice: &ConfigSet| -> BTreeSet<String> {
@@ -290,7 +291,8 @@ mod tests {
 
     #[tokio::test]
     async fn sessions_share_each_shards_pools_and_see_a_write_move_them() {
-        let (publish, config) = watch::channel(view(1, "a", "b"));
+        let version_1 = view(1, "a", "b");
+        let (publish, config) = watch::channel(version_1.clone());
         let edge = ShardSelector::from([("zone".to_string(), "edge".to_string())]);
         let pools = ShardPools::default();
         let (mut first, mut second) = (config.clone(), config.clone());
@@ -304,21 +306,32 @@ mod tests {
         );
 
         // The write swaps the pools' places: the edge shard now has b.
-        publish.send(view(2, "b", "a")).unwrap();
+        let version_2 = view(2, "b", "a");
+        publish.send(version_2.clone()).unwrap();
         assert!(first.has_changed().unwrap());
         assert_eq!(*pools.latest(&mut first, &edge).await, names(&["b"]));
         assert!(!first.has_changed().unwrap(), "the version is marked seen");
         let moved = pools.latest(&mut second, &edge).await;
         assert_eq!(*moved, names(&["b"]));
 
-        // A session whose group of streams still holds version 1 gets version 1's pools,
-        // and the shared cut stays on version 2.
-        let (_kept, mut behind) = watch::channel(view(1, "a", "b"));
-        assert_eq!(*pools.latest(&mut behind, &edge).await, names(&["a"]));
+        // A session whose group of streams still holds version 1 gets version 1's pools as
+        // worked out before, and version 2's stay.
+        let (_kept, mut behind) = watch::channel(version_1);
+        let back = pools.latest(&mut behind, &edge).await;
+        assert!(Arc::ptr_eq(&got, &back), "version 1's pools are kept");
         let again = pools.latest(&mut first, &edge).await;
-        assert!(
-            Arc::ptr_eq(&moved, &again),
-            "version 2's pools are not worked out again"
-        );
+        assert!(Arc::ptr_eq(&moved, &again), "and version 2's");
+
+        // Version 3 takes version 1's place: a session still on version 1 gets its pools
+        // worked out alone, and version 2's stay.
+        publish.send(view(3, "a", "b")).unwrap();
+        let third = pools.latest(&mut first, &edge).await;
+        assert_eq!(*third, names(&["a"]));
+        let alone = pools.latest(&mut behind, &edge).await;
+        assert_eq!(*alone, names(&["a"]));
+        assert!(!Arc::ptr_eq(&got, &alone), "version 1 is no longer kept");
+        let (_kept, mut on_2) = watch::channel(version_2);
+        assert!(Arc::ptr_eq(&moved, &pools.latest(&mut on_2, &edge).await));
+        assert!(Arc::ptr_eq(&third, &pools.latest(&mut second, &edge).await));
     }
 }

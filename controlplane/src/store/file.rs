@@ -1,30 +1,16 @@
 //! The Raft log's entries in one append-only file.
 //!
-//! Layout: an 8-byte magic, then one record per entry. A record that starts an append: a u32
-//! (little endian), the payload's length; the payload's CRC-32 (u32, little endian); the
-//! payload, the entry as JSON (the same encoding on the wire and in snapshots, so an entry
-//! reads the same in every build). A record that continues an append: the length with its top
-//! bit set; the CRC-32 of the next field and the payload; the record's place in its append
-//! (u32, 1 for the second record); the payload.
+//! Layout: an 8-byte magic, then one record per entry: the payload's length (u32, little
+//! endian), its CRC-32 (u32, little endian), and the payload, the entry as JSON (the same
+//! encoding on the wire and in snapshots, so an entry reads the same in every build).
 //!
-//! An append is one `write` and one `fdatasync`, so a crash can only damage what was written
-//! after the last completed append, none of which was acknowledged. A power loss can keep
-//! any of that append's pages without the others: a record of it cut short, garbled or
-//! zeroed, with whole records of the same append after it, and a garbled sector may take the
-//! end of the append before it too. At open, a bad record is cut away with everything after
-//! it only where it can lie inside the last append: no whole record after it starts an
-//! append, every whole record after it continues an append that began at or before the bad
-//! record's index (its place says where), and that index is past the committed and purged
-//! ones, which are known to be acknowledged. Anything else fails the open rather than drop
-//! acknowledged entries. What remains indistinguishable from a torn append is damage to an
-//! acknowledged last append past the committed index (a flipped bit after a clean stop): it
-//! is dropped as format 1 dropped a damaged last record, and the node then catches up from
-//! the leader.
-//!
-//! Format 1 (`PCRLOG01`) had no continuing records: each record was an append of its own,
-//! which reads the same under format 2's rule. A format-1 log gets format 2's magic at open,
-//! before anything is appended, so that a build that knows only format 1 refuses the file
-//! instead of misreading a continuing record's length as a record cut short.
+//! An append is one `write` and one `fdatasync`, so a crash can only damage the records written
+//! after the last completed append, none of which was acknowledged: at open, a bad record is cut
+//! away with what follows it when no whole record does (a torn last append). A bad record with a
+//! whole record after it is damage to acknowledged entries, and the open fails rather than drop
+//! them. (A power loss can also leave a later page of an unacknowledged append on disk without
+//! an earlier one; records carry nothing that tells that apart, so it fails the open too, and
+//! the node is restored from its peers.)
 //!
 //! Purged entries stay in the file until they outweigh the entries held; the file is then
 //! rewritten with the held ones only (a new file renamed over the old), which keeps the disk
@@ -40,18 +26,9 @@ use anyhow::{bail, Context};
 
 use crate::types::{Entry, LogId};
 
-const MAGIC: &[u8; 8] = b"PCRLOG02";
-/// Format 1: every record an append of its own (see the module's documentation).
-const MAGIC_FORMAT_1: &[u8; 8] = b"PCRLOG01";
-/// What every format's magic starts with, followed by the format's number in two digits.
-const MAGIC_FAMILY: &[u8] = b"PCRLOG";
+const MAGIC: &[u8; 8] = b"PCRLOG01";
 const MAGIC_LEN: u64 = MAGIC.len() as u64;
-/// A record that starts an append: length and checksum.
 const HEADER_LEN: u64 = 8;
-/// A record that continues an append: its place in the append too.
-const CONTINUING_HEADER_LEN: u64 = 12;
-/// The length word's top bit: the record continues the append of the record before it.
-const CONTINUES: u32 = 1 << 31;
 /// Purged bytes below this are never compacted away: rewriting for less costs more than it frees.
 const COMPACT_MIN_BYTES: u64 = 1024 * 1024;
 
@@ -60,17 +37,12 @@ const COMPACT_MIN_BYTES: u64 = 1024 * 1024;
 struct Record {
     log_id: LogId,
     offset: u64,
-    header_len: u8,
     payload_len: u32,
 }
 
 impl Record {
-    fn payload_start(&self) -> u64 {
-        self.offset + u64::from(self.header_len)
-    }
-
     fn end(&self) -> u64 {
-        self.payload_start() + u64::from(self.payload_len)
+        self.offset + HEADER_LEN + u64::from(self.payload_len)
     }
 }
 
@@ -89,14 +61,11 @@ pub struct LogFile {
 
 impl LogFile {
     /// Opens the log at `path`, or creates it holding the entries `initial` returns. Records
-    /// up to `last_purged` are skipped; what a crash left of the last append is dropped, never
-    /// an entry up to `committed` or `last_purged`; anything else that does not read as a
-    /// contiguous log fails the open rather than serve a log with a hole. A format-1 log gets
-    /// format 2's magic.
+    /// up to `last_purged` are skipped; a cut-off last record is dropped; anything else that
+    /// does not read as a contiguous log fails the open rather than serve a log with a hole.
     pub fn open(
         path: &Path,
         last_purged: Option<LogId>,
-        committed: Option<LogId>,
         initial: impl FnOnce() -> anyhow::Result<Vec<Entry>>,
     ) -> anyhow::Result<Self> {
         let temporary = temporary_path(path);
@@ -108,8 +77,8 @@ impl LogFile {
         }
         if !path.exists() {
             let mut contents = MAGIC.to_vec();
-            for (place, entry) in initial()?.iter().enumerate() {
-                encode(entry, place, &mut contents)?;
+            for entry in initial()? {
+                encode(&entry, &mut contents)?;
             }
             replace(path, &contents)?;
             sync_parent(path)?;
@@ -120,20 +89,7 @@ impl LogFile {
             .write(true)
             .open(path)
             .with_context(|| format!("opening the Raft log {}", path.display()))?;
-        let magic = contents.get(..MAGIC.len());
-        let format_1 = magic == Some(MAGIC_FORMAT_1.as_slice());
-        if magic != Some(MAGIC.as_slice()) && !format_1 {
-            let newer = magic
-                .and_then(|magic| magic.strip_prefix(MAGIC_FAMILY))
-                .and_then(|version| std::str::from_utf8(version).ok()?.parse::<u8>().ok())
-                .is_some_and(|version| version > 2);
-            if newer {
-                bail!(
-                    "the Raft log {} is in a format this build does not know (a newer build wrote it); \
-                     run that build, or restore this node from its peers",
-                    path.display()
-                );
-            }
+        if contents.get(..MAGIC.len()) != Some(MAGIC.as_slice()) {
             bail!("{} is not a Portcullis Raft log (unknown header)", path.display());
         }
         let mut log = Self {
@@ -150,15 +106,11 @@ impl LogFile {
             let Some((entry, record)) = decode_at(&contents, offset)
                 .with_context(|| format!("the Raft log {} at byte {offset}", path.display()))?
             else {
-                // The index the bad record would hold; the file's first record's is not known.
-                let index = previous.map(|previous| previous.saturating_add(1));
-                let acknowledged = committed.max(last_purged).map(|id| id.index);
-                if !is_torn_tail(&contents, offset, index, acknowledged) {
+                if !is_torn_tail(&contents, offset) {
                     bail!(
-                        "the Raft log {} has a damaged record at byte {offset} that is not part of \
-                         the last append, or holds entries known to be committed: acknowledged \
-                         entries would be lost; restore this node from its peers (remove it from \
-                         the cluster, clear its data directory, add it again)",
+                        "the Raft log {} has a damaged record at byte {offset} with data after it: \
+                         acknowledged entries would be lost; restore this node from its peers \
+                         (remove it from the cluster, clear its data directory, add it again)",
                         path.display()
                     );
                 }
@@ -194,7 +146,7 @@ impl LogFile {
             tracing::warn!(
                 log = %path.display(),
                 bytes = whole - log.end,
-                "the Raft log ends in an append cut short (a crash before it was acknowledged); dropping it"
+                "the Raft log ends in a record cut short (a crash during an unacknowledged append); dropping it"
             );
             log.file
                 .set_len(log.end)
@@ -202,15 +154,6 @@ impl LogFile {
                 .with_context(|| {
                     format!("cutting the Raft log {} back to its last record", path.display())
                 })?;
-        }
-        if format_1 {
-            // Format 1's records read the same in format 2: only the magic changes, eight
-            // bytes inside one sector, so a crash leaves one magic or the other.
-            log.file
-                .write_all_at(MAGIC, 0)
-                .and_then(|()| log.file.sync_data())
-                .with_context(|| format!("upgrading the Raft log {} to format 2", path.display()))?;
-            tracing::info!(log = %path.display(), "upgraded the Raft log to format 2");
         }
         Ok(log)
     }
@@ -250,7 +193,8 @@ impl LogFile {
         self.file.read_exact_at(&mut bytes, from.offset)?;
         wanted
             .map(|record| {
-                let at = usize::try_from(record.payload_start() - from.offset).map_err(io::Error::other)?;
+                let at =
+                    usize::try_from(record.offset - from.offset + HEADER_LEN).map_err(io::Error::other)?;
                 let payload = bytes
                     .get(at..at + record.payload_len as usize)
                     .ok_or_else(|| io::Error::other("a log record lies outside what was read"))?;
@@ -277,7 +221,7 @@ impl LogFile {
         let mut bytes = Vec::new();
         let mut records = Vec::with_capacity(entries.len());
         let mut expected = self.next_index();
-        for (place, entry) in entries.iter().enumerate() {
+        for entry in entries {
             let index = entry.log_id.index;
             if expected.is_some_and(|expected| index != expected) {
                 return Err(io::Error::other(format!(
@@ -286,8 +230,12 @@ impl LogFile {
                 )));
             }
             let offset = self.end + bytes.len() as u64;
-            let record = encode(entry, place, &mut bytes).map_err(io::Error::other)?;
-            records.push(Record { offset, ..record });
+            let payload_len = encode(entry, &mut bytes).map_err(io::Error::other)?;
+            records.push(Record {
+                log_id: entry.log_id,
+                offset,
+                payload_len,
+            });
             expected = Some(index.saturating_add(1));
         }
         if let Err(error) = self
@@ -411,126 +359,61 @@ pub(super) fn sync_parent(path: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Whether the bad record at `offset`, which would hold entry `index` (`None` for the file's
-/// first record), can lie inside the last append, cut short by a crash. It cannot where its
-/// index is up to `acknowledged` (committed or purged), where a whole record after it starts
-/// an append or holds an entry up to `acknowledged`, or where one continues an append that
-/// began after `index` (its place says where it began): the bad record was then written
-/// before the last append, so acknowledged. Nor where a whole record after it does not
-/// decode. A first record's index is at least where the append of a record after it began.
-/// Judging by the bad header alone, a bit flipped in a length that then runs past the end
-/// would pass for a torn tail and cut every record after it.
-fn is_torn_tail(contents: &[u8], offset: u64, index: Option<u64>, acknowledged: Option<u64>) -> bool {
-    let known = |index: u64| acknowledged.is_some_and(|acknowledged| index <= acknowledged);
-    if index.is_some_and(known) {
-        return false;
-    }
+/// Whether the bad record at `offset` can be the last append cut short by a crash: no whole
+/// record follows it. A crash leaves only what the last, unacknowledged append wrote: a
+/// record cut short, garbled, or zeros where a file extended too early has no data. Anything
+/// that checks out after the bad record is damage to records already acknowledged; judging by
+/// the bad header alone, a bit flipped in a length that then runs past the end would pass for
+/// a torn tail and cut every record after it.
+fn is_torn_tail(contents: &[u8], offset: u64) -> bool {
     let Ok(start) = usize::try_from(offset) else {
         return true;
     };
     // Nearly every position fails at once (a length past the end, or zero); a checksum is
-    // computed only where a length fits.
-    (start.saturating_add(1)..contents.len()).all(|at| match whole_record_at(contents, at) {
-        None => true,
-        Some(whole) if whole.place == 0 => false,
-        Some(whole) => serde_json::from_slice::<Entry>(whole.payload).is_ok_and(|entry| {
-            // Records after the bad one hold later entries: if one is acknowledged, so is
-            // its append's start, which `bad` is at least.
-            let Some(append_start) = entry.log_id.index.checked_sub(u64::from(whole.place)) else {
-                return false;
-            };
-            let bad = index.unwrap_or(append_start);
-            !known(bad) && append_start <= bad
-        }),
-    })
+    // computed only where a length fits, and a whole record decodes only where it matches.
+    (start.saturating_add(1)..contents.len()).all(|at| matches!(decode_at(contents, at as u64), Ok(None)))
 }
 
-/// Appends `entry`'s record to `bytes`, at `place` in its append (0 starts it); returns the
-/// record, its offset counted from the start of `bytes`' new part.
-fn encode(entry: &Entry, place: usize, bytes: &mut Vec<u8>) -> anyhow::Result<Record> {
+/// Appends `entry`'s record to `bytes`; returns its payload's length.
+fn encode(entry: &Entry, bytes: &mut Vec<u8>) -> anyhow::Result<u32> {
     let payload = serde_json::to_vec(entry).context("encoding a log entry")?;
     let payload_len = u32::try_from(payload.len())
-        .ok()
-        .filter(|length| length & CONTINUES == 0)
-        .with_context(|| format!("log entry {} is over 2 GiB", entry.log_id.index))?;
-    let place = u32::try_from(place).context("an append of over 4 billion entries")?;
-    if place == 0 {
-        bytes.extend_from_slice(&payload_len.to_le_bytes());
-        bytes.extend_from_slice(&crc32fast::hash(&payload).to_le_bytes());
-    } else {
-        let mut checksum = crc32fast::Hasher::new();
-        checksum.update(&place.to_le_bytes());
-        checksum.update(&payload);
-        bytes.extend_from_slice(&(payload_len | CONTINUES).to_le_bytes());
-        bytes.extend_from_slice(&checksum.finalize().to_le_bytes());
-        bytes.extend_from_slice(&place.to_le_bytes());
-    }
+        .with_context(|| format!("log entry {} is over 4 GiB", entry.log_id.index))?;
+    bytes.extend_from_slice(&payload_len.to_le_bytes());
+    bytes.extend_from_slice(&crc32fast::hash(&payload).to_le_bytes());
     bytes.extend_from_slice(&payload);
-    Ok(Record {
-        log_id: entry.log_id,
-        offset: 0,
-        header_len: if place == 0 {
-            HEADER_LEN
-        } else {
-            CONTINUING_HEADER_LEN
-        } as u8,
-        payload_len,
-    })
+    Ok(payload_len)
 }
 
-/// A record that checks out, as found in the file.
-struct Whole<'a> {
-    payload: &'a [u8],
-    header_len: u8,
-    /// Its place in its append: 0 starts one.
-    place: u32,
-}
-
-/// The whole record at `start` of `contents`; `None` where there is none: the end, or a
-/// record cut short or garbled by a crash.
-fn whole_record_at(contents: &[u8], start: usize) -> Option<Whole<'_>> {
-    let word = u32::from_le_bytes(contents.get(start..start.checked_add(4)?)?.try_into().ok()?);
-    let stored = u32::from_le_bytes(contents.get(start + 4..start + 8)?.try_into().ok()?);
-    let mut checksum = crc32fast::Hasher::new();
-    let (header_len, place) = if word & CONTINUES == 0 {
-        (HEADER_LEN, 0)
-    } else {
-        let place = contents.get(start + 8..start + 12)?;
-        checksum.update(place);
-        (CONTINUING_HEADER_LEN, u32::from_le_bytes(place.try_into().ok()?))
-    };
-    let payload_len = (word & !CONTINUES) as usize;
-    let payload_start = start + header_len as usize;
-    let payload = contents.get(payload_start..payload_start.checked_add(payload_len)?)?;
-    checksum.update(payload);
-    // An empty payload is never written (an entry encodes to a JSON object), and a header of
-    // zeros would pass the checksum: it is what a crash leaves in a file extended too early.
-    // A continuing record is never at place 0.
-    let valid = payload_len != 0 && (word & CONTINUES == 0) == (place == 0) && checksum.finalize() == stored;
-    valid.then_some(Whole {
-        payload,
-        header_len: header_len as u8,
-        place,
-    })
-}
-
-/// The whole record at `offset` of `contents`, or `None` where there is none (see
-/// [`whole_record_at`]). A whole record that does not decode as an entry is an error, not a
-/// crash's leftover.
+/// The whole record at `offset` of `contents`, or `None` where there is none: the end, or a
+/// record cut short or garbled by a crash (what follows the last completed append). A whole
+/// record that does not decode as an entry is an error, not a crash's leftover.
 fn decode_at(contents: &[u8], offset: u64) -> anyhow::Result<Option<(Entry, Record)>> {
-    let Some(whole) = usize::try_from(offset)
-        .ok()
-        .and_then(|start| whole_record_at(contents, start))
+    let Ok(start) = usize::try_from(offset) else {
+        return Ok(None);
+    };
+    let Some(header) = contents.get(start..start.saturating_add(HEADER_LEN as usize)) else {
+        return Ok(None);
+    };
+    let (length, checksum) = header.split_at(4);
+    let payload_len = u32::from_le_bytes(length.try_into()?);
+    let checksum = u32::from_le_bytes(checksum.try_into()?);
+    let payload_start = start + HEADER_LEN as usize;
+    let Some(payload) = contents.get(payload_start..payload_start.saturating_add(payload_len as usize))
     else {
         return Ok(None);
     };
+    // An empty payload is never written (an entry encodes to a JSON object), and a header of
+    // zeros would pass the checksum: it is what a crash leaves in a file extended too early.
+    if payload_len == 0 || crc32fast::hash(payload) != checksum {
+        return Ok(None);
+    }
     let entry: Entry =
-        serde_json::from_slice(whole.payload).context("a whole record does not decode as a log entry")?;
+        serde_json::from_slice(payload).context("a whole record does not decode as a log entry")?;
     let record = Record {
         log_id: entry.log_id,
         offset,
-        header_len: whole.header_len,
-        payload_len: u32::try_from(whole.payload.len())?,
+        payload_len,
     };
     Ok(Some((entry, record)))
 }

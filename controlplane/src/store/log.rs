@@ -63,8 +63,7 @@ impl LogStore {
                 path.display()
             );
         }
-        let committed: Option<LogId> = read_meta(&meta, COMMITTED)?;
-        let file = LogFile::open(&path, last_purged, committed, legacy_entries)?;
+        let file = LogFile::open(&path, last_purged, legacy_entries)?;
         if let Some(tree) = &legacy {
             // The file exists and the tree too: either a crash came between the two steps
             // (the tree holds nothing the file lacks) or an older build ran on this directory

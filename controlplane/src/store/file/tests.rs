@@ -16,28 +16,20 @@ fn entries(term: u64, indexes: std::ops::RangeInclusive<u64>) -> Vec<Entry> {
 }
 
 fn open(path: &Path, last_purged: Option<LogId>) -> LogFile {
-    LogFile::open(path, last_purged, None, || Ok(Vec::new())).unwrap()
+    LogFile::open(path, last_purged, || Ok(Vec::new())).unwrap()
 }
 
 /// Why opening the log at `path` fails, with its causes.
 fn open_error(path: &Path, last_purged: Option<LogId>) -> String {
-    open_committed_error(path, last_purged, None)
-}
-
-fn open_committed_error(path: &Path, last_purged: Option<LogId>, committed: Option<LogId>) -> String {
-    let error = LogFile::open(path, last_purged, committed, || Ok(Vec::new()))
-        .err()
-        .unwrap();
+    let error = LogFile::open(path, last_purged, || Ok(Vec::new())).err().unwrap();
     format!("{error:#}")
 }
 
-/// Writes entries 1..=3 of term 1 to a new log at `path`, each in an append of its own, then
-/// flips a bit of the byte at `at(file length)`; returns the damaged file.
+/// Writes entries 1..=3 of term 1 to a new log at `path`, then flips a bit of the byte at
+/// `at(file length)`; returns the damaged file.
 fn three_entries_with_a_flipped_bit(path: &Path, at: impl FnOnce(usize) -> usize) -> Vec<u8> {
     let mut log = open(path, None);
-    for index in 1..=3 {
-        log.append(&entries(1, index..=index)).unwrap();
-    }
+    log.append(&entries(1, 1..=3)).unwrap();
     drop(log);
     let mut contents = fs::read(path).unwrap();
     let byte = at(contents.len());
@@ -84,7 +76,7 @@ fn a_record_cut_short_by_a_crash_is_dropped_and_the_log_goes_on() {
     drop(log);
     // What a crash during the next append can leave: a header and part of its payload.
     let mut torn = Vec::new();
-    encode(&entry(1, 6), 0, &mut torn).unwrap();
+    encode(&entry(1, 6), &mut torn).unwrap();
     torn.truncate(torn.len() - 3);
     let mut file = OpenOptions::new().append(true).open(&path).unwrap();
     file.write_all(&torn).unwrap();
@@ -116,7 +108,7 @@ fn a_log_with_a_hole_or_a_foreign_header_is_refused() {
     let path = dir.path().join("entries.log");
     let mut contents = MAGIC.to_vec();
     for index in [1, 2, 4] {
-        encode(&entry(1, index), 0, &mut contents).unwrap();
+        encode(&entry(1, index), &mut contents).unwrap();
     }
     fs::write(&path, &contents).unwrap();
     let error = open_error(&path, None);
@@ -125,7 +117,7 @@ fn a_log_with_a_hole_or_a_foreign_header_is_refused() {
     // Held entries must start right after the purge point.
     let purged = Some(entry(1, 0).log_id);
     let mut intact = MAGIC.to_vec();
-    encode(&entry(1, 2), 0, &mut intact).unwrap();
+    encode(&entry(1, 2), &mut intact).unwrap();
     fs::write(&path, &intact).unwrap();
     let error = open_error(&path, purged);
     assert!(error.contains("lacks entries 1..2"), "{error}");
@@ -229,13 +221,10 @@ fn purged_records_are_compacted_away_once_they_outweigh_the_held_ones() {
 fn a_new_log_holds_the_initial_entries_once() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("entries.log");
-    let log = LogFile::open(&path, None, None, || Ok(entries(1, 1..=2))).unwrap();
+    let log = LogFile::open(&path, None, || Ok(entries(1, 1..=2))).unwrap();
     assert_eq!(indexes(&log), vec![(1, 1), (1, 2)]);
     drop(log);
-    let log = LogFile::open(&path, None, None, || {
-        panic!("an existing log takes no initial entries")
-    })
-    .unwrap();
+    let log = LogFile::open(&path, None, || panic!("an existing log takes no initial entries")).unwrap();
     assert_eq!(indexes(&log), vec![(1, 1), (1, 2)]);
 }
 
@@ -315,206 +304,4 @@ fn a_zero_filled_tail_is_dropped() {
     let log = open(&path, None);
     assert_eq!(indexes(&log), vec![(1, 1), (1, 2)]);
     assert_eq!(fs::metadata(&path).unwrap().len(), whole);
-}
-
-/// Where each record of the log at `path` starts, read through its length words.
-fn record_offsets(path: &Path) -> Vec<usize> {
-    let contents = fs::read(path).unwrap();
-    let mut offsets = Vec::new();
-    let mut at = MAGIC.len();
-    while at < contents.len() {
-        offsets.push(at);
-        let word = u32::from_le_bytes(contents[at..at + 4].try_into().unwrap());
-        let header = if word & CONTINUES == 0 {
-            HEADER_LEN
-        } else {
-            CONTINUING_HEADER_LEN
-        };
-        at += header as usize + (word & !CONTINUES) as usize;
-    }
-    offsets
-}
-
-#[test]
-fn a_power_loss_that_keeps_a_later_page_of_the_last_append_drops_that_append_only() {
-    // The last append's first record lost (zeros, as a page never written reads), its later
-    // records whole: nothing of it was acknowledged, so the log ends where it began.
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("entries.log");
-    let mut log = open(&path, None);
-    log.append(&entries(1, 1..=2)).unwrap();
-    log.append(&entries(1, 3..=5)).unwrap();
-    drop(log);
-    let offsets = record_offsets(&path);
-    let mut contents = fs::read(&path).unwrap();
-    contents[offsets[2]..offsets[3]].fill(0);
-    fs::write(&path, &contents).unwrap();
-
-    let mut log = open(&path, None);
-    assert_eq!(indexes(&log), vec![(1, 1), (1, 2)]);
-    assert_eq!(fs::metadata(&path).unwrap().len(), offsets[2] as u64);
-    log.append(&entries(2, 3..=3)).unwrap();
-    drop(log);
-    assert_eq!(indexes(&open(&path, None)).last(), Some(&(2, 3)));
-}
-
-#[test]
-fn damage_before_a_later_append_fails_the_open_even_inside_an_append() {
-    // A record of an earlier append, and a record that continues one, each damaged with a
-    // later append's first record whole after it: acknowledged entries, never dropped.
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("entries.log");
-    let mut log = open(&path, None);
-    log.append(&entries(1, 1..=3)).unwrap();
-    log.append(&entries(1, 4..=5)).unwrap();
-    drop(log);
-    let offsets = record_offsets(&path);
-    let intact = fs::read(&path).unwrap();
-    for damaged in [0, 1] {
-        let mut contents = intact.clone();
-        contents[offsets[damaged] + HEADER_LEN as usize + 2] ^= 0x20;
-        fs::write(&path, &contents).unwrap();
-        let error = open_error(&path, None);
-        assert!(
-            error.contains(&format!("damaged record at byte {}", offsets[damaged])),
-            "{error}"
-        );
-        assert_eq!(fs::read(&path).unwrap(), contents, "the file is left as it was");
-    }
-}
-
-#[test]
-fn a_garbled_sector_that_takes_the_end_of_the_append_before_fails_the_open() {
-    // The last append's first record and the previous append's last record garbled together
-    // (they can share a sector), the last append's later records whole: their places say
-    // their append began after the garbled acknowledged record.
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("entries.log");
-    let mut log = open(&path, None);
-    log.append(&entries(1, 1..=2)).unwrap();
-    log.append(&entries(1, 3..=5)).unwrap();
-    drop(log);
-    let offsets = record_offsets(&path);
-    let mut contents = fs::read(&path).unwrap();
-    contents[offsets[1] + HEADER_LEN as usize + 2] ^= 0x20;
-    contents[offsets[2]..offsets[3]].fill(0);
-    fs::write(&path, &contents).unwrap();
-    let error = open_error(&path, None);
-    assert!(
-        error.contains(&format!("damaged record at byte {}", offsets[1])),
-        "{error}"
-    );
-    assert_eq!(fs::read(&path).unwrap(), contents, "the file is left as it was");
-}
-
-#[test]
-fn a_record_lost_inside_the_last_append_keeps_the_records_before_it() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("entries.log");
-    let mut log = open(&path, None);
-    log.append(&entries(1, 1..=2)).unwrap();
-    log.append(&entries(1, 3..=5)).unwrap();
-    drop(log);
-    let offsets = record_offsets(&path);
-    let mut contents = fs::read(&path).unwrap();
-    contents[offsets[3]..offsets[4]].fill(0);
-    fs::write(&path, &contents).unwrap();
-    assert_eq!(indexes(&open(&path, None)), vec![(1, 1), (1, 2), (1, 3)]);
-    assert_eq!(fs::metadata(&path).unwrap().len(), offsets[3] as u64);
-}
-
-#[test]
-fn damage_to_committed_entries_of_the_last_append_fails_the_open() {
-    // One append of 1..=3, its first record damaged: without more, a torn append. With entry
-    // 2 known committed, the damaged record (entry 1) and entry 2 after it are acknowledged.
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("entries.log");
-    let mut log = open(&path, None);
-    log.append(&entries(1, 1..=3)).unwrap();
-    drop(log);
-    let mut contents = fs::read(&path).unwrap();
-    contents[MAGIC.len() + HEADER_LEN as usize + 2] ^= 0x20;
-    fs::write(&path, &contents).unwrap();
-
-    for committed in [1, 2] {
-        let error = open_committed_error(&path, None, Some(entry(1, committed).log_id));
-        assert!(error.contains("damaged record at byte 8"), "{error}");
-        assert_eq!(fs::read(&path).unwrap(), contents, "the file is left as it was");
-    }
-    // Purged entries are known acknowledged too: the damaged purged record has held whole
-    // ones of its append after it.
-    let error = open_error(&path, Some(entry(1, 1).log_id));
-    assert!(error.contains("damaged record at byte 8"), "{error}");
-
-    // The last record damaged, nothing whole after it: committed, it is kept from the cut.
-    let offsets = record_offsets(&path);
-    let mut last = contents.clone();
-    last[MAGIC.len() + HEADER_LEN as usize + 2] ^= 0x20;
-    *last.last_mut().unwrap() ^= 0x20;
-    fs::write(&path, &last).unwrap();
-    let error = open_committed_error(&path, None, Some(entry(1, 3).log_id));
-    assert!(
-        error.contains(&format!("damaged record at byte {}", offsets[2])),
-        "{error}"
-    );
-    assert_eq!(
-        indexes(&open(&path, None)),
-        vec![(1, 1), (1, 2)],
-        "not committed: a torn append"
-    );
-
-    fs::write(&path, &contents).unwrap();
-    assert!(
-        indexes(&open(&path, None)).is_empty(),
-        "nothing known committed: a torn append"
-    );
-}
-
-#[test]
-fn a_truncation_inside_an_append_keeps_the_next_append_a_boundary() {
-    // Entries 2..=3 cut from an append of 1..=3 and 2..=3 appended again: the earlier record
-    // left from that append, damaged, is still followed by a later append's first record.
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("entries.log");
-    let mut log = open(&path, None);
-    log.append(&entries(1, 1..=3)).unwrap();
-    log.truncate(2).unwrap();
-    log.append(&entries(2, 2..=3)).unwrap();
-    drop(log);
-    let offsets = record_offsets(&path);
-    let mut contents = fs::read(&path).unwrap();
-    contents[offsets[0] + HEADER_LEN as usize + 2] ^= 0x20;
-    fs::write(&path, &contents).unwrap();
-    let error = open_error(&path, None);
-    assert!(
-        error.contains(&format!("damaged record at byte {}", offsets[0])),
-        "{error}"
-    );
-}
-
-#[test]
-fn a_format_1_log_is_read_and_upgraded_to_format_2_and_a_newer_format_is_refused() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("entries.log");
-    // Format 1: every record an append of its own, each checksum over its payload alone.
-    let mut contents = MAGIC_FORMAT_1.to_vec();
-    for index in 1..=3 {
-        encode(&entry(1, index), 0, &mut contents).unwrap();
-    }
-    fs::write(&path, &contents).unwrap();
-
-    let mut log = open(&path, None);
-    assert_eq!(indexes(&log), vec![(1, 1), (1, 2), (1, 3)]);
-    let rewritten = fs::read(&path).unwrap();
-    assert_eq!(&rewritten[..MAGIC.len()], MAGIC);
-    assert_eq!(rewritten[MAGIC.len()..], contents[MAGIC_FORMAT_1.len()..]);
-    log.append(&entries(2, 4..=5)).unwrap();
-    drop(log);
-    assert_eq!(indexes(&open(&path, None)).len(), 5);
-
-    let mut newer = fs::read(&path).unwrap();
-    newer[..MAGIC.len()].copy_from_slice(b"PCRLOG03");
-    fs::write(&path, &newer).unwrap();
-    let error = open_error(&path, None);
-    assert!(error.contains("a newer build wrote it"), "{error}");
 }
