@@ -44,7 +44,11 @@ for _ in $(seq 100); do "$bin" status --controlplane "${nodes[0]}" >/dev/null 2>
 for id in 2 3; do
     # A joining node must be listening before it is added (it may start after node 1 answers).
     port=${nodes[$((id - 1))]##*:}
-    for _ in $(seq 100); do (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break; sleep 0.1; done
+    for _ in $(seq 100); do
+        (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break
+        kill -0 "${node_pids[$((id - 1))]}" 2>/dev/null || break
+        sleep 0.1
+    done
     (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null || {
         echo "error: node $id is not listening on $port after 10 s; its log:" >&2
         cat "$work/node-$id.log" >&2

@@ -37,15 +37,17 @@ impl ConfigView {
     /// `view`, followed [`STREAMED_LATE_BY`] late: what the proxy streams (config, signals,
     /// placements) watch. The write that made a version is answered on this node's runtime;
     /// were the thousand streams of a large fleet woken by the apply itself, their sends
-    /// would hold its answer back. One task waits instead, then wakes them group by group.
-    /// It ends on shutdown or when the applied view ends; the groups' channels stay open while
-    /// a `Streamed` holds them.
+    /// would hold its answer back. One task waits instead, then wakes them group by group,
+    /// starting each round at the next group so that no group is always last. It ends on
+    /// shutdown or when the applied view ends (it cannot tell that every stream is gone: a
+    /// `Streamed` keeps a receiver of each group).
     pub fn streamed(mut view: watch::Receiver<ConfigView>, mut shutdown: watch::Receiver<bool>) -> Streamed {
         let initial = view.borrow_and_update().clone();
         let (senders, groups): (Vec<_>, Vec<_>) = (0..STREAMED_GROUPS)
             .map(|_| watch::channel(initial.clone()))
             .unzip();
         tokio::spawn(async move {
+            let mut first = 0;
             loop {
                 tokio::select! {
                     changed = view.changed() => if changed.is_err() { return },
@@ -53,14 +55,15 @@ impl ConfigView {
                 }
                 tokio::time::sleep(STREAMED_LATE_BY).await;
                 let latest = view.borrow_and_update().clone();
-                for group in &senders {
-                    group.send_replace(latest.clone());
+                for turn in 0..STREAMED_GROUPS {
+                    senders[(first + turn) % STREAMED_GROUPS].send_replace(latest.clone());
                     // tokio (1.54) wakes a yielded task only after the worker has polled the
-                    // I/O driver: once its queue runs dry, or at its maintenance every 61
-                    // polls. Not a documented guarantee; at worst the groups go out at once,
-                    // as before they were split.
+                    // I/O driver: once it finds nothing to run or steal, or at its maintenance
+                    // every 61 polls. Not a documented guarantee; at worst the groups go out
+                    // at once, as before they were split.
                     tokio::task::yield_now().await;
                 }
+                first = (first + 1) % STREAMED_GROUPS;
             }
         });
         Streamed {
@@ -102,7 +105,7 @@ mod tests {
         let (stop, shutdown) = watch::channel(false);
         let copy = ConfigView::streamed(view, shutdown);
         let mut streamed = copy.subscribe();
-        // Every group of streams, not only the first, gets each version.
+        // Every group of streams, not only the first, gets the last version.
         let mut others: Vec<_> = (1..2 * STREAMED_GROUPS).map(|_| copy.subscribe()).collect();
         assert_eq!(streamed.borrow_and_update().version, 1);
 
@@ -110,13 +113,18 @@ mod tests {
         for version in 2..=5 {
             applied.send_replace(at(version));
         }
-        while streamed.borrow_and_update().version != 5 {
-            streamed.changed().await.unwrap();
-        }
+        let reached = streamed.wait_for(|view| view.version == 5);
+        tokio::time::timeout(Duration::from_secs(10), reached)
+            .await
+            .expect("the last version of the burst comes")
+            .unwrap();
         assert!(started.elapsed() >= STREAMED_LATE_BY, "told only after its delay");
 
         applied.send_replace(at(6));
-        streamed.changed().await.unwrap();
+        tokio::time::timeout(Duration::from_secs(10), streamed.changed())
+            .await
+            .expect("the next version comes")
+            .unwrap();
         assert_eq!(
             streamed.borrow_and_update().version,
             6,

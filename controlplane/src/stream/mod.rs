@@ -45,7 +45,8 @@ pub struct ConfigStreamService {
     raft: Raft,
     /// The applied config, to compare a proxy's version with.
     view: watch::Receiver<ConfigView>,
-    /// The same, 2 ms late ([`ConfigView::streamed`]): what is sent, and when.
+    /// The same, from 2 ms late, group by group ([`ConfigView::streamed`]): what is sent,
+    /// and when.
     streamed: Streamed,
     /// This node's standing in the cluster: whether its proxies should go elsewhere.
     cluster: watch::Receiver<Standing>,
